@@ -1,0 +1,62 @@
+"""The `abbench` command: a thin dispatcher and the one error boundary.
+
+A user's mistake (an `AbbenchError`) prints `ERROR: ...` and, where one helps, `TIP: ...`
+on stderr and exits with the error's status (2); it never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from abbench import __version__
+from abbench.engine.cli import add_engine_parser, add_model_parser
+from abbench.errors import AbbenchError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors in the same `ERROR:` form and exit status as ours."""
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        print(f"ERROR: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="abbench",
+        description="Thermally controlled A/B benchmarking of an MoE expert-streaming engine.",
+    )
+    p.add_argument("--version", action="version", version=f"abbench {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           parser_class=_Parser)
+    add_engine_parser(sub)
+    add_model_parser(sub)
+    return p
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
+    try:
+        return int(args.func(args) or 0)
+    except AbbenchError as e:
+        print(f"ERROR: {e.message}", file=sys.stderr)
+        if e.tip:
+            print(f"TIP: {e.tip}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        print("ERROR: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

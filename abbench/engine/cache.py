@@ -1,0 +1,106 @@
+"""A byte-budgeted LRU over (layer, expert), the accounting the seed engine uses.
+
+One lookup per unique expert per layer batch; a miss costs the expert's bytes; eviction
+never takes an entry the current batch touched. The budget counts bytes actually held in
+expert buffers. Evicted buffers are reused for the next miss of the same size instead of
+being returned to the allocator, so memory stays flat at the budget.
+Only the compute thread touches the cache: no locks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from abbench.engine.streamer import ExpertBuffer
+
+Key = tuple[int, int]  # (layer, expert)
+
+
+@dataclass
+class CacheCounters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    rereads: int = 0  # misses on an expert that was resident once and got evicted
+    uncached: int = 0  # misses read into scratch because the budget could not hold them
+
+
+@dataclass
+class ExpertCache:
+    budget_bytes: int
+    entries: OrderedDict[Key, ExpertBuffer] = field(default_factory=OrderedDict)
+    resident_bytes: int = 0
+    counters: CacheCounters = field(default_factory=CacheCounters)
+    _free: dict[tuple[int, int], list[ExpertBuffer]] = field(default_factory=dict)
+    _evicted_once: set[Key] = field(default_factory=set)
+
+    def lookup(self, key: Key) -> ExpertBuffer | None:
+        """A hit refreshes recency and is counted; a miss is counted by `admit`."""
+        buf = self.entries.get(key)
+        if buf is not None:
+            self.entries.move_to_end(key)
+            self.counters.hits += 1
+        return buf
+
+    def peek(self, key: Key) -> bool:
+        """Residency without touching recency or counters (policies and predictors ask this)."""
+        return key in self.entries
+
+    def refresh(self, key: Key) -> bool:
+        """Mark a resident expert recently used without counting a hit (retention)."""
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return True
+        return False
+
+    def admit(self, key: Key, ff: int, d: int, pinned: set[Key]) -> tuple[ExpertBuffer, bool]:
+        """A buffer to read a missing expert into, and whether it is now cached.
+
+        Evicts least-recently-used entries outside `pinned` until the expert fits. When the
+        budget cannot hold it even then, the buffer is scratch and the caller releases it.
+        """
+        self.counters.misses += 1
+        if key in self._evicted_once:
+            self.counters.rereads += 1
+        nbytes = 3 * ff * d * 4
+        if nbytes > self.budget_bytes:
+            self.counters.uncached += 1
+            return self._buffer(ff, d), False
+        while self.resident_bytes + nbytes > self.budget_bytes:
+            victim = next((k for k in self.entries if k not in pinned), None)
+            if victim is None:
+                self.counters.uncached += 1
+                return self._buffer(ff, d), False
+            self._evict(victim)
+        buf = self._buffer(ff, d)
+        self.entries[key] = buf
+        self.resident_bytes += nbytes
+        return buf, True
+
+    def insert(self, key: Key, buf: ExpertBuffer) -> None:
+        """Place an already-filled buffer (used to preload a resident model)."""
+        self.entries[key] = buf
+        self.resident_bytes += buf.nbytes
+
+    def release(self, buf: ExpertBuffer, ff: int, d: int) -> None:
+        """Return a scratch buffer to the free list."""
+        self._free.setdefault((ff, d), []).append(buf)
+
+    def drop(self, key: Key) -> None:
+        """Forget an entry whose contents are not valid (a failed or cancelled read)."""
+        buf = self.entries.pop(key, None)
+        if buf is not None:
+            self.resident_bytes -= buf.nbytes
+            self._free.setdefault((buf.gate_up.shape[0] // 2, buf.gate_up.shape[1]), []).append(buf)
+
+    def _evict(self, key: Key) -> None:
+        buf = self.entries.pop(key)
+        self.resident_bytes -= buf.nbytes
+        self.counters.evictions += 1
+        self._evicted_once.add(key)
+        self._free.setdefault((buf.gate_up.shape[0] // 2, buf.gate_up.shape[1]), []).append(buf)
+
+    def _buffer(self, ff: int, d: int) -> ExpertBuffer:
+        free = self._free.get((ff, d))
+        return free.pop() if free else ExpertBuffer(ff, d)

@@ -1,0 +1,75 @@
+"""The engine's configuration: one frozen dataclass, validated on construction.
+
+Field names are the long flag names with `-` turned into `_`, so an error can name the flag
+and a campaign file can name the same keys.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from abbench.errors import ConfigError
+
+DEFAULT_PROMPT = "Explain how a mixture-of-experts model routes each token."
+
+
+def default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    prompt: str = DEFAULT_PROMPT
+    prompt_tokens: tuple[int, ...] | None = None
+    n_tokens: int = 64
+    temp: float | None = None  # None: the model's `general.sampling.temp`, else greedy
+    seed: int = 0
+    n_expert_used: int | None = None
+    n_ctx: int | None = None
+    stop_at_eos: bool = False
+    # streaming
+    dense: str = "pinned"
+    resident: bool = False
+    cache_mib: float = 256.0
+    io_lanes: int = 4
+    o_direct: bool = True
+    overlap: bool = False
+    threads: int = 0  # 0: one per core (up to 8)
+
+    def __post_init__(self) -> None:
+        def bad(flag: str, msg: str) -> ConfigError:
+            return ConfigError(f"`--{flag.replace('_', '-')}` {msg}")
+
+        if self.n_tokens < 1:
+            raise bad("n_tokens", f"must be at least 1 (got {self.n_tokens})")
+        if self.temp is not None and self.temp < 0:
+            raise bad("temp", f"must be >= 0 (got {self.temp})")
+        if self.n_expert_used is not None and self.n_expert_used < 1:
+            raise bad("n_expert_used", f"must be at least 1 (got {self.n_expert_used})")
+        if self.n_ctx is not None and self.n_ctx < 2:
+            raise bad("n_ctx", f"must be at least 2 (got {self.n_ctx})")
+        if self.dense not in ("pinned", "mmap"):
+            raise bad("dense", f"must be `pinned` or `mmap` (got `{self.dense}`)")
+        if not self.cache_mib >= 0:
+            raise bad("cache_mib", f"must be >= 0 (got {self.cache_mib})")
+        if not 1 <= self.io_lanes <= 64:
+            raise bad("io_lanes", f"must be between 1 and 64 (got {self.io_lanes})")
+        if not 0 <= self.threads <= 256:
+            raise bad("threads", f"must be between 0 (auto) and 256 (got {self.threads})")
+        if self.prompt_tokens is not None and not self.prompt_tokens:
+            raise bad("prompt_tokens", "must name at least one token id")
+        if self.prompt_tokens is None and not self.prompt:
+            raise bad("prompt", "must not be empty")
+
+    @property
+    def compute_threads(self) -> int:
+        return self.threads or default_threads()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["prompt_tokens"] = list(self.prompt_tokens) if self.prompt_tokens else None
+        d["threads"] = self.compute_threads
+        return d

@@ -1,0 +1,58 @@
+"""Resolving a model argument: a path to a .gguf, or `synthetic:PRESET[@SEED]` built once.
+
+Synthetic models are cached in `$ABBENCH_CACHE` (default `~/.cache/abbench`) under a name
+that carries the preset, the seed and the generator's format version. Concurrent builders
+(two campaign cells at once, say) serialise on a lock file; the file appears by rename, so
+nobody ever reads a half-written model.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+from abbench.engine import synth
+from abbench.errors import UsageError
+
+PREFIX = "synthetic:"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ABBENCH_CACHE") or os.path.join(Path.home(), ".cache", "abbench")
+    return Path(root)
+
+
+def parse_synthetic(spec: str) -> tuple[str, int]:
+    body = spec[len(PREFIX):]
+    name, _, seed = body.partition("@")
+    if seed and not seed.isdigit():
+        raise UsageError(f"`{spec}`: the seed after `@` must be a whole number")
+    synth.preset(name)  # raises with the list of presets
+    return name, int(seed or 0)
+
+
+def resolve_model(spec: str, quiet: bool = False) -> Path:
+    if not spec.startswith(PREFIX):
+        return Path(spec)
+    name, seed = parse_synthetic(spec)
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the model cache {folder}: {e.strerror}",
+                         tip="set ABBENCH_CACHE to a writable folder") from e
+    path = folder / f"synthetic-{name}-s{seed}-v{synth.FORMAT_VERSION}.gguf"
+    if path.exists():
+        return path
+    with open(folder / (path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            spec_ = synth.preset(name, seed)
+            if not quiet:
+                size = spec_.expert_bytes * spec_.n_expert * spec_.n_layer / 2**20
+                print(f"building {spec} (~{size:.0f} MiB of experts) into {path} (once)",
+                      file=sys.stderr, flush=True)
+            synth.write_model(spec_, path, name=f"abbench-synthetic-{name}")
+    return path

@@ -1,0 +1,292 @@
+"""One engine run: load a model for streaming, prefill a prompt, decode N tokens, measure each.
+
+Prompt tokens but the last run through the same forward pass as decode (`phase=0`); decode
+step i feeds the newest token and samples the next (`phase=1`), so N decode steps produce
+N tokens, each one forward pass. Timing covers the forward pass and sampling; counters of
+what the expert side did are collected per forward pass.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from abbench.engine.arch import architecture
+from abbench.engine.config import EngineConfig
+from abbench.engine.experts import MIB, ExpertRunner
+from abbench.engine.gguf_file import ModelFile
+from abbench.engine.sampling import Sampler
+from abbench.engine.streamer import expert_layout
+from abbench.engine.tokenizer import ByteTokenizer
+from abbench.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    step: int  # 1-based within its phase
+    phase: int  # 0 prefill, 1 decode
+    token: int  # the token fed to this forward pass
+    wall_ms: float
+    io_ms: float
+    compute_ms: float
+    stall_ms: float
+    mgmt_ms: float
+    read_bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    majflt: int
+    cpu_ms: float
+    rss_mib: float
+    experts_routed: int
+    experts_dropped: int
+    spec_read_bytes: int = 0
+    spec_experts: int = 0
+    spec_useful: int = 0
+
+    @property
+    def cache_hit_pct(self) -> float:
+        looked = self.hits + self.misses
+        return 100.0 * self.hits / looked if looked else 0.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    config: EngineConfig
+    model: dict[str, Any]
+    o_direct: bool
+    threads: int
+    temp: float
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    text: str
+    records: tuple[TokenRecord, ...]
+    load_s: float
+    resident_mib: float
+    cache_budget_mib: float
+    peak_rss_mib: float
+    dense_bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decode(self) -> tuple[TokenRecord, ...]:
+        return tuple(r for r in self.records if r.phase == 1)
+
+    @property
+    def prefill(self) -> tuple[TokenRecord, ...]:
+        return tuple(r for r in self.records if r.phase == 0)
+
+
+def model_info(mf: ModelFile) -> dict[str, Any]:
+    """Architecture and sizes of a model file, as `abbench model info` prints them."""
+    arch = architecture(mf.architecture, mf.path)
+    args = arch.ModelArgs.from_file(mf)
+    layout = expert_layout(mf, args.block_count, args.expert_count)
+    expert_names = {t.name for le in layout for t in (le.gate, le.up, le.down)}
+    expert_file_bytes = sum(mf.tensors[n].nbytes for n in expert_names)
+    dense_bytes = sum(t.nbytes for n, t in mf.tensors.items() if n not in expert_names)
+    types = sorted({t.type_name for t in mf.tensors.values()})
+    info: dict[str, Any] = {
+        "path": str(mf.path),
+        "architecture": mf.architecture,
+        "name": mf.get("general.name"),
+        "file_bytes": mf.file_size,
+        "alignment": mf.alignment,
+        "tensor_types": types,
+        "n_layer": args.block_count,
+        "n_expert": args.expert_count,
+        "n_expert_used": args.expert_used_count,
+        "d_model": args.embedding_length,
+        "expert_ff": args.expert_feed_forward_length,
+        "n_head": args.head_count,
+        "n_head_kv": args.head_count_kv,
+        "head_dim": args.key_length,
+        "vocab_size": args.vocab_size,
+        "context_length": args.context_length,
+        "dense_bytes": dense_bytes,
+        "expert_file_bytes": expert_file_bytes,
+        "expert_slice_bytes": {
+            "gate": layout[0].gate.nbytes // args.expert_count,
+            "up": layout[0].up.nbytes // args.expert_count,
+            "down": layout[0].down.nbytes // args.expert_count,
+        },
+        "expert_bytes": layout[0].file_bytes,
+        "expert_f32_bytes": layout[0].buffer_bytes,
+        "routed_bytes_per_token": sum(le.file_bytes for le in layout) * args.expert_used_count,
+        "sampling_temp": mf.get("general.sampling.temp"),
+        "synthetic": {k.split(".", 2)[2]: v for k, v in mf.metadata.items()
+                      if k.startswith("abbench.synthetic.")} or None,
+    }
+    return info
+
+
+class Engine:
+    """A loaded model ready to run `config` once. Use as a context manager."""
+
+    def __init__(self, config: EngineConfig, model_path: str | Path) -> None:
+        t0 = time.perf_counter()
+        self.config = config
+        self.mf = ModelFile(model_path)
+        arch = architecture(self.mf.architecture, self.mf.path)
+        args = arch.ModelArgs.from_file(self.mf)
+        self.info = model_info(self.mf)
+        k = config.n_expert_used or args.expert_used_count
+        if k > args.expert_count:
+            raise ConfigError(
+                f"`--n-expert-used` {k} exceeds the model's {args.expert_count} experts"
+            )
+        if config.prompt_tokens is not None:
+            bad = [t for t in config.prompt_tokens if not 0 <= t < args.vocab_size]
+            if bad:
+                raise ConfigError(
+                    f"`--prompt-tokens`: ids {bad[:5]} outside the vocabulary "
+                    f"(0..{args.vocab_size - 1})"
+                )
+            self.prompt_ids = list(config.prompt_tokens)
+            self.tokenizer: ByteTokenizer | None = None
+        else:
+            self.tokenizer = ByteTokenizer.from_model(self.mf)
+            self.prompt_ids = self.tokenizer.encode(config.prompt)
+        need = len(self.prompt_ids) + config.n_tokens
+        n_ctx = config.n_ctx or need
+        if need > n_ctx or n_ctx > args.context_length:
+            raise ConfigError(
+                f"prompt ({len(self.prompt_ids)} tokens) + `-n` {config.n_tokens} = {need} "
+                f"does not fit the context ({n_ctx} asked, model maximum {args.context_length})"
+            )
+        temp = config.temp
+        if temp is None:
+            temp = float(self.mf.get("general.sampling.temp", 0.0) or 0.0)
+        self.temp = temp
+        self.eos_id = self.mf.get("tokenizer.ggml.eos_token_id")
+        layout = expert_layout(self.mf, args.block_count, args.expert_count)
+        self.dense_bytes = int(self.info["dense_bytes"])
+        self.runner = ExpertRunner(
+            self.mf,
+            layout,
+            cache_mib=config.cache_mib,
+            resident=config.resident,
+            io_lanes=config.io_lanes,
+            o_direct=config.o_direct,
+            overlap=config.overlap,
+            threads=config.compute_threads,
+            max_k=k,
+        )
+        self.model = arch.Model(self.mf, args, self.runner, config.dense == "pinned", n_ctx, k)
+        self.load_s = time.perf_counter() - t0
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def run(self, on_token: Callable[[TokenRecord], None] | None = None) -> RunResult:
+        # The engine parallelises over experts with its own threads (`--threads`). BLAS's
+        # threads would fight them: two callers of a threaded OpenBLAS serialise, and its
+        # idle workers busy-wait on the cores the compute team needs. So BLAS runs
+        # single-threaded inside a run.
+        with threadpool_limits(limits=1, user_api="blas"):
+            return self._run(on_token)
+
+    def _run(self, on_token: Callable[[TokenRecord], None] | None) -> RunResult:
+        cfg = self.config
+        sampler = Sampler(self.temp, cfg.seed)
+        records: list[TokenRecord] = []
+        prompt = self.prompt_ids
+        output: list[int] = []
+        pos = 0
+        for i, tok in enumerate(prompt[:-1]):
+            records.append(self._step(tok, pos, 0, i + 1, None))
+            pos += 1
+        current = prompt[-1]
+        for step in range(1, cfg.n_tokens + 1):
+            holder: list[int] = []
+            rec = self._step(current, pos, 1, step, lambda lg, h=holder: h.append(sampler(lg)))
+            records.append(rec)
+            if on_token is not None:
+                on_token(rec)
+            current = holder[0]
+            output.append(current)
+            pos += 1
+            if cfg.stop_at_eos and self.eos_id is not None and current == int(self.eos_id):
+                break
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        text = self.tokenizer.decode(output) if self.tokenizer else ""
+        return RunResult(
+            config=cfg,
+            model=self.info,
+            o_direct=self.runner.o_direct,
+            threads=cfg.compute_threads,
+            temp=self.temp,
+            prompt_ids=tuple(prompt),
+            output_ids=tuple(output),
+            text=text,
+            records=tuple(records),
+            load_s=self.load_s,
+            resident_mib=self.runner.cache.resident_bytes / MIB,
+            cache_budget_mib=self.runner.cache.budget_bytes / MIB,
+            peak_rss_mib=peak,
+            dense_bytes=self.dense_bytes,
+        )
+
+    def _step(
+        self, token: int, pos: int, phase: int, step: int,
+        sample: Callable[[np.ndarray], None] | None,
+    ) -> TokenRecord:
+        tok = self.runner.tok
+        tok.reset()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        logits = self.model.forward(token, pos, phase)
+        if sample is not None:
+            sample(logits)
+        wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
+        return TokenRecord(
+            step=step,
+            phase=phase,
+            token=token,
+            wall_ms=wall * 1e3,
+            io_ms=tok.io_s * 1e3,
+            compute_ms=max(0.0, wall - tok.stall_s - tok.mgmt_s) * 1e3,
+            stall_ms=tok.stall_s * 1e3,
+            mgmt_ms=tok.mgmt_s * 1e3,
+            read_bytes=tok.read_bytes,
+            hits=tok.hits,
+            misses=tok.misses,
+            evictions=tok.evictions,
+            majflt=ru1.ru_majflt - ru0.ru_majflt,
+            cpu_ms=cpu * 1e3,
+            rss_mib=_rss_mib(),
+            experts_routed=tok.experts_routed,
+            experts_dropped=tok.experts_dropped,
+            spec_read_bytes=tok.spec_read_bytes,
+            spec_experts=tok.spec_experts,
+            spec_useful=tok.spec_useful,
+        )
+
+
+_PAGE = resource.getpagesize()
+
+
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/statm", "rb") as f:  # "size resident shared ..." in pages
+            return int(f.read().split()[1]) * _PAGE / MIB
+    except (OSError, IndexError, ValueError):
+        return float("nan")

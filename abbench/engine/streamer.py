@@ -1,0 +1,247 @@
+"""Expert slices on disk and the reader lanes that stream them into page-aligned buffers.
+
+Expert `e` of a projection tensor `blk.L.ffn_{gate,up,down}_exps.weight` (experts
+outermost) is the contiguous slice at `tensor.offset + e * slice_bytes`. An expert's three
+slices land in one page-aligned F32 buffer laid out `[gate | up | down]`, so gate and up
+form one `(2*ff, d)` matrix and the expert's first GEMV is a single call.
+
+Reads are `os.preadv` on one file descriptor per lane. O_DIRECT (the default) needs the
+file offset, the length and the buffer address aligned to the device block; when a slice
+is F32 and aligned (the synthetic models are written so) it is read straight into the
+buffer the GEMV uses. Otherwise the lane reads the aligned range that covers the slice into
+its own bounce buffer and converts from there.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import queue
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from abbench.engine.gguf_file import ModelFile, TensorInfo, to_f32
+from abbench.errors import EngineError, ModelFileError
+
+ALIGN = 4096  # O_DIRECT alignment that every Linux block device accepts
+
+
+def aligned_empty(nbytes: int) -> tuple[mmap.mmap, np.ndarray]:
+    """Anonymous page-aligned memory (untouched until written) and a uint8 view of it."""
+    mm = mmap.mmap(-1, max(nbytes, 1))
+    return mm, np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One projection of one expert: where it is in the file and where it goes."""
+
+    offset: int  # absolute file offset
+    nbytes: int  # bytes in the file
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, int]  # numpy shape once converted to F32
+    dest: int  # byte offset inside the expert's F32 buffer
+
+
+@dataclass(frozen=True)
+class LayerExperts:
+    """The expert tensors of one layer."""
+
+    gate: TensorInfo  # (n_expert, ff, d)
+    up: TensorInfo  # (n_expert, ff, d)
+    down: TensorInfo  # (n_expert, d, ff)
+    ff: int
+    d: int
+
+    @property
+    def buffer_bytes(self) -> int:
+        """F32 bytes one resident expert holds (gate + up + down)."""
+        return 3 * self.ff * self.d * 4
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes one expert occupies in the file (its three slices)."""
+        return sum(t.nbytes // t.shape[0] for t in (self.gate, self.up, self.down))
+
+    def slices(self, expert: int) -> tuple[Slice, Slice, Slice]:
+        fd = self.ff * self.d * 4
+        out = []
+        for t, dest in ((self.gate, 0), (self.up, fd), (self.down, 2 * fd)):
+            per = t.nbytes // t.shape[0]
+            out.append(Slice(t.offset + expert * per, per, t.ggml_type, t.shape[1:], dest))  # type: ignore[arg-type]
+        return out[0], out[1], out[2]
+
+
+def expert_layout(mf: ModelFile, n_layer: int, n_expert: int) -> list[LayerExperts]:
+    layers = []
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        gate = mf.tensor(b + "ffn_gate_exps.weight")
+        up = mf.tensor(b + "ffn_up_exps.weight")
+        down = mf.tensor(b + "ffn_down_exps.weight")
+        if len(gate.shape) != 3 or gate.shape != up.shape or gate.shape[0] != n_expert:
+            raise ModelFileError(
+                f"{mf.path}: `{gate.name}` has shape {gate.shape}, expected ({n_expert}, ff, d) "
+                f"matching `{up.name}`"
+            )
+        _, ff, d = gate.shape
+        if down.shape != (n_expert, d, ff):
+            raise ModelFileError(
+                f"{mf.path}: `{down.name}` has shape {down.shape}, expected {(n_expert, d, ff)}"
+            )
+        for t in (gate, up, down):
+            t.row_bytes(ff * d)  # raises if an expert is not a whole number of quant blocks
+        layers.append(LayerExperts(gate, up, down, ff, d))
+    return layers
+
+
+class ExpertBuffer:
+    """One expert's weights in F32: `gate_up` (2*ff, d) and `down` (d, ff)."""
+
+    __slots__ = ("mm", "floats", "gate_up", "down", "nbytes")
+
+    def __init__(self, ff: int, d: int) -> None:
+        self.nbytes = 3 * ff * d * 4
+        self.mm, raw = aligned_empty(self.nbytes)
+        self.floats = raw.view(np.float32)  # (3*ff*d,)
+        self.gate_up = self.floats[: 2 * ff * d].reshape(2 * ff, d)  # (2ff, d)
+        self.down = self.floats[2 * ff * d :].reshape(d, ff)  # (d, ff)
+
+
+class ReadTicket:
+    """A queued read of one expert. `wait()` returns when its bytes are in the buffer."""
+
+    __slots__ = ("slices", "buffer", "event", "t_issued", "t_done", "nbytes", "error")
+
+    def __init__(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> None:
+        self.slices = slices
+        self.buffer = buffer
+        self.event = threading.Event()
+        self.t_issued = time.perf_counter()
+        self.t_done = 0.0
+        self.nbytes = 0  # bytes actually transferred (aligned ranges included)
+        self.error: BaseException | None = None
+
+    def wait(self) -> None:
+        self.event.wait()
+        if self.error is not None:
+            raise EngineError(f"expert read failed: {self.error}") from self.error
+
+
+class SliceReader:
+    """`lanes` reader threads, each with its own descriptor, pulling from one queue."""
+
+    def __init__(self, path: str | os.PathLike[str], lanes: int, o_direct: bool) -> None:
+        self.path = str(path)
+        self.lanes = lanes
+        self.o_direct = o_direct and hasattr(os, "O_DIRECT") and self._o_direct_works()
+        if o_direct and not self.o_direct:
+            warnings.warn(
+                f"O_DIRECT refused for {self.path} (filesystem does not support it): "
+                "falling back to buffered reads; telemetry records o_direct=0",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        flags = os.O_RDONLY | (os.O_DIRECT if self.o_direct else 0)
+        self._queue: queue.SimpleQueue[ReadTicket | None] = queue.SimpleQueue()
+        self._threads = []
+        for i in range(lanes):
+            fd = os.open(self.path, flags)
+            t = threading.Thread(target=self._lane, args=(fd,), name=f"io-lane-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _o_direct_works(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            return False
+        try:
+            mm, _ = aligned_empty(ALIGN)
+            os.preadv(fd, [mm], 0)
+            return True
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                return False
+            raise
+        finally:
+            os.close(fd)
+
+    def submit(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> ReadTicket:
+        ticket = ReadTicket(slices, buffer)
+        self._queue.put(ticket)
+        return ticket
+
+    def read_now(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> int:
+        ticket = self.submit(slices, buffer)
+        ticket.wait()
+        return ticket.nbytes
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    # -- lane ----------------------------------------------------------------------
+
+    def _lane(self, fd: int) -> None:
+        bounce_mm: mmap.mmap | None = None
+        bounce = np.empty(0, np.uint8)
+        try:
+            while True:
+                ticket = self._queue.get()
+                if ticket is None:
+                    return
+                try:
+                    for s in ticket.slices:
+                        dest = ticket.buffer.floats.view(np.uint8)[s.dest : s.dest + _f32_bytes(s)]
+                        if s.ggml_type == GGMLQuantizationType.F32 and (
+                            not self.o_direct or (s.offset % ALIGN == 0 and s.nbytes % ALIGN == 0)
+                        ):
+                            ticket.nbytes += _pread_full(fd, dest, s.offset)
+                            continue
+                        start = s.offset - s.offset % ALIGN if self.o_direct else s.offset
+                        end = s.offset + s.nbytes
+                        if self.o_direct:
+                            end += -end % ALIGN
+                        if bounce.size < end - start:
+                            bounce_mm, bounce = aligned_empty(end - start)
+                        got = _pread_full(fd, bounce[: end - start], start, allow_eof=True)
+                        ticket.nbytes += got
+                        raw = bounce[s.offset - start : s.offset - start + s.nbytes]
+                        if raw.size != s.nbytes:
+                            raise EngineError(f"{self.path}: short read at offset {s.offset}")
+                        f32 = dest.view(np.float32).reshape(s.shape)
+                        f32[...] = to_f32(raw, s.ggml_type, s.shape)
+                except BaseException as e:  # handed to the waiting thread, never lost
+                    ticket.error = e
+                ticket.t_done = time.perf_counter()
+                ticket.event.set()
+        finally:
+            os.close(fd)
+            del bounce_mm
+
+
+def _f32_bytes(s: Slice) -> int:
+    return s.shape[0] * s.shape[1] * 4
+
+
+def _pread_full(fd: int, dest: np.ndarray, offset: int, allow_eof: bool = False) -> int:
+    """preadv until `dest` is full (short reads happen); returns bytes read."""
+    view = memoryview(dest)
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            if allow_eof:
+                break
+            raise EngineError(f"unexpected end of file at offset {offset + done}")
+        done += n
+    return done

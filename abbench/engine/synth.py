@@ -1,0 +1,227 @@
+"""Synthetic `qwen3moe` GGUF models whose routing behaves like a trained model's.
+
+Random weights route uniformly and make every predictor look the same. Three knobs give
+the routing the shape the seed measured on real models:
+
+- `popularity_skew`: every token's residual stream shares a common direction (the mean of
+  the token embeddings), and each layer's router rows get a component along it whose size
+  follows a Zipf-like ladder over a random permutation of the experts. Some experts are
+  hot, most are cold — so an LRU cache's hit rate rises with its size.
+- `update_early` / `update_late`: the size of each layer's residual update (attention and
+  expert outputs) relative to the residual stream, decaying geometrically from the first
+  layer to the last over `update_decay_layers`. Small updates are what make layer l+1's
+  routing predictable from layer l's input (the stale-gate predictor); larger early updates
+  make the first layers less predictable than the last, as on real models.
+- `router_scale`: the spread of router logits, which sets how peaked routing weights are.
+
+The file is a complete GGUF: architecture metadata under `qwen3moe.*`, a byte-fallback
+SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, then `<0x00>`..`<0xFF>`) with the
+standard `tokenizer.ggml.*` keys, and `general.sampling.temp = 1.0`, because a random model
+decoded greedily falls into a short loop (seeded sampling keeps synthetic text varied).
+Tensors are 4096-byte aligned and experts stored in F32, so O_DIRECT reads land straight in
+the buffer the GEMV uses.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from abbench.errors import UsageError
+
+VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
+N_VOCAB = len(VOCAB_SPECIAL) + 256
+BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
+ALIGNMENT = 4096
+FORMAT_VERSION = 1  # bump when the generator's output changes for the same spec
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    n_layer: int
+    n_expert: int
+    n_expert_used: int
+    d_model: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    expert_ff: int
+    context_length: int = 2048
+    seed: int = 0
+    popularity_skew: float = 1.0
+    update_early: float = 0.35
+    update_late: float = 0.08
+    update_decay_layers: float = 3.0
+    router_scale: float = 1.0
+    dense_type: str = "F32"
+    expert_type: str = "F32"
+
+    def __post_init__(self) -> None:
+        if self.n_expert_used > self.n_expert:
+            raise UsageError("n_expert_used must not exceed n_expert")
+        if self.n_head % self.n_head_kv:
+            raise UsageError("n_head must be a multiple of n_head_kv")
+        if self.head_dim % 2:
+            raise UsageError("head_dim must be even (RoPE)")
+
+    @property
+    def expert_bytes(self) -> int:
+        return 3 * self.expert_ff * self.d_model * 4
+
+
+PRESETS: dict[str, SynthSpec] = {
+    # a few MiB: unit tests and gates
+    "tiny": SynthSpec(n_layer=4, n_expert=8, n_expert_used=2, d_model=64, n_head=4,
+                      n_head_kv=2, head_dim=16, expert_ff=32, context_length=512),
+    # tens of MiB: CI end-to-end
+    "small": SynthSpec(n_layer=8, n_expert=16, n_expert_used=4, d_model=256, n_head=4,
+                       n_head_kv=2, head_dim=64, expert_ff=128, context_length=1024),
+    # ~1.5 GiB: 16 layers x 64 experts of 1.5 MiB, top-8 — a few hundred MiB of cache streams
+    "default": SynthSpec(n_layer=16, n_expert=64, n_expert_used=8, d_model=512, n_head=8,
+                         n_head_kv=2, head_dim=64, expert_ff=256, context_length=2048),
+}
+
+
+def preset(name: str, seed: int = 0) -> SynthSpec:
+    if name not in PRESETS:
+        raise UsageError(
+            f"unknown synthetic preset `{name}`", tip=f"presets: {', '.join(PRESETS)}"
+        )
+    return replace(PRESETS[name], seed=seed)
+
+
+def layer_update_scale(spec: SynthSpec, layer: int) -> float:
+    """Residual update size at `layer`, decaying from update_early to update_late."""
+    w = np.exp(-layer / max(spec.update_decay_layers, 1e-9))
+    return float(spec.update_late + (spec.update_early - spec.update_late) * w)
+
+
+def _quantize(a: np.ndarray, type_name: str) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
+    qtype = gguf.GGMLQuantizationType[type_name]
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return a.astype(np.float32), None
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return a.astype(np.float16), None
+    return gguf.quants.quantize(a.astype(np.float32), qtype), qtype
+
+
+def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synthetic") -> None:
+    """Write the model to `path` atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    rng = np.random.default_rng(spec.seed)
+    d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
+    q_rows, kv_rows = spec.n_head * hd, spec.n_head_kv * hd
+
+    tmp_fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    os.close(tmp_fd)
+    try:
+        w = gguf.GGUFWriter(tmp_name, "qwen3moe")
+        w.add_custom_alignment(ALIGNMENT)
+        w.add_name(name)
+        w.add_description(f"abbench synthetic model: {asdict(spec)}")
+        w.add_block_count(spec.n_layer)
+        w.add_context_length(spec.context_length)
+        w.add_embedding_length(d)
+        w.add_feed_forward_length(ff)
+        w.add_expert_feed_forward_length(ff)
+        w.add_head_count(spec.n_head)
+        w.add_head_count_kv(spec.n_head_kv)
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+        w.add_sampling_temp(1.0)
+        w.add_uint32("abbench.synthetic.format", FORMAT_VERSION)
+        for key, value in asdict(spec).items():
+            if isinstance(value, str):
+                w.add_string(f"abbench.synthetic.{key}", value)
+            elif isinstance(value, int):
+                w.add_int64(f"abbench.synthetic.{key}", value)
+            else:
+                w.add_float64(f"abbench.synthetic.{key}", float(value))
+        _add_vocab(w)
+
+        def add(name_: str, a: np.ndarray, type_name: str) -> None:
+            data, raw = _quantize(a, type_name)
+            w.add_tensor(name_, data, raw_dtype=raw)
+
+        # The shared direction every token's residual stream carries (popularity skew).
+        common = rng.standard_normal(d).astype(np.float32)
+        common /= np.linalg.norm(common)
+        rho = 0.25  # share of an embedding's energy along `common`
+        embd = rng.standard_normal((N_VOCAB, d)).astype(np.float32) * np.sqrt(1 - rho)
+        embd += common * np.sqrt(rho * d)  # (vocab, d), rows of norm ~ sqrt(d)
+        add("token_embd.weight", embd, spec.dense_type)
+        add("output_norm.weight", np.ones(d, np.float32), "F32")
+        add("output.weight", rng.standard_normal((N_VOCAB, d)).astype(np.float32) / np.sqrt(d)
+            * 2.0, spec.dense_type)
+        ranks = np.arange(1, spec.n_expert + 1, dtype=np.float64)
+        ladder = -np.log(ranks)  # Zipf-like: logit bias ~ -log(rank)
+        ladder = (ladder - ladder.mean()) * spec.popularity_skew
+        for i in range(spec.n_layer):
+            b = f"blk.{i}."
+            upd = layer_update_scale(spec, i)
+            add(b + "attn_norm.weight", np.ones(d, np.float32), "F32")
+            add(b + "ffn_norm.weight", np.ones(d, np.float32), "F32")
+            add(b + "attn_q_norm.weight", np.ones(hd, np.float32), "F32")
+            add(b + "attn_k_norm.weight", np.ones(hd, np.float32), "F32")
+            add(b + "attn_q.weight", rng.standard_normal((q_rows, d)).astype(np.float32)
+                / np.sqrt(d), spec.dense_type)
+            add(b + "attn_k.weight", rng.standard_normal((kv_rows, d)).astype(np.float32)
+                / np.sqrt(d), spec.dense_type)
+            add(b + "attn_v.weight", rng.standard_normal((kv_rows, d)).astype(np.float32)
+                / np.sqrt(d), spec.dense_type)
+            # Attention outputs have unit-scale components, as does the residual stream:
+            # size the projection so the update is `upd` of the stream.
+            add(b + "attn_output.weight", rng.standard_normal((d, q_rows)).astype(np.float32)
+                * (upd / np.sqrt(q_rows)), spec.dense_type)
+            router = rng.standard_normal((spec.n_expert, d)).astype(np.float32)
+            router *= spec.router_scale / np.sqrt(d)
+            bias = ladder[rng.permutation(spec.n_expert)]  # (n_expert,) logit bias per expert
+            # x·common ≈ sqrt(rho*d) after RMSNorm, so this adds ~`bias` to each logit.
+            router += (bias[:, None] / np.sqrt(rho * d)).astype(np.float32) * common[None, :]
+            add(b + "ffn_gate_inp.weight", router, "F32")
+            gate = rng.standard_normal((spec.n_expert, ff, d), dtype=np.float32)
+            gate *= 1.0 / np.sqrt(d)
+            add(b + "ffn_gate_exps.weight", gate, spec.expert_type)
+            del gate
+            up = rng.standard_normal((spec.n_expert, ff, d), dtype=np.float32)
+            up *= 1.0 / np.sqrt(d)
+            add(b + "ffn_up_exps.weight", up, spec.expert_type)
+            del up
+            down = rng.standard_normal((spec.n_expert, d, ff), dtype=np.float32)
+            # silu(g)*u has rms ~0.6 for unit-variance g and u; scale the update to `upd`.
+            down *= upd / (0.6 * np.sqrt(ff))
+            add(b + "ffn_down_exps.weight", down, spec.expert_type)
+            del down
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def _add_vocab(w: gguf.GGUFWriter) -> None:
+    tokens = VOCAB_SPECIAL + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([int(t) for t in types])
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)

@@ -1,0 +1,224 @@
+"""What a run reports: the summary, the console lines, the bmoe_metrics CSV, the JSON.
+
+Decode statistics cover the decode phase (phase 1) only; prefill is reported separately.
+Time accounting per token: `wall = compute + mgmt + stall`, where `stall` is the time every
+compute thread waited on a read (all of the read wait without `--overlap`); `io` is the
+time reads were in flight, so `read bytes / io` is the bandwidth the lanes achieved.
+
+The fingerprint hashes what the run *did* — token ids in and out, and per forward pass the
+bytes read, hits, misses, evictions, experts routed and dropped, speculative reads — never
+a timing, so two runs doing the same work have the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+from typing import Any
+
+from abbench.engine.experts import MIB
+from abbench.engine.session import RunResult, TokenRecord
+from abbench.fsutil import atomic_write_text
+
+JSON_FORMAT = "abbench-engine-run v1"
+CSV_COLUMNS = [
+    "step", "steps", "wall_ms", "io_ms", "compute_ms", "read_bytes", "cache_hit_pct",
+    "stall_ms", "mgmt_ms", "majflt", "cpu_ms", "rss_mib", "token", "hits", "misses",
+    "evictions", "experts_routed", "experts_dropped", "spec_read_bytes", "spec_experts",
+    "spec_useful",
+]
+PER_TOKEN_KEYS = [
+    "wall_ms", "io_ms", "compute_ms", "stall_ms", "mgmt_ms", "read_bytes", "hits", "misses",
+    "evictions", "majflt", "cpu_ms", "rss_mib", "experts_routed", "experts_dropped",
+    "spec_read_bytes", "spec_experts", "spec_useful",
+]
+
+
+def fingerprint(result: RunResult) -> str:
+    work = {
+        "prompt": list(result.prompt_ids),
+        "output": list(result.output_ids),
+        "passes": [
+            [r.phase, r.token, r.read_bytes, r.hits, r.misses, r.evictions, r.experts_routed,
+             r.experts_dropped, r.spec_read_bytes, r.spec_experts, r.spec_useful]
+            for r in result.records
+        ],
+    }
+    blob = json.dumps(work, separators=(",", ":"), sort_keys=True).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def summarize(result: RunResult) -> dict[str, Any]:
+    dec = result.decode
+    pre = result.prefill
+    n = len(dec)
+    wall = sum(r.wall_ms for r in dec) / 1e3
+    read = sum(r.read_bytes for r in dec)
+    io_s = sum(r.io_ms for r in dec) / 1e3
+    hits = sum(r.hits for r in dec)
+    misses = sum(r.misses for r in dec)
+    routed = sum(r.experts_routed for r in dec)
+    dropped = sum(r.experts_dropped for r in dec)
+    spec_experts = sum(r.spec_experts for r in dec)
+    cpu_s = sum(r.cpu_ms for r in dec) / 1e3
+
+    def per_tok(x: float) -> float:
+        return x / n if n else 0.0
+
+    return {
+        "tokens": n,
+        "s/tok": per_tok(wall),
+        "tok/s": n / wall if wall > 0 else 0.0,
+        "read_MiB": read / MIB,
+        "read_MiB/tok": per_tok(read / MIB),
+        "io_s": io_s,
+        "io_s/tok": per_tok(io_s),
+        "bandwidth_MiB/s": read / MIB / io_s if io_s > 0 else 0.0,
+        "compute_s/tok": per_tok(sum(r.compute_ms for r in dec) / 1e3),
+        "mgmt_s/tok": per_tok(sum(r.mgmt_ms for r in dec) / 1e3),
+        "stall_s/tok": per_tok(sum(r.stall_ms for r in dec) / 1e3),
+        "cache_hit_pct": 100.0 * hits / (hits + misses) if hits + misses else 0.0,
+        "hits": hits,
+        "misses": misses,
+        "evictions": sum(r.evictions for r in dec),
+        "cache_resident_MiB": result.resident_mib,
+        "cache_budget_MiB": result.cache_budget_mib,
+        "majflt/tok": per_tok(sum(r.majflt for r in dec)),
+        "cpu_s/tok": per_tok(cpu_s),
+        "cpu_occupancy": cpu_s / (wall * result.threads) if wall > 0 else 0.0,
+        "peak_rss_MiB": result.peak_rss_mib,
+        "dense_MiB": result.dense_bytes / MIB,
+        "n_prompt": len(result.prompt_ids),
+        "prefill_s": sum(r.wall_ms for r in pre) / 1e3,
+        "load_s": result.load_s,
+        "experts_routed": routed,
+        "experts_dropped": dropped,
+        "spec_read_MiB": sum(r.spec_read_bytes for r in dec) / MIB,
+        "spec_experts": spec_experts,
+        "spec_useful": sum(r.spec_useful for r in dec),
+        "o_direct": int(result.o_direct),
+        "threads": result.threads,
+    }
+
+
+def summary_lines(result: RunResult, s: dict[str, Any] | None = None) -> list[str]:
+    s = s or summarize(result)
+    lines = [
+        f"generation: {s['tokens']} tokens, {s['s/tok']:.3f} s/token ({s['tok/s']:.3f} tok/s)",
+        f"compute: {s['threads']} threads, cpu {s['cpu_s/tok']:.3f} s/token "
+        f"({100 * s['cpu_occupancy']:.0f}% occupancy), majflt {s['majflt/tok']:.2f}/token, "
+        f"peak RSS {s['peak_rss_MiB']:.0f} MiB, load {s['load_s']:.2f} s, "
+        f"prefill {s['n_prompt']} tokens {s['prefill_s']:.2f} s",
+        f"moe-stream: read {s['read_MiB']:.1f} MiB ({s['read_MiB/tok']:.2f} MiB/token), "
+        f"decode {s['s/tok']:.3f} s/token (compute {s['compute_s/tok']:.3f} + cache mgmt "
+        f"{s['mgmt_s/tok']:.3f} + flash I/O {s['stall_s/tok']:.3f} s/token, "
+        f"{s['bandwidth_MiB/s']:.0f} MiB/s) o_direct={s['o_direct']}",
+        f"moe-cache: {s['cache_hit_pct']:.1f}% hit, resident {s['cache_resident_MiB']:.1f} MiB "
+        f"(budget {s['cache_budget_MiB']:.0f} MiB, {s['evictions']} evictions)",
+    ]
+    return lines
+
+
+def _num(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _preamble(result: RunResult) -> list[str]:
+    c = result.config
+    m = result.model
+    pairs = {
+        "model": m.get("name") or m["path"],
+        "arch": m["architecture"],
+        "n_layer": m["n_layer"],
+        "n_expert": m["n_expert"],
+        "n_expert_used": c.n_expert_used or m["n_expert_used"],
+        "threads": result.threads,
+        "cache_mb": f"{c.cache_mib:g}",
+        "io_threads": c.io_lanes,
+        "o_direct": int(result.o_direct),
+        "overlap": int(c.overlap),
+        "prefetch": 0,
+        "predict_prefetch": 0,
+        "predict_spec_max": 0,
+        "predict_log": 0,
+        "dense_weights": "resident" if c.resident else ("anon" if c.dense == "pinned" else "mmap"),
+        "drop_cold_frac": 0,
+        "temp": f"{result.temp:g}",
+        "seed": c.seed,
+    }
+    pairs.update(result.extra.get("preamble", {}))
+    return ["# bmoe_metrics v2", "# " + " ".join(f"{k}={str(v).replace(' ', '_')}"
+                                                  for k, v in pairs.items())]
+
+
+def csv_text(result: RunResult) -> str:
+    buf = io.StringIO()
+    for line in _preamble(result):
+        buf.write(line + "\n")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    dec = result.decode
+    for r in dec:
+        row = _row(r, len(dec))
+        w.writerow([row[c] for c in CSV_COLUMNS])
+    s = summarize(result)
+    keys = ["tokens", "s/tok", "tok/s", "read_MiB", "cache_hit_pct", "stall_s/tok",
+            "majflt/tok", "cpu_s/tok", "experts_routed", "experts_dropped", "spec_read_MiB",
+            "spec_experts", "spec_useful", "io_s/tok", "compute_s/tok", "mgmt_s/tok",
+            "n_prompt", "prefill_s", "load_s", "cache_resident_MiB", "cache_budget_MiB",
+            "peak_rss_MiB"]
+    buf.write("# summary " + " ".join(f"{k}={_fmt(s[k])}" for k in keys) + "\n")
+    return buf.getvalue()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)
+
+
+def _row(r: TokenRecord, steps: int) -> dict[str, Any]:
+    return {
+        "step": r.step, "steps": steps, "wall_ms": f"{r.wall_ms:.3f}", "io_ms": f"{r.io_ms:.3f}",
+        "compute_ms": f"{r.compute_ms:.3f}", "read_bytes": r.read_bytes,
+        "cache_hit_pct": f"{r.cache_hit_pct:.2f}", "stall_ms": f"{r.stall_ms:.3f}",
+        "mgmt_ms": f"{r.mgmt_ms:.3f}", "majflt": r.majflt, "cpu_ms": f"{r.cpu_ms:.3f}",
+        "rss_mib": f"{r.rss_mib:.1f}", "token": r.token, "hits": r.hits, "misses": r.misses,
+        "evictions": r.evictions, "experts_routed": r.experts_routed,
+        "experts_dropped": r.experts_dropped, "spec_read_bytes": r.spec_read_bytes,
+        "spec_experts": r.spec_experts, "spec_useful": r.spec_useful,
+    }
+
+
+def json_doc(result: RunResult) -> dict[str, Any]:
+    s = summarize(result)
+    dec, pre = result.decode, result.prefill
+    return {
+        "format": JSON_FORMAT,
+        "config": result.config.to_dict(),
+        "resolved": {"temp": result.temp, "threads": result.threads, "o_direct": result.o_direct},
+        "model": result.model,
+        "fingerprint": fingerprint(result),
+        "summary": {k: _num(v) for k, v in s.items()},
+        "lines": summary_lines(result, s),
+        "prompt_ids": list(result.prompt_ids),
+        "output_ids": list(result.output_ids),
+        "text": result.text,
+        "per_token": {k: [_num(getattr(r, k)) for r in dec] for k in PER_TOKEN_KEYS}
+        | {"cache_hit_pct": [r.cache_hit_pct for r in dec], "token": [r.token for r in dec]},
+        "prefill": {k: [_num(getattr(r, k)) for r in pre] for k in PER_TOKEN_KEYS},
+        **{k: v for k, v in result.extra.items() if k != "preamble"},
+    }
+
+
+def write_csv(path: str, result: RunResult) -> None:
+    atomic_write_text(path, csv_text(result))
+
+
+def write_json(path: str, result: RunResult) -> None:
+    atomic_write_text(path, json.dumps(json_doc(result), indent=1, allow_nan=False) + "\n")

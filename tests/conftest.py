@@ -1,0 +1,32 @@
+"""Shared fixtures: synthetic models built once per session into a private cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from abbench.engine import synth
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Keep tests off the user's ~/.cache/abbench (CLI runs inherit the variable)."""
+    folder = tmp_path_factory.mktemp("abbench-cache")
+    os.environ["ABBENCH_CACHE"] = str(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "tiny.gguf"
+    synth.write_model(synth.preset("tiny"), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models") / "small.gguf"
+    synth.write_model(synth.preset("small"), path)
+    return path
