@@ -64,7 +64,9 @@ class ExpertCache:
         if key in self._evicted_once:
             self.counters.rereads += 1
         nbytes = 3 * ff * d * 4
-        if nbytes > self.budget_bytes:
+        evictable = sum(b.nbytes for k, b in self.entries.items() if k not in pinned)
+        if self.resident_bytes - evictable + nbytes > self.budget_bytes:
+            # It cannot fit even after evicting everything allowed: evict nothing.
             self.counters.uncached += 1
             return self._buffer(ff, d), False
         while self.resident_bytes + nbytes > self.budget_bytes:

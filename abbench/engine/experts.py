@@ -102,18 +102,20 @@ class ExpertRunner:
         t0 = time.perf_counter()
         k = len(ids)
         tok.experts_routed += k
-        batch = {(layer, int(e)) for e in ids}
         resident: list[Job] = []
         missing: list[tuple[int, int, ExpertBuffer, bool]] = []
         evictions_before = cache.counters.evictions
-        for slot, e in enumerate(ids):
-            key = (layer, int(e))
+        batch: set[tuple[int, int]] | None = None  # this layer's keys: never evicted by it
+        for slot, e in enumerate(ids.tolist()):
+            key = (layer, e)
             buf = cache.lookup(key)
             if buf is not None:
                 resident.append(Job(slot, buf, None))
             else:
+                if batch is None:
+                    batch = {(layer, int(i)) for i in ids}
                 buf, cached = cache.admit(key, le.ff, le.d, batch)
-                missing.append((slot, int(e), buf, cached))
+                missing.append((slot, e, buf, cached))
         tok.hits += len(resident)
         tok.misses += len(missing)
         tok.evictions += cache.counters.evictions - evictions_before
@@ -122,19 +124,22 @@ class ExpertRunner:
 
         jobs = list(resident)
         stall = 0.0
-        if missing:
-            tickets = [self.reader.submit(le.slices(e), buf) for _, e, buf, _ in missing]
+        tickets = [self.reader.submit(le.slices(e), buf) for _, e, buf, _ in missing]
+        try:
             if self.overlap:
                 jobs += [Job(slot, buf, t) for (slot, _, buf, _), t in zip(missing, tickets)]
-            else:
+            elif tickets:
                 w0 = time.perf_counter()
                 for t in tickets:
                     t.wait()
                 stall = time.perf_counter() - w0
                 jobs += [Job(slot, buf, None) for slot, _, buf, _ in missing]
-        try:
             stall += self.team.run(jobs, x, self.out, warm)
         except BaseException:
+            # Every read ends (done or failed) before its buffer is reused; then the
+            # entries whose contents are not trustworthy leave the cache.
+            for t in tickets:
+                t.event.wait()
             for _, e, _, cached in missing:
                 if cached:
                     cache.drop((layer, e))

@@ -1,22 +1,26 @@
 """A GGUF model file, opened for streaming: metadata, a tensor index, dense reads by offset.
 
 Parsing is done by the `gguf` package (llama.cpp's own reader). This module adds what a
-streaming engine needs on top: absolute file offsets and byte sizes of every tensor,
-validation that each tensor lies inside the file, and one clear `ModelFileError` for every
-way a file can be unusable (bad magic, truncated, duplicate or missing tensor, unknown type).
+streaming engine needs on top: absolute file offsets and byte sizes of every tensor, a
+bounds-checked walk of the header first (the reader fails on a cut file with numpy's own
+errors), and one clear `ModelFileError` for every way a file can be unusable (bad magic,
+truncated and where, duplicate or missing tensor, unknown or unsupported type).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import mmap
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION
 from gguf.quants import dequantize
 
 from abbench.errors import ModelFileError
@@ -86,13 +90,20 @@ class ModelFile:
         if self.path.is_dir():
             raise ModelFileError(f"{self.path}: is a folder, not a GGUF model file")
         self.file_size = self.path.stat().st_size
+        if self.file_size == 0:
+            raise ModelFileError(f"{self.path}: empty file (0 bytes), not a GGUF model file")
         with open(self.path, "rb") as f:
             magic = f.read(4)
+        if len(magic) < 4 and b"GGUF".startswith(magic):
+            raise ModelFileError(f"{self.path}: truncated: the file ends inside the magic")
         if magic != b"GGUF":
             raise ModelFileError(
                 f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')",
                 tip="pass a .gguf model, or `synthetic:tiny|small|default`",
             )
+        # The `gguf` reader assumes a well-formed file and fails on a cut one with numpy's
+        # own errors; walk the header first so that every defect is named.
+        check_layout(self.path)
         try:
             reader = GGUFReader(self.path, "r")
         except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
@@ -111,17 +122,13 @@ class ModelFile:
             if field.types and field.types[0] == GGUFValueType.ARRAY:
                 self._arrays[key] = field
             else:
-                self.metadata[key] = field.contents()
+                self.metadata[key] = self._contents(key, field)
         self.tensors: dict[str, TensorInfo] = {}
         for t in reader.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            info = TensorInfo(t.name, t.tensor_type, shape, int(t.data_offset), int(t.n_bytes))
-            if info.offset + info.nbytes > self.file_size:
-                raise ModelFileError(
-                    f"{self.path}: truncated: tensor `{t.name}` ends at byte "
-                    f"{info.offset + info.nbytes} but the file has {self.file_size} bytes"
-                )
-            self.tensors[t.name] = info
+            self.tensors[t.name] = TensorInfo(
+                t.name, t.tensor_type, shape, int(t.data_offset), int(t.n_bytes)
+            )
         # The reader's memmap stays open for `--dense mmap` views.
         self._reader = reader
 
@@ -144,7 +151,15 @@ class ModelFile:
 
     def array(self, key: str) -> list[Any] | None:
         field = self._arrays.get(key)
-        return None if field is None else list(field.contents())
+        return None if field is None else list(self._contents(key, field))
+
+    def _contents(self, key: str, field: Any) -> Any:
+        try:
+            return field.contents()
+        except UnicodeDecodeError:
+            raise ModelFileError(
+                f"{self.path}: corrupt metadata: `{key}` is not valid UTF-8"
+            ) from None
 
     # -- tensors -------------------------------------------------------------------
 
@@ -185,3 +200,148 @@ class ModelFile:
             # A dense view may still point into it; the GC closes it later then.
             with contextlib.suppress(BufferError, ValueError):
                 mm.close()
+
+
+# -- header walk --------------------------------------------------------------------
+
+# GGUF v2/v3 layout (all integers in the file's byte order, little-endian unless the
+# version reads byte-swapped):
+#   magic "GGUF" | version u32 | n_tensors u64 | n_kv u64
+#   n_kv x    key: string | value type u32 | value
+#   n_tensors x  name: string | n_dims u32 | dims u64 x n_dims | type u32 | offset u64
+#   padding to `general.alignment` (default 32), then tensor data; offsets are relative
+#   to the start of the data.
+# string = length u64 | UTF-8 bytes; array value = item type u32 | count u64 | items.
+_SCALAR_BYTES = {
+    GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.BOOL: 1,
+    GGUFValueType.UINT16: 2, GGUFValueType.INT16: 2,
+    GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4,
+    GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8,
+}
+GGUF_VERSIONS = (2, GGUF_VERSION)  # what `GGUFReader` reads
+_MAX_DIMS = 8  # ggml uses 4; anything far above is a corrupt count
+
+
+class _Cursor:
+    """Bounds-checked reads over the file; running off the end names what was being read."""
+
+    def __init__(self, buf: mmap.mmap, path: Path, order: str, pos: int) -> None:
+        self.buf, self.path, self.order, self.pos = buf, path, order, pos
+
+    def need(self, n: int, what: str) -> None:
+        if self.pos + n > len(self.buf):
+            raise ModelFileError(
+                f"{self.path}: truncated: the file ends inside {what}: it has "
+                f"{len(self.buf)} bytes, {self.pos + n} needed"
+            )
+
+    def take(self, n: int, what: str) -> int:
+        self.need(n, what)
+        self.pos += n
+        return self.pos - n
+
+    def u32(self, what: str) -> int:
+        return int(struct.unpack_from(self.order + "I", self.buf, self.take(4, what))[0])
+
+    def u64(self, what: str) -> int:
+        return int(struct.unpack_from(self.order + "Q", self.buf, self.take(8, what))[0])
+
+    def string(self, what: str) -> str:
+        n = self.u64(what)
+        start = self.take(n, what)
+        return bytes(self.buf[start : start + n]).decode("utf-8", errors="replace")
+
+    def skip_value(self, vtype: int, what: str) -> None:
+        if vtype == GGUFValueType.STRING:
+            self.string(what)
+        elif vtype in _SCALAR_BYTES:
+            self.take(_SCALAR_BYTES[GGUFValueType(vtype)], what)
+        elif vtype == GGUFValueType.ARRAY:
+            itype, count = self.u32(what), self.u64(what)
+            if itype in _SCALAR_BYTES:
+                self.take(count * _SCALAR_BYTES[GGUFValueType(itype)], what)
+            elif itype == GGUFValueType.STRING:
+                self.need(count * 8, what)  # each string has at least its length: a cut
+                for _ in range(count):  # or absurd count fails here, not after a long walk
+                    self.string(what)
+            else:
+                raise ModelFileError(
+                    f"{self.path}: corrupt metadata: {what} is an array of unknown type {itype}"
+                )
+        else:
+            raise ModelFileError(
+                f"{self.path}: corrupt metadata: {what} has unknown type {vtype}"
+            )
+
+
+def check_layout(path: Path) -> None:
+    """Walk a GGUF file's header and tensor table (magic already checked) and raise
+    `ModelFileError` naming the first defect: where the file is truncated, an unsupported
+    version, an unknown value or tensor type, a duplicate key or tensor, a tensor whose
+    data lies past the end of the file."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        size = len(buf)
+        order = "<"
+        if size >= 8 and struct.unpack_from("<I", buf, 4)[0] & 0xFFFF == 0:
+            order = ">"  # written for the opposite byte order (as `GGUFReader` decides)
+        cur = _Cursor(buf, path, order, 4)
+        version = cur.u32("the header (version)")
+        if version not in GGUF_VERSIONS:
+            raise ModelFileError(
+                f"{path}: GGUF version {version} is not supported "
+                f"(supported: {', '.join(map(str, GGUF_VERSIONS))})"
+            )
+        n_tensors = cur.u64("the header (tensor count)")
+        n_kv = cur.u64("the header (metadata count)")
+        alignment = GGUF_DEFAULT_ALIGNMENT
+        keys: set[str] = set()
+        for i in range(n_kv):
+            key = cur.string(f"the metadata (key {i + 1} of {n_kv})")
+            if key in keys:
+                raise ModelFileError(f"{path}: duplicate metadata key `{key}`")
+            keys.add(key)
+            what = f"the metadata (value of `{key}`)"
+            vtype = cur.u32(what)
+            if key == "general.alignment" and vtype == GGUFValueType.UINT32:
+                alignment = cur.u32(what)
+                if alignment == 0 or alignment & (alignment - 1):
+                    raise ModelFileError(
+                        f"{path}: `general.alignment` is {alignment}, not a power of two"
+                    )
+            else:
+                cur.skip_value(vtype, what)
+        tensors: dict[str, tuple[int, int]] = {}  # name: (offset from data start, nbytes)
+        for i in range(n_tensors):
+            name = cur.string(f"the tensor table (entry {i + 1} of {n_tensors})")
+            where = f"the tensor table (entry for `{name}`)"
+            n_dims = cur.u32(where)
+            if n_dims > _MAX_DIMS:
+                raise ModelFileError(
+                    f"{path}: corrupt tensor table: `{name}` has {n_dims} dimensions"
+                )
+            dims = [cur.u64(where) for _ in range(n_dims)]  # innermost first
+            type_id = cur.u32(where)
+            offset = cur.u64(where)
+            try:
+                ggml_type = GGMLQuantizationType(type_id)
+            except ValueError:
+                raise ModelFileError(
+                    f"{path}: tensor `{name}` has unknown type id {type_id}"
+                ) from None
+            if name in tensors:
+                raise ModelFileError(f"{path}: duplicate tensor `{name}`")
+            block, type_bytes = GGML_QUANT_SIZES[ggml_type]
+            if dims and dims[0] % block:
+                raise ModelFileError(
+                    f"{path}: tensor `{name}`: rows of {dims[0]} elements are not a whole "
+                    f"number of {ggml_type.name} blocks of {block}"
+                )
+            tensors[name] = (offset, math.prod(dims) // block * type_bytes)
+        data_start = -(-cur.pos // alignment) * alignment
+        for name, (offset, nbytes) in tensors.items():
+            end = data_start + offset + nbytes
+            if end > size:
+                raise ModelFileError(
+                    f"{path}: truncated: tensor `{name}` ends at byte {end} but the file "
+                    f"has {size} bytes"
+                )

@@ -215,9 +215,9 @@ class SliceReader:
                             bounce_mm, bounce = aligned_empty(end - start)
                         got = _pread_full(fd, bounce[: end - start], start, allow_eof=True)
                         ticket.nbytes += got
-                        raw = bounce[s.offset - start : s.offset - start + s.nbytes]
-                        if raw.size != s.nbytes:
+                        if got < s.offset - start + s.nbytes:  # the file ended inside the slice
                             raise EngineError(f"{self.path}: short read at offset {s.offset}")
+                        raw = bounce[s.offset - start : s.offset - start + s.nbytes]
                         f32 = dest.view(np.float32).reshape(s.shape)
                         f32[...] = to_f32(raw, s.ggml_type, s.shape)
                 except BaseException as e:  # handed to the waiting thread, never lost

@@ -117,7 +117,7 @@ def summary_lines(result: RunResult, s: dict[str, Any] | None = None) -> list[st
         f"{s['mgmt_s/tok']:.3f} + flash I/O {s['stall_s/tok']:.3f} s/token, "
         f"{s['bandwidth_MiB/s']:.0f} MiB/s) o_direct={s['o_direct']}",
         f"moe-cache: {s['cache_hit_pct']:.1f}% hit, resident {s['cache_resident_MiB']:.1f} MiB "
-        f"(budget {s['cache_budget_MiB']:.0f} MiB, {s['evictions']} evictions)",
+        f"(budget {s['cache_budget_MiB']:g} MiB, {s['evictions']} evictions)",
     ]
     return lines
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import numpy as np
@@ -15,20 +16,26 @@ class RoutingHook(Protocol):
     ) -> None: ...
 
 
+# These run once or twice per layer per token on tiny vectors, where numpy's per-call
+# overhead, not arithmetic, is the cost: they are written for the fewest calls.
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x: (d,) → (d,)"""
-    return (x * (1.0 / np.sqrt(np.dot(x, x) / x.size + eps))).astype(np.float32) * weight
+    scale = 1.0 / math.sqrt(float(np.dot(x, x)) / x.size + eps)  # a Python float: stays F32
+    return x * scale * weight
 
 
 def rms_norm_rows(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x: (n, hd) → (n, hd), each row normalised on its own (q/k head norm)."""
-    ms = np.einsum("ij,ij->i", x, x) / x.shape[1]  # (n,)
-    return (x / np.sqrt(ms + eps)[:, None]).astype(np.float32) * weight
+    inv = (np.einsum("ij,ij->i", x, x) * (1.0 / x.shape[1]) + eps) ** -0.5  # (n,)
+    return x * inv[:, None] * weight
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+    e /= e.sum(axis=axis, keepdims=True)
+    return e
 
 
 def rope_tables(head_dim: int, n_ctx: int, base: float) -> tuple[np.ndarray, np.ndarray]:

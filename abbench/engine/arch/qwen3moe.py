@@ -74,8 +74,12 @@ class Attention:
         wk = mf.read_dense(b + "attn_k.weight", pinned)  # (n_kv*hd, d)
         wv = mf.read_dense(b + "attn_v.weight", pinned)  # (n_kv*hd, d)
         self.q_rows, self.k_rows = wq.shape[0], wk.shape[0]
-        # One GEMV instead of three when the weights are ours to lay out.
-        self.wqkv = np.concatenate([wq, wk, wv]) if pinned else None  # (q+k+v rows, d)
+        self.wqkv: np.ndarray | None = None
+        if pinned:
+            # One GEMV instead of three when the weights are ours to lay out; the separate
+            # matrices become views of the fused one, so memory is not held twice.
+            self.wqkv = np.concatenate([wq, wk, wv])  # (q+k+v rows, d)
+            wq, wk, wv = np.split(self.wqkv, [self.q_rows, self.q_rows + self.k_rows])
         self.wq, self.wk, self.wv = wq, wk, wv
         self.wo = mf.read_dense(b + "attn_output.weight", pinned)  # (d, n_head*hd)
         q_norm = mf.read_dense(b + "attn_q_norm.weight", True)  # (hd,)
