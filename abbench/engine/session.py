@@ -166,7 +166,8 @@ class Engine:
         if temp is None:
             temp = float(self.mf.get("general.sampling.temp", 0.0) or 0.0)
         self.temp = temp
-        self.eos_id = self.mf.get("tokenizer.ggml.eos_token_id")
+        eos = self.mf.get("tokenizer.ggml.eos_token_id")
+        self.eos_id = eos if isinstance(eos, int) else None
         layout = expert_layout(self.mf, args.block_count, args.expert_count)
         self.dense_bytes = int(self.info["dense_bytes"])
         self.runner = ExpertRunner(
@@ -222,7 +223,7 @@ class Engine:
             current = holder[0]
             output.append(current)
             pos += 1
-            if cfg.stop_at_eos and self.eos_id is not None and current == int(self.eos_id):
+            if cfg.stop_at_eos and self.eos_id is not None and current == self.eos_id:
                 break
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         text = self.tokenizer.decode(output) if self.tokenizer else ""

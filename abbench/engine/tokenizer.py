@@ -8,7 +8,7 @@ Vocabularies without byte tokens (BPE) take `--prompt-tokens` until their merges
 from __future__ import annotations
 
 from abbench.engine.gguf_file import ModelFile
-from abbench.errors import UsageError
+from abbench.errors import ModelFileError, UsageError
 
 
 class ByteTokenizer:
@@ -37,6 +37,11 @@ class ByteTokenizer:
                 tip="give the prompt as token ids: --prompt-tokens 1,2,3",
             )
         bos = mf.get("tokenizer.ggml.bos_token_id")
+        if bos is not None and not (isinstance(bos, int) and 0 <= bos < len(tokens)):
+            raise ModelFileError(
+                f"{mf.path}: metadata `tokenizer.ggml.bos_token_id` is {bos!r}, outside the "
+                f"vocabulary of {len(tokens)} tokens"
+            )
         add_bos = bool(mf.get("tokenizer.ggml.add_bos_token", bos is not None))
         return cls([str(t) for t in tokens], None if bos is None else int(bos), add_bos)
 
