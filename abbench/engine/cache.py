@@ -64,8 +64,10 @@ class ExpertCache:
         if key in self._evicted_once:
             self.counters.rereads += 1
         nbytes = 3 * ff * d * 4
-        evictable = sum(b.nbytes for k, b in self.entries.items() if k not in pinned)
-        if self.resident_bytes - evictable + nbytes > self.budget_bytes:
+        if self.resident_bytes + nbytes > self.budget_bytes and (
+            sum(self.entries[k].nbytes for k in pinned if k in self.entries) + nbytes
+            > self.budget_bytes
+        ):
             # It cannot fit even after evicting everything allowed: evict nothing.
             self.counters.uncached += 1
             return self._buffer(ff, d), False

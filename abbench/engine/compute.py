@@ -104,30 +104,49 @@ class ComputeTeam:
 
     def _work(self, index: int, batch: _Batch) -> None:
         # The small elementwise ops hold the GIL, and every hand-over of the GIL between
-        # threads costs a wake-up; so a thread runs all its gate/up GEMVs back to back,
-        # then one vectorised SwiGLU over its experts, then all its down GEMVs. Jobs are
-        # taken from a shared counter, so the caller — which starts first — takes more.
+        # threads costs a wake-up; so a thread runs the gate/up GEMVs of the resident
+        # experts it takes back to back, then one vectorised SwiGLU and their down GEMVs.
+        # An expert whose bytes are still being read is computed whole as soon as they
+        # land, so the layer ends one expert after its last read. Jobs come from a shared
+        # counter, so the caller — which starts first — takes more.
         s = self._scratch[index]
-        ff = self.ff
         waits = batch.waits[index]
         jobs = batch.jobs
-        mine: list[Job] = []
+        held: list[Job] = []  # resident experts whose gate/up is done, down pending
         try:
             take = batch.next
             while (i := next(take)) < len(jobs):
-                mine.append(jobs[i])
-                self._gate_up(jobs[i], batch.x, s.h[len(mine) - 1], waits)
-            n = len(mine)
-            if n:
-                gate, up, act = s.h[:n, :ff], s.h[:n, ff:], s.act[:n]  # (n, ff) each
-                self._expit(gate, out=act)  # SwiGLU: silu(gate) * up
-                act *= gate
-                act *= up
-                for j, job in enumerate(mine):
-                    np.matmul(job.buffer.down, act[j], out=batch.out[job.slot])  # (d,)
+                job = jobs[i]
+                if job.ticket is None:
+                    np.matmul(job.buffer.gate_up, batch.x, out=s.h[len(held)])  # (2ff,)
+                    held.append(job)
+                    continue
+                self._finish(held, s, batch.out)
+                held.clear()
+                if not job.ticket.event.is_set():
+                    w0 = time.perf_counter()
+                    job.ticket.event.wait()
+                    waits.append((w0, time.perf_counter()))
+                job.ticket.wait()  # raises if the read failed
+                np.matmul(job.buffer.gate_up, batch.x, out=s.h[0])
+                self._finish([job], s, batch.out)
+            self._finish(held, s, batch.out)
         except BaseException as e:  # re-raised by `run` in the calling thread
             batch.error = e
         batch.finished[index] = time.perf_counter()
+
+    def _finish(self, done: list[Job], s: _Scratch, out: np.ndarray) -> None:
+        """SwiGLU and down projection of experts whose gate/up rows are in s.h[:n]."""
+        n = len(done)
+        if not n:
+            return
+        ff = self.ff
+        gate, up, act = s.h[:n, :ff], s.h[:n, ff:], s.act[:n]  # (n, ff) each
+        self._expit(gate, out=act)  # silu(gate) * up
+        act *= gate
+        act *= up
+        for j, job in enumerate(done):
+            np.matmul(job.buffer.down, act[j], out=out[job.slot])  # (d,)
 
     def _warm(self, matrices: tuple[np.ndarray, ...]) -> None:
         for m in matrices:
@@ -135,18 +154,6 @@ class ComputeTeam:
             if y is None:
                 y = self._warm_out[m.shape[0]] = np.empty(m.shape[0], np.float32)
             np.matmul(m, self._warm_x[: m.shape[1]], out=y)  # BLAS: the GIL is released
-
-    @staticmethod
-    def _gate_up(
-        job: Job, x: np.ndarray, h: np.ndarray, waits: list[tuple[float, float]]
-    ) -> None:
-        if job.ticket is not None:
-            if not job.ticket.event.is_set():
-                w0 = time.perf_counter()
-                job.ticket.event.wait()
-                waits.append((w0, time.perf_counter()))
-            job.ticket.wait()  # raises if the read failed
-        np.matmul(job.buffer.gate_up, x, out=h)  # (2ff,)
 
 
 def starved_seconds(

@@ -19,7 +19,7 @@ import numpy as np
 from abbench.engine.cache import ExpertCache
 from abbench.engine.compute import ComputeTeam, Job
 from abbench.engine.gguf_file import ModelFile
-from abbench.engine.streamer import ExpertBuffer, LayerExperts, SliceReader
+from abbench.engine.streamer import ExpertBuffer, LayerExperts, ReadTicket, SliceReader
 
 MIB = 1024 * 1024
 
@@ -104,6 +104,7 @@ class ExpertRunner:
         tok.experts_routed += k
         resident: list[Job] = []
         missing: list[tuple[int, int, ExpertBuffer, bool]] = []
+        tickets: list[ReadTicket] = []
         evictions_before = cache.counters.evictions
         batch: set[tuple[int, int]] | None = None  # this layer's keys: never evicted by it
         for slot, e in enumerate(ids.tolist()):
@@ -116,6 +117,7 @@ class ExpertRunner:
                     batch = {(layer, int(i)) for i in ids}
                 buf, cached = cache.admit(key, le.ff, le.d, batch)
                 missing.append((slot, e, buf, cached))
+                tickets.append(self.reader.submit(le.slices(e), buf))  # read starts now
         tok.hits += len(resident)
         tok.misses += len(missing)
         tok.evictions += cache.counters.evictions - evictions_before
@@ -124,7 +126,6 @@ class ExpertRunner:
 
         jobs = list(resident)
         stall = 0.0
-        tickets = [self.reader.submit(le.slices(e), buf) for _, e, buf, _ in missing]
         try:
             if self.overlap:
                 jobs += [Job(slot, buf, t) for (slot, _, buf, _), t in zip(missing, tickets)]

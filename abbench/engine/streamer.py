@@ -115,9 +115,14 @@ class ExpertBuffer:
 
 
 class ReadTicket:
-    """A queued read of one expert. `wait()` returns when its bytes are in the buffer."""
+    """A queued read of one expert. `wait()` returns when its bytes are in the buffer.
 
-    __slots__ = ("slices", "buffer", "event", "t_issued", "t_done", "nbytes", "error")
+    Its slices are separate queue items, so an expert's three projections are read by up
+    to three lanes at once; the last lane to finish one completes the ticket.
+    """
+
+    __slots__ = ("slices", "buffer", "event", "t_issued", "t_done", "nbytes", "error",
+                 "_pending", "_lock")
 
     def __init__(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> None:
         self.slices = slices
@@ -127,6 +132,19 @@ class ReadTicket:
         self.t_done = 0.0
         self.nbytes = 0  # bytes actually transferred (aligned ranges included)
         self.error: BaseException | None = None
+        self._pending = len(slices)
+        self._lock = threading.Lock()
+
+    def _slice_done(self, nbytes: int, error: BaseException | None) -> None:
+        with self._lock:
+            self.nbytes += nbytes
+            if error is not None and self.error is None:
+                self.error = error
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            self.t_done = time.perf_counter()
+            self.event.set()
 
     def wait(self) -> None:
         self.event.wait()
@@ -149,7 +167,7 @@ class SliceReader:
                 stacklevel=2,
             )
         flags = os.O_RDONLY | (os.O_DIRECT if self.o_direct else 0)
-        self._queue: queue.SimpleQueue[ReadTicket | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[ReadTicket, Slice] | None] = queue.SimpleQueue()
         self._threads = []
         for i in range(lanes):
             fd = os.open(self.path, flags)
@@ -175,7 +193,8 @@ class SliceReader:
 
     def submit(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> ReadTicket:
         ticket = ReadTicket(slices, buffer)
-        self._queue.put(ticket)
+        for s in slices:
+            self._queue.put((ticket, s))
         return ticket
 
     def read_now(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> int:
@@ -195,18 +214,17 @@ class SliceReader:
         bounce_mm: mmap.mmap | None = None
         bounce = np.empty(0, np.uint8)
         try:
-            while True:
-                ticket = self._queue.get()
-                if ticket is None:
-                    return
+            while (item := self._queue.get()) is not None:
+                ticket, s = item
+                got = 0
+                error: BaseException | None = None
                 try:
-                    for s in ticket.slices:
-                        dest = ticket.buffer.floats.view(np.uint8)[s.dest : s.dest + _f32_bytes(s)]
-                        if s.ggml_type == GGMLQuantizationType.F32 and (
-                            not self.o_direct or (s.offset % ALIGN == 0 and s.nbytes % ALIGN == 0)
-                        ):
-                            ticket.nbytes += _pread_full(fd, dest, s.offset)
-                            continue
+                    dest = ticket.buffer.floats.view(np.uint8)[s.dest : s.dest + _f32_bytes(s)]
+                    if s.ggml_type == GGMLQuantizationType.F32 and (
+                        not self.o_direct or (s.offset % ALIGN == 0 and s.nbytes % ALIGN == 0)
+                    ):
+                        got = _pread_full(fd, dest, s.offset)
+                    else:
                         start = s.offset - s.offset % ALIGN if self.o_direct else s.offset
                         end = s.offset + s.nbytes
                         if self.o_direct:
@@ -214,16 +232,14 @@ class SliceReader:
                         if bounce.size < end - start:
                             bounce_mm, bounce = aligned_empty(end - start)
                         got = _pread_full(fd, bounce[: end - start], start, allow_eof=True)
-                        ticket.nbytes += got
                         if got < s.offset - start + s.nbytes:  # the file ended inside the slice
                             raise EngineError(f"{self.path}: short read at offset {s.offset}")
                         raw = bounce[s.offset - start : s.offset - start + s.nbytes]
                         f32 = dest.view(np.float32).reshape(s.shape)
                         f32[...] = to_f32(raw, s.ggml_type, s.shape)
                 except BaseException as e:  # handed to the waiting thread, never lost
-                    ticket.error = e
-                ticket.t_done = time.perf_counter()
-                ticket.event.set()
+                    error = e
+                ticket._slice_done(got, error)
         finally:
             os.close(fd)
             del bounce_mm

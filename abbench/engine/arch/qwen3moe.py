@@ -159,12 +159,13 @@ class Attention:
         q_norm = mf.read_dense(b + "attn_q_norm.weight", True)  # (hd,)
         k_norm = mf.read_dense(b + "attn_k_norm.weight", True)  # (hd,)
         # q and k heads are normalised and rotated together: one norm weight row per head.
+        # The attention scale 1/sqrt(hd) is folded into the q rows (RoPE is linear).
+        scale = 1.0 / np.sqrt(self.hd)
         self.qk_norm = np.concatenate(  # (n_head + n_kv, hd)
-            [np.tile(q_norm, (self.n_head, 1)), np.tile(k_norm, (self.n_kv, 1))]
-        )
+            [np.tile(q_norm * scale, (self.n_head, 1)), np.tile(k_norm, (self.n_kv, 1))]
+        ).astype(np.float32)
         self.k_cache = np.zeros((self.n_kv, n_ctx, self.hd), np.float32)  # (n_kv, T_max, hd)
         self.v_cache = np.zeros((self.n_kv, n_ctx, self.hd), np.float32)  # (n_kv, T_max, hd)
-        self.scale = np.float32(1.0 / np.sqrt(self.hd))
 
     def __call__(self, x: np.ndarray, pos: int, rope: np.ndarray) -> np.ndarray:
         """x: (d,) normalised input; rope: (hd, hd) this position's rotation → (d,)."""
@@ -179,11 +180,12 @@ class Attention:
         self.v_cache[:, pos] = qkv[self.q_rows + self.k_rows :].reshape(nkv, hd)
         keys = self.k_cache[:, : pos + 1]  # (n_kv, T, hd)
         values = self.v_cache[:, : pos + 1]  # (n_kv, T, hd)
-        qg = qk[:nq].reshape(nkv, nq // nkv, hd)  # (n_kv, g, hd)
+        qg = qk[:nq].reshape(nkv, nq // nkv, hd)  # (n_kv, g, hd), already scaled
         scores = qg @ keys.transpose(0, 2, 1)  # (n_kv, g, T)
-        scores *= self.scale
-        probs = softmax(scores, axis=-1)  # (n_kv, g, T)
-        out = probs @ values  # (n_kv, g, hd)
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)  # unnormalised softmax
+        out = scores @ values  # (n_kv, g, hd)
+        out /= scores.sum(axis=-1, keepdims=True)
         return self.wo @ out.reshape(-1)  # (d,)
 
 
