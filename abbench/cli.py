@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from abbench import __version__
+from abbench.analysis.replay_cli import add_replay_parser
 from abbench.engine.cli import add_engine_parser, add_model_parser
 from abbench.errors import AbbenchError
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                            parser_class=_Parser)
     add_engine_parser(sub)
     add_model_parser(sub)
+    add_replay_parser(sub)
     return p
 
 

@@ -24,6 +24,7 @@ class CacheCounters:
     evictions: int = 0
     rereads: int = 0  # misses on an expert that was resident once and got evicted
     uncached: int = 0  # misses read into scratch because the budget could not hold them
+    spec_useful: int = 0  # speculatively read entries later hit before their eviction
 
 
 @dataclass
@@ -32,6 +33,7 @@ class ExpertCache:
     entries: OrderedDict[Key, ExpertBuffer] = field(default_factory=OrderedDict)
     resident_bytes: int = 0
     counters: CacheCounters = field(default_factory=CacheCounters)
+    speculative: set[Key] = field(default_factory=set)  # filled by speculation, not yet hit
     _free: dict[tuple[int, int], list[ExpertBuffer]] = field(default_factory=dict)
     _evicted_once: set[Key] = field(default_factory=set)
 
@@ -41,6 +43,9 @@ class ExpertCache:
         if buf is not None:
             self.entries.move_to_end(key)
             self.counters.hits += 1
+            if key in self.speculative:
+                self.speculative.discard(key)
+                self.counters.spec_useful += 1
         return buf
 
     def peek(self, key: Key) -> bool:
@@ -54,15 +59,19 @@ class ExpertCache:
             return True
         return False
 
-    def admit(self, key: Key, ff: int, d: int, pinned: set[Key]) -> tuple[ExpertBuffer, bool]:
+    def admit(
+        self, key: Key, ff: int, d: int, pinned: set[Key], speculative: bool = False
+    ) -> tuple[ExpertBuffer, bool]:
         """A buffer to read a missing expert into, and whether it is now cached.
 
         Evicts least-recently-used entries outside `pinned` until the expert fits. When the
         budget cannot hold it even then, the buffer is scratch and the caller releases it.
+        A speculative admission is not a lookup: it counts no miss.
         """
-        self.counters.misses += 1
-        if key in self._evicted_once:
-            self.counters.rereads += 1
+        if not speculative:
+            self.counters.misses += 1
+            if key in self._evicted_once:
+                self.counters.rereads += 1
         nbytes = 3 * ff * d * 4
         if self.resident_bytes + nbytes > self.budget_bytes and (
             sum(self.entries[k].nbytes for k in pinned if k in self.entries) + nbytes
@@ -94,12 +103,14 @@ class ExpertCache:
     def drop(self, key: Key) -> None:
         """Forget an entry whose contents are not valid (a failed or cancelled read)."""
         buf = self.entries.pop(key, None)
+        self.speculative.discard(key)
         if buf is not None:
             self.resident_bytes -= buf.nbytes
             self._free.setdefault((buf.gate_up.shape[0] // 2, buf.gate_up.shape[1]), []).append(buf)
 
     def _evict(self, key: Key) -> None:
         buf = self.entries.pop(key)
+        self.speculative.discard(key)
         self.resident_bytes -= buf.nbytes
         self.counters.evictions += 1
         self._evicted_once.add(key)

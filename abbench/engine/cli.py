@@ -15,6 +15,7 @@ from abbench.engine import synth
 from abbench.engine.config import DEFAULT_PROMPT, EngineConfig
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.models import resolve_model
+from abbench.engine.predictor import control_warning
 from abbench.engine.session import Engine, model_info
 from abbench.engine.telemetry import summarize, summary_lines, write_csv, write_json
 from abbench.errors import UsageError
@@ -76,6 +77,31 @@ def add_engine_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="compute resident experts while missing ones load (default off)")
     s.add_argument("--threads", type=int, default=0, metavar="N",
                    help="expert compute threads (default: one per core, up to 8)")
+    pol = run.add_argument_group("policies (all off by default)")
+    pol.add_argument("--drop-cold-experts", type=float, metavar="F",
+                     help="in decode, skip a routed expert that is not resident and whose "
+                     "weight is below F/k (0 < F <= 1; the top expert is never skipped; "
+                     "needs the cache)")
+    pol.add_argument("--drop-in-prefill", action="store_true",
+                     help="drop during prefill too")
+    pol.add_argument("--drop-no-renorm", action="store_true",
+                     help="do not renormalise the surviving experts' weights")
+    pol.add_argument("--prefetch", type=int, default=0, metavar="K",
+                     help="after each layer's load, speculatively read the experts the "
+                     "previous token routed at the next K layers (needs the cache)")
+    pol.add_argument("--prefetch-sync", action="store_true",
+                     help="complete speculative reads at once (deterministic; for tests)")
+    pol.add_argument("--predict-log", action="store_true",
+                     help="score the stale-gate, previous-token and control predictors per "
+                     "layer (reads the same bytes; do not read tok/s off a probed run)")
+    pol.add_argument("--predict-prefetch", action="store_true",
+                     help="speculate the stale-gate prediction of the next layer "
+                     "(exclusive with --prefetch; needs the cache)")
+    pol.add_argument("--predict-spec-max", type=int, default=2, metavar="N",
+                     help="speculate at most the top N predicted misses per layer, 0..8; "
+                     "0 = retention only (default 2)")
+    pol.add_argument("--route-trace", metavar="FILE",
+                     help="write one row per routed expert (route_trace v1)")
     o = run.add_argument_group("output")
     o.add_argument("--csv", metavar="FILE", help="per-token rows, bmoe_metrics layout")
     o.add_argument("--json", metavar="FILE",
@@ -120,6 +146,10 @@ def config_from_args(a: argparse.Namespace) -> EngineConfig:
         temp=a.temp, seed=a.seed, n_expert_used=a.n_expert_used, n_ctx=a.n_ctx,
         stop_at_eos=a.stop_at_eos, dense=a.dense, resident=a.resident, cache_mib=a.cache_mib,
         io_lanes=a.io_lanes, o_direct=a.o_direct, overlap=a.overlap, threads=a.threads,
+        drop_cold_experts=a.drop_cold_experts, drop_in_prefill=a.drop_in_prefill,
+        drop_no_renorm=a.drop_no_renorm, prefetch=a.prefetch, prefetch_sync=a.prefetch_sync,
+        predict_log=a.predict_log, predict_prefetch=a.predict_prefetch,
+        predict_spec_max=a.predict_spec_max, route_trace=a.route_trace,
     )
 
 
@@ -135,6 +165,7 @@ def cmd_engine_run(a: argparse.Namespace) -> int:
     cfg = config_from_args(a)
     _check_writable(a.csv, "--csv")
     _check_writable(a.json, "--json")
+    _check_writable(a.route_trace, "--route-trace")
     path = resolve_model(cfg.model)
     with Engine(cfg, path) as engine:
         result = engine.run()
@@ -147,6 +178,10 @@ def cmd_engine_run(a: argparse.Namespace) -> int:
     if not a.quiet:
         for line in summary_lines(result, summarize(result)):
             print(line)
+    if engine.predictor is not None and cfg.predict_log:
+        problem = control_warning(engine.predictor.scores)
+        if problem:
+            print(f"WARNING: {problem}", file=sys.stderr)
     return 0
 
 

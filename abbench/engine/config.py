@@ -38,6 +38,16 @@ class EngineConfig:
     o_direct: bool = True
     overlap: bool = False
     threads: int = 0  # 0: one per core (up to 8)
+    # policies (all off by default)
+    drop_cold_experts: float | None = None  # F: skip non-resident experts below F/k
+    drop_in_prefill: bool = False
+    drop_no_renorm: bool = False
+    prefetch: int = 0  # K: speculate the previous token's routing of layers l+1..l+K
+    prefetch_sync: bool = False
+    predict_log: bool = False
+    predict_prefetch: bool = False
+    predict_spec_max: int = 2
+    route_trace: str | None = None
 
     def __post_init__(self) -> None:
         def bad(flag: str, msg: str) -> ConfigError:
@@ -63,6 +73,32 @@ class EngineConfig:
             raise bad("prompt_tokens", "must name at least one token id")
         if self.prompt_tokens is None and not self.prompt:
             raise bad("prompt", "must not be empty")
+        has_cache = self.resident or self.cache_mib > 0
+        if self.drop_cold_experts is not None:
+            if not 0 < self.drop_cold_experts <= 1:
+                raise bad("drop_cold_experts", f"must be in (0, 1] (got {self.drop_cold_experts})")
+            if not has_cache:
+                raise bad("drop_cold_experts", "needs the expert cache (`--cache-mib` > 0)")
+        elif self.drop_in_prefill or self.drop_no_renorm:
+            flag = "drop_in_prefill" if self.drop_in_prefill else "drop_no_renorm"
+            raise bad(flag, "needs `--drop-cold-experts F`")
+        if not 0 <= self.prefetch <= 64:
+            raise bad("prefetch", f"must be between 0 (off) and 64 layers (got {self.prefetch})")
+        if self.prefetch and not has_cache:
+            raise bad("prefetch", "needs the expert cache (`--cache-mib` > 0)")
+        if self.predict_prefetch:
+            if self.prefetch:
+                raise bad("predict_prefetch", "and `--prefetch` are mutually exclusive")
+            if not has_cache:
+                raise bad("predict_prefetch", "needs the expert cache (`--cache-mib` > 0)")
+        if not 0 <= self.predict_spec_max <= 8:
+            raise bad("predict_spec_max", f"must be between 0 and 8 (got {self.predict_spec_max})")
+        if self.prefetch_sync and not (self.prefetch or self.predict_prefetch):
+            raise bad("prefetch_sync", "needs `--prefetch K` or `--predict-prefetch`")
+
+    @property
+    def speculates(self) -> bool:
+        return bool(self.prefetch) or self.predict_prefetch
 
     @property
     def compute_threads(self) -> int:

@@ -21,8 +21,10 @@ from threadpoolctl import threadpool_limits
 
 from abbench.engine.arch import architecture
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import MIB, ExpertRunner
+from abbench.engine.experts import MIB, ExpertRunner, Policies
 from abbench.engine.gguf_file import ModelFile
+from abbench.engine.predictor import RoutePredictor
+from abbench.engine.route_trace import RouteTraceWriter
 from abbench.engine.sampling import Sampler
 from abbench.engine.streamer import expert_layout
 from abbench.engine.tokenizer import ByteTokenizer
@@ -51,6 +53,8 @@ class TokenRecord:
     spec_read_bytes: int = 0
     spec_experts: int = 0
     spec_useful: int = 0
+    spec_cancelled: int = 0
+    retained: int = 0
 
     @property
     def cache_hit_pct(self) -> float:
@@ -180,8 +184,27 @@ class Engine:
             overlap=config.overlap,
             threads=config.compute_threads,
             max_k=k,
+            policies=Policies(
+                drop_frac=config.drop_cold_experts,
+                drop_in_prefill=config.drop_in_prefill,
+                drop_renorm=not config.drop_no_renorm,
+                prefetch=config.prefetch,
+                prefetch_sync=config.prefetch_sync,
+                predict_prefetch=config.predict_prefetch,
+                spec_max=config.predict_spec_max,
+            ),
         )
         self.model = arch.Model(self.mf, args, self.runner, config.dense == "pinned", n_ctx, k)
+        self.predictor: RoutePredictor | None = None
+        if config.predict_log or config.predict_prefetch:
+            self.predictor = RoutePredictor(
+                [self.model.router_matrix(i) for i in range(args.block_count)],
+                log=config.predict_log, predict=config.predict_prefetch,
+                weights=config.predict_spec_max > 0,
+            )
+            self.model.routing_hook = self.predictor
+            self.runner.predictor = self.predictor
+        self.layout = layout
         self.load_s = time.perf_counter() - t0
 
     def __enter__(self) -> Engine:
@@ -195,13 +218,40 @@ class Engine:
     def close(self) -> None:
         self.runner.close()
 
+    def _open_trace(self) -> RouteTraceWriter | None:
+        path = self.config.route_trace
+        if path is None:
+            return None
+        expert_names = {t.name for le in self.layout for t in (le.gate, le.up, le.down)}
+        layer_bytes = []
+        for i, le in enumerate(self.layout):
+            prefix = f"blk.{i}."
+            dense = sum(t.nbytes for n, t in self.mf.tensors.items()
+                        if n.startswith(prefix) and n not in expert_names)
+            layer_bytes.append((le.file_bytes, dense))
+        info = self.info
+        return RouteTraceWriter(path, str(info["name"] or info["path"]), info["architecture"],
+                                info["n_layer"], info["n_expert"], self.model.k, layer_bytes)
+
     def run(self, on_token: Callable[[TokenRecord], None] | None = None) -> RunResult:
         # The engine parallelises over experts with its own threads (`--threads`). BLAS's
         # threads would fight them: two callers of a threaded OpenBLAS serialise, and its
         # idle workers busy-wait on the cores the compute team needs. So BLAS runs
         # single-threaded inside a run.
-        with threadpool_limits(limits=1, user_api="blas"):
-            return self._run(on_token)
+        trace = self._open_trace()
+        self.runner.trace = trace
+        try:
+            with threadpool_limits(limits=1, user_api="blas"):
+                result = self._run(on_token)
+        except BaseException:
+            if trace is not None:
+                trace.abandon()
+            raise
+        finally:
+            self.runner.trace = None
+        if trace is not None:
+            trace.close()
+        return result
 
     def _run(self, on_token: Callable[[TokenRecord], None] | None) -> RunResult:
         cfg = self.config
@@ -213,6 +263,7 @@ class Engine:
         for i, tok in enumerate(prompt[:-1]):
             records.append(self._step(tok, pos, 0, i + 1, None))
             pos += 1
+        self.runner.finish()
         current = prompt[-1]
         for step in range(1, cfg.n_tokens + 1):
             holder: list[int] = []
@@ -225,6 +276,18 @@ class Engine:
             pos += 1
             if cfg.stop_at_eos and self.eos_id is not None and current == self.eos_id:
                 break
+        self.runner.finish()
+        extra: dict[str, Any] = {
+            "policies": {
+                "drop_cold_experts": cfg.drop_cold_experts, "drop_in_prefill": cfg.drop_in_prefill,
+                "drop_renorm": not cfg.drop_no_renorm, "prefetch": cfg.prefetch,
+                "prefetch_sync": cfg.prefetch_sync, "predict_log": cfg.predict_log,
+                "predict_prefetch": cfg.predict_prefetch,
+                "predict_spec_max": cfg.predict_spec_max if cfg.predict_prefetch else None,
+            },
+        }
+        if self.predictor is not None and cfg.predict_log:
+            extra["predict"] = self.predictor.scores.to_dict()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         text = self.tokenizer.decode(output) if self.tokenizer else ""
         return RunResult(
@@ -242,6 +305,7 @@ class Engine:
             cache_budget_mib=self.runner.cache.budget_bytes / MIB,
             peak_rss_mib=peak,
             dense_bytes=self.dense_bytes,
+            extra=extra,
         )
 
     def _step(
@@ -249,7 +313,7 @@ class Engine:
         sample: Callable[[np.ndarray], None] | None,
     ) -> TokenRecord:
         tok = self.runner.tok
-        tok.reset()
+        self.runner.begin_pass(phase, step - 1)
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         logits = self.model.forward(token, pos, phase)
@@ -279,6 +343,8 @@ class Engine:
             spec_read_bytes=tok.spec_read_bytes,
             spec_experts=tok.spec_experts,
             spec_useful=tok.spec_useful,
+            spec_cancelled=tok.spec_cancelled,
+            retained=tok.retained,
         )
 
 

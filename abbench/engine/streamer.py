@@ -122,7 +122,7 @@ class ReadTicket:
     """
 
     __slots__ = ("slices", "buffer", "event", "t_issued", "t_done", "nbytes", "error",
-                 "_pending", "_lock")
+                 "cancelled", "skipped", "_pending", "_lock")
 
     def __init__(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> None:
         self.slices = slices
@@ -132,12 +132,15 @@ class ReadTicket:
         self.t_done = 0.0
         self.nbytes = 0  # bytes actually transferred (aligned ranges included)
         self.error: BaseException | None = None
+        self.cancelled = False  # set by the caller: lanes skip slices not yet started
+        self.skipped = 0
         self._pending = len(slices)
         self._lock = threading.Lock()
 
-    def _slice_done(self, nbytes: int, error: BaseException | None) -> None:
+    def _slice_done(self, nbytes: int, error: BaseException | None, skipped: bool = False) -> None:
         with self._lock:
             self.nbytes += nbytes
+            self.skipped += skipped
             if error is not None and self.error is None:
                 self.error = error
             self._pending -= 1
@@ -216,6 +219,9 @@ class SliceReader:
         try:
             while (item := self._queue.get()) is not None:
                 ticket, s = item
+                if ticket.cancelled:
+                    ticket._slice_done(0, None, skipped=True)
+                    continue
                 got = 0
                 error: BaseException | None = None
                 try:

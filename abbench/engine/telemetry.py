@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 from abbench.engine.experts import MIB
+from abbench.engine.predictor import predict_lines_from_dict
 from abbench.engine.session import RunResult, TokenRecord
 from abbench.fsutil import atomic_write_text
 
@@ -99,6 +100,8 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "spec_read_MiB": sum(r.spec_read_bytes for r in dec) / MIB,
         "spec_experts": spec_experts,
         "spec_useful": sum(r.spec_useful for r in dec),
+        "spec_cancelled": sum(r.spec_cancelled for r in dec),
+        "retained": sum(r.retained for r in dec),
         "o_direct": int(result.o_direct),
         "threads": result.threads,
     }
@@ -119,6 +122,26 @@ def summary_lines(result: RunResult, s: dict[str, Any] | None = None) -> list[st
         f"moe-cache: {s['cache_hit_pct']:.1f}% hit, resident {s['cache_resident_MiB']:.1f} MiB "
         f"(budget {s['cache_budget_MiB']:g} MiB, {s['evictions']} evictions)",
     ]
+    c = result.config
+    if c.prefetch or c.predict_prefetch:
+        n, useful = s["spec_experts"], s["spec_useful"]
+        pct = f"{100 * useful / n:.0f}%" if n else "-"
+        line = (f"moe-prefetch: {s['spec_read_MiB']:.1f} MiB speculative, {useful}/{n} experts "
+                f"useful ({pct}), {s['spec_cancelled']} cancelled")
+        if c.predict_prefetch:
+            line += (f", {s['retained']} predicted residents retained, spec-max "
+                     f"{c.predict_spec_max}   [stale-gate]")
+        else:
+            line += f", horizon {c.prefetch} layers   [prev-token]"
+        lines.append(line)
+    if c.drop_cold_experts is not None:
+        routed, dropped = s["experts_routed"], s["experts_dropped"]
+        pct = 100 * dropped / routed if routed else 0.0
+        lines.append(f"moe-drop: {dropped}/{routed} routed experts dropped ({pct:.1f}%), "
+                     f"threshold {c.drop_cold_experts:g} x uniform"
+                     + ("" if not c.drop_no_renorm else ", survivors not renormalised"))
+    if "predict" in result.extra:
+        lines += predict_lines_from_dict(result.extra["predict"])
     return lines
 
 
@@ -142,12 +165,12 @@ def _preamble(result: RunResult) -> list[str]:
         "io_threads": c.io_lanes,
         "o_direct": int(result.o_direct),
         "overlap": int(c.overlap),
-        "prefetch": 0,
-        "predict_prefetch": 0,
-        "predict_spec_max": 0,
-        "predict_log": 0,
+        "prefetch": c.prefetch,
+        "predict_prefetch": int(c.predict_prefetch),
+        "predict_spec_max": c.predict_spec_max if c.predict_prefetch else 0,
+        "predict_log": int(c.predict_log),
         "dense_weights": "resident" if c.resident else ("anon" if c.dense == "pinned" else "mmap"),
-        "drop_cold_frac": 0,
+        "drop_cold_frac": f"{c.drop_cold_experts:g}" if c.drop_cold_experts else 0,
         "temp": f"{result.temp:g}",
         "seed": c.seed,
     }

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from abbench.engine.arch.common import RoutingHook, rms_norm, rms_norm_rows, rope_tables, softmax
+from abbench.engine.arch.common import RoutingHook, rms_norm, rms_norm_rows, rope_tables
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -214,11 +214,13 @@ class SparseMoE:
         self.router = mf.read_dense(f"blk.{layer}.ffn_gate_inp.weight", pinned)  # (n_expert, d)
 
     def route(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        probs = softmax(self.router @ x)  # (n_expert,)
-        # Stable sort on the negated probabilities: ties resolve to the lower expert id.
-        ids = np.argsort(-probs, kind="stable")[:k]  # (k,)
-        weights = probs[ids]
-        return ids, (weights / weights.sum()).astype(np.float32)  # (k,), (k,)
+        logits = self.router @ x  # (n_expert,)
+        # Top-k by logit (softmax is monotonic); ties resolve to the lower expert id.
+        ids = np.argsort(-logits, kind="stable")[:k]  # (k,)
+        # softmax over all experts, then renormalised over the top-k, is the softmax of
+        # the top-k logits alone.
+        w = np.exp(logits[ids] - logits[ids[0]])  # (k,)
+        return ids, w / w.sum()  # (k,), (k,)
 
 
 class DecoderLayer:

@@ -1,0 +1,8 @@
+"""Analysis: offline answers from what runs recorded. Reads traces and records, never runs
+anything (it imports neither the engine nor campaigns)."""
+
+from abbench.analysis.replay import Replay, replay
+from abbench.analysis.route_trace import RouteTrace, TraceError, parse_route_trace, read_route_trace
+
+__all__ = ["Replay", "RouteTrace", "TraceError", "parse_route_trace", "read_route_trace",
+           "replay"]
