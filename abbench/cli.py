@@ -14,8 +14,10 @@ from typing import Any
 
 from abbench import __version__
 from abbench.analysis.replay_cli import add_replay_parser
+from abbench.campaign.cli import add_campaign_parser
 from abbench.engine.cli import add_engine_parser, add_model_parser
 from abbench.errors import AbbenchError
+from abbench.sensors.cli import add_sensors_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,9 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"abbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
+    add_campaign_parser(sub)
     add_engine_parser(sub)
     add_model_parser(sub)
     add_replay_parser(sub)
+    add_sensors_parser(sub)
     return p
 
 

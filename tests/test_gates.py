@@ -7,6 +7,12 @@ differ, and the first forward pass, layer and token where the outputs parted. Ea
 has to show it did the thing it stands for (read bytes, evicted, missed, ...), so that no
 gate passes by comparing two runs that took the same path.
 
+The lossless policies (DESIGN 3.4) are gates too: `--prefetch K`, `--predict-log` and
+`--predict-prefetch` must give the resident run's output bit for bit, and also the output of
+the plain streamed run with the same cache (their partner); each must show it acted
+(speculative reads completed, predicted residents retained, the probe scored). The drop
+policy is lossless only where it drops nothing: below any weight, at top-1, fully resident.
+
 Also here: the fingerprint is stable across runs of one configuration (and tells apart runs
 that did different work), `--n-expert-used 1` runs, and sampled synthetic text does not fall
 into a short loop (DESIGN 3.2).
@@ -27,11 +33,17 @@ from abbench.engine.experts import MIB
 from abbench.engine.session import Engine, RunResult
 from abbench.engine.telemetry import fingerprint
 
+# Dropping at top-2/top-4 warns (tested in test_policies); here it is expected.
+pytestmark = pytest.mark.filterwarnings("ignore:--drop-cold-experts with top-:RuntimeWarning")
+
 N_TOKENS = 32
 PROMPT = "Same tokens?"  # short: the gates are about decode
 SEED = 11
 EVICTING = "evicting"  # cache_mib placeholder: 40% of the model's experts (`evicting_mib`)
 STARVED = "starved"  # cache_mib placeholder: less than one layer's routing (`starved_mib`)
+# cache_mib placeholder: two layers' routing (`speculating_mib`). Larger caches keep the
+# previous token's routing resident (LRU), so `--prefetch` would find nothing to read.
+SPECULATING = "speculating"
 
 
 @dataclass(frozen=True)
@@ -87,7 +99,16 @@ def execute(name: str, cfg: EngineConfig, path: Path) -> Run:
             passes[-1].append(_digest(logits))
             return logits
 
-        model.routing_hook = on_routing
+        probe = model.routing_hook  # the engine's predictor, when a policy installed one
+
+        def hooks(
+            layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int
+        ) -> None:
+            if probe is not None:
+                probe(layer, x, ids, weights, phase)
+            on_routing(layer, x, ids, weights, phase)
+
+        model.routing_hook = hooks
         model.forward = traced_forward  # type: ignore[method-assign]
         result = engine.run()
     return Run(name, result, tuple(tuple(p) for p in passes))
@@ -111,7 +132,7 @@ def run(path: Path, name: str, **overrides: Any) -> Run:
 
 
 def resolve_cache(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
-    sizes = {EVICTING: evicting_mib, STARVED: starved_mib}
+    sizes = {EVICTING: evicting_mib, STARVED: starved_mib, SPECULATING: speculating_mib}
     size = overrides.get("cache_mib")
     if isinstance(size, str):
         return {**overrides, "cache_mib": sizes[size](path)}
@@ -133,6 +154,12 @@ def starved_mib(path: Path) -> float:
     """A cache smaller than one layer's routing: some misses must go to scratch buffers."""
     info = baseline(path).info
     return round((int(info["n_expert_used"]) - 0.5) * int(info["expert_f32_bytes"]) / MIB, 4)
+
+
+def speculating_mib(path: Path) -> float:
+    """A cache that holds two layers' routing: it holds a layer but not a token's routing."""
+    info = baseline(path).info
+    return (2 * int(info["n_expert_used"]) + 0.5) * int(info["expert_f32_bytes"]) / MIB
 
 
 def _config_diff(a: EngineConfig, b: EngineConfig) -> str:
@@ -226,6 +253,60 @@ def expect_buffered(r: Run) -> None:
     assert r.result.o_direct is False, f"`{r.name}`: asked for buffered reads, got O_DIRECT"
 
 
+def expect_speculating_cache(r: Run) -> None:
+    """Holds a layer's routing but not a token's: the previous token's experts get evicted."""
+    held = r.result.cache_budget_mib * MIB // int(r.info["expert_f32_bytes"])
+    assert r.k < held < r.routed_per_pass, f"`{r.name}`: the budget holds {held} experts"
+    assert r.total["evictions"] > 0, f"`{r.name}`: {r.total}"
+    expect_decode_misses(r)
+
+
+def _decode_sum(r: Run, key: str) -> int:
+    return sum(getattr(rec, key) for rec in r.result.decode)
+
+
+def expect_speculated(r: Run) -> None:
+    """Speculative reads were issued, completed and joined the cache during decode."""
+    spec = {key: _decode_sum(r, key) for key in ("spec_experts", "spec_read_bytes")}
+    assert spec["spec_experts"] > 0 and spec["spec_read_bytes"] > 0, (
+        f"`{r.name}`: speculation never completed a read ({spec}), so this gate compares "
+        "two runs that took the same path"
+    )
+
+
+def expect_spec_sync(r: Run) -> None:
+    """`--prefetch-sync`: every speculative read completes, and some are hit later."""
+    expect_speculated(r)
+    assert _decode_sum(r, "spec_cancelled") == 0, f"`{r.name}`: a synchronous read was cancelled"
+    assert _decode_sum(r, "spec_useful") > 0, f"`{r.name}`: no speculatively read expert was hit"
+    expert_bytes = int(r.info["expert_bytes"])
+    assert _decode_sum(r, "spec_read_bytes") == _decode_sum(r, "spec_experts") * expert_bytes
+
+
+def expect_retained(r: Run) -> None:
+    """`--predict-spec-max 0`: predicted residents refreshed, nothing read speculatively."""
+    assert _decode_sum(r, "retained") > 0, f"`{r.name}`: no predicted resident was retained"
+    spec = _decode_sum(r, "spec_experts") + _decode_sum(r, "spec_read_bytes")
+    assert spec == 0, f"`{r.name}`: retention only, yet {spec} speculative experts/bytes"
+
+
+def expect_probed(r: Run) -> None:
+    """`--predict-log` scored every decode routing with its control."""
+    ctrl = r.result.extra["predict"]["control"]
+    expected = len(r.result.decode) * r.routed_per_pass
+    assert ctrl["slots"] == expected, f"`{r.name}`: control scored {ctrl}, expected {expected}"
+    assert ctrl["slots_named"] == ctrl["slots"], f"`{r.name}`: the control missed: {ctrl}"
+
+
+def expect_nothing_dropped(r: Run) -> None:
+    t = r.total
+    dropped = sum(rec.experts_dropped for rec in r.result.records)
+    assert r.result.config.drop_cold_experts is not None, f"`{r.name}`: dropping is not armed"
+    assert dropped == 0 and t["experts_routed"] > 0, (
+        f"`{r.name}`: {dropped} of {t['experts_routed']} routed experts dropped"
+    )
+
+
 # name → (configuration, what the run must show). Baseline: resident, default threads.
 VARIANTS: dict[str, tuple[dict[str, Any], tuple[Any, ...]]] = {
     # The default lane count (4) spelled out, so this is also the `lanes=1` gate's partner.
@@ -248,7 +329,53 @@ VARIANTS: dict[str, tuple[dict[str, Any], tuple[Any, ...]]] = {
     "threads=2+resident": ({"threads": 2, "resident": True}, (expect_resident,)),
     "dense-mmap": ({"dense": "mmap", "cache_mib": 0}, (expect_cache_off,)),
     "buffered-reads": ({"o_direct": False, "cache_mib": 0}, (expect_buffered,)),
+    # The policies' partners: the same streaming without the policy.
+    "speculating-cache": ({"cache_mib": SPECULATING}, (expect_speculating_cache,)),
+    "overlap+speculating": ({"overlap": True, "cache_mib": SPECULATING},
+                            (expect_speculating_cache,)),
+    # Lossless policies (DESIGN 3.4).
+    "prefetch=1": ({"prefetch": 1, "cache_mib": SPECULATING}, (expect_speculated,)),
+    "prefetch=2": ({"prefetch": 2, "cache_mib": SPECULATING}, (expect_speculated,)),
+    "prefetch=1+sync": ({"prefetch": 1, "prefetch_sync": True, "cache_mib": SPECULATING},
+                        (expect_spec_sync,)),
+    "predict-log": ({"predict_log": True, "cache_mib": EVICTING},
+                    (expect_evicting, expect_probed)),
+    "predict-prefetch+spec-max=0": (
+        {"predict_prefetch": True, "predict_spec_max": 0, "cache_mib": EVICTING},
+        (expect_evicting, expect_retained)),
+    "predict-prefetch": ({"predict_prefetch": True, "predict_spec_max": 2,
+                          "cache_mib": SPECULATING}, (expect_speculated,)),
+    "predict-prefetch+sync": ({"predict_prefetch": True, "predict_spec_max": 2,
+                               "prefetch_sync": True, "cache_mib": SPECULATING},
+                              (expect_spec_sync,)),
+    "predict-prefetch+overlap": ({"predict_prefetch": True, "predict_spec_max": 2,
+                                  "overlap": True, "cache_mib": SPECULATING},
+                                 (expect_speculated,)),
+    "predict-prefetch+sync+overlap": ({"predict_prefetch": True, "predict_spec_max": 2,
+                                       "prefetch_sync": True, "overlap": True,
+                                       "cache_mib": SPECULATING}, (expect_spec_sync,)),
+    # The drop policy where it must drop nothing.
+    "drop=1e-6": ({"drop_cold_experts": 1e-6, "cache_mib": EVICTING},
+                  (expect_evicting, expect_nothing_dropped)),
+    "drop=1e-6+prefill": ({"drop_cold_experts": 1e-6, "drop_in_prefill": True,
+                           "cache_mib": STARVED}, (expect_starved, expect_nothing_dropped)),
+    "drop=0.75+resident": ({"drop_cold_experts": 0.75, "drop_in_prefill": True,
+                            "resident": True}, (expect_resident, expect_nothing_dropped)),
 }
+POLICY_KEYS = {"prefetch", "prefetch_sync", "predict_log", "predict_prefetch",
+               "predict_spec_max", "drop_cold_experts", "drop_in_prefill"}
+POLICY_VARIANTS = [name for name, (o, _) in VARIANTS.items() if POLICY_KEYS & o.keys()]
+SYNC_VARIANTS = [name for name, (o, _) in VARIANTS.items() if o.get("prefetch_sync")]
+
+
+def partner(model: Path, variant: str) -> Run:
+    """The plain streamed run a policy variant changes: its configuration less the policy."""
+    overrides = {k: v for k, v in VARIANTS[variant][0].items() if k not in POLICY_KEYS}
+    if overrides == {"resident": True}:
+        return baseline(model)
+    names = [name for name, (o, _) in VARIANTS.items() if o == overrides]
+    assert names, f"`{variant}`: no plain variant with {overrides} in VARIANTS"
+    return run(model, names[0], **VARIANTS[names[0]][0])
 
 
 @pytest.fixture(params=["tiny", "small"])
@@ -275,6 +402,60 @@ def test_gate(model: Path, variant: str) -> None:
     if "threads" in overrides:
         assert other.result.threads == overrides["threads"]
     assert_same_output(baseline(model), other)
+
+
+@pytest.mark.parametrize("variant", POLICY_VARIANTS)
+def test_policy_gate_matches_plain_stream(model: Path, variant: str) -> None:
+    """A lossless policy changes what the cache does, never what the model computes."""
+    other = run(model, variant, **VARIANTS[variant][0])
+    assert_same_output(partner(model, variant), other)
+
+
+def _work(r: Run) -> list[tuple[int, ...]]:
+    return [(rec.read_bytes, rec.hits, rec.misses, rec.evictions) for rec in r.result.records]
+
+
+def assert_same_work(a: Run, b: Run) -> None:
+    """Per forward pass: the same bytes read, hits, misses and evictions."""
+    wa, wb = _work(a), _work(b)
+    assert len(wa) == len(wb), f"`{a.name}` vs `{b.name}`: {len(wa)} vs {len(wb)} passes"
+    for i, (x, y) in enumerate(zip(wa, wb)):
+        assert x == y, (
+            f"`{b.name}` did other work than `{a.name}` at {_pass_label(a.result, i)}: "
+            f"(read_bytes, hits, misses, evictions) {x} vs {y}"
+        )
+
+
+@pytest.mark.parametrize("variant", ["predict-log", "drop=1e-6", "drop=1e-6+prefill"])
+def test_inert_policy_does_the_same_work(model: Path, variant: str) -> None:
+    """The probe reads exactly the bytes an unprobed run does (DESIGN 3.4); a drop threshold
+    below every weight takes the same path as no dropping at all."""
+    other = run(model, variant, **VARIANTS[variant][0])
+    assert_same_work(partner(model, variant), other)
+
+
+@pytest.mark.parametrize("variant", SYNC_VARIANTS)
+def test_sync_speculation_turns_misses_into_hits(model: Path, variant: str) -> None:
+    """Otherwise the speculative gates would compare runs that did the same work."""
+    other, plain = run(model, variant, **VARIANTS[variant][0]), partner(model, variant)
+    misses, plain_misses = _decode_sum(other, "misses"), _decode_sum(plain, "misses")
+    useful = _decode_sum(other, "spec_useful")
+    assert misses < plain_misses, f"`{variant}`: {misses} decode misses vs {plain_misses} plain"
+    assert useful <= _decode_sum(other, "spec_experts")
+    assert _decode_sum(other, "hits") - _decode_sum(plain, "hits") == plain_misses - misses
+
+
+def test_top1_makes_dropping_a_noop(small_model: Path) -> None:
+    """`--n-expert-used 1`: the only routed expert is the top one, which is never dropped."""
+    base = baseline(small_model, n_expert_used=1)
+    plain = run(small_model, "evicting-cache k=1", n_expert_used=1, cache_mib=EVICTING)
+    other = run(small_model, "drop=1.0 k=1", n_expert_used=1, drop_cold_experts=1.0,
+                cache_mib=EVICTING)
+    expect_nothing_dropped(other)
+    expect_evicting(other)
+    expect_decode_misses(other)  # the policy saw non-resident experts and kept them
+    assert_same_output(base, other)
+    assert_same_work(plain, other)
 
 
 GREEDY_VARIANTS = ["cache-off", "overlap+evicting", "threads=1", "dense-mmap"]
@@ -329,12 +510,14 @@ def test_every_expert_per_token(tiny_model: Path, variant: str) -> None:
     assert_same_output(base, other)
 
 
-@pytest.mark.parametrize("variant", ["full-cache", "evicting-cache", "overlap+evicting"])
+@pytest.mark.parametrize(
+    "variant", ["full-cache", "evicting-cache", "overlap+evicting", "prefetch=1+sync",
+                "predict-prefetch+sync+overlap"]
+)
 def test_fingerprint_is_stable(small_model: Path, variant: str) -> None:
-    overrides = resolve_cache(small_model, VARIANTS[variant][0])
-    cfg = base_config(small_model, **overrides)
-    first = execute(variant, cfg, small_model)
-    second = execute(variant, replace(cfg), small_model)
+    """Synchronous speculation too: integrate-then-hit happens the same way every run."""
+    first = run(small_model, variant, **VARIANTS[variant][0])
+    second = execute(variant, replace(first.result.config), small_model)
     assert first.result.output_ids == second.result.output_ids
     assert fingerprint(first.result) == fingerprint(second.result), (
         f"`{variant}`: two runs of one configuration gave different fingerprints; "
@@ -351,6 +534,15 @@ def _first_record_difference(a: RunResult, b: RunResult) -> str:
         if diff:
             return f"{_pass_label(a, i)}: {diff}"
     return "none in the records (prompt or output ids?)"
+
+
+def test_fingerprint_of_a_dropping_run(small_model: Path) -> None:
+    r = run(small_model, "drop=0.75", drop_cold_experts=0.75, cache_mib=SPECULATING)
+    assert sum(rec.experts_dropped for rec in r.result.decode) > 0
+    second = execute("drop=0.75", replace(r.result.config), small_model)
+    assert fingerprint(r.result) == fingerprint(second.result)
+    kinds = {type(rec.experts_dropped).__name__ for rec in r.result.records}
+    assert kinds == {"int"}, f"experts_dropped held as {kinds}"
 
 
 def test_fingerprint_tells_different_work_apart(small_model: Path) -> None:

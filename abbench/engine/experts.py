@@ -168,7 +168,7 @@ class ExpertRunner:
         if pol.drop_frac is not None and (phase == 1 or pol.drop_in_prefill):
             threshold = pol.drop_frac / k
             top = int(np.argmax(weights))
-            keep = [j == top or weights[j] >= threshold or cache.peek((layer, e))
+            keep = [bool(j == top or weights[j] >= threshold or cache.peek((layer, e)))
                     for j, e in enumerate(routed)]
             n_drop = k - sum(keep)
             if n_drop:

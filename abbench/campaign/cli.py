@@ -1,0 +1,79 @@
+"""`abbench campaign FILE [--out DIR] [--dry-run] [--resume RUN]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from abbench.campaign.gate import GateSpec
+from abbench.campaign.plan import describe_plan, plan_campaign
+from abbench.campaign.runner import EXIT_UNDECIDED, RunOptions, resume, start
+from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
+from abbench.errors import UsageError
+from abbench.records import read_journal
+
+
+def add_campaign_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "campaign", help="run a campaign of cells (cells.toml)",
+        description="Validate and plan a campaign, then run its cells in child processes "
+        "with fixed spacing and, when asked, a thermal gate, sampling the device all the "
+        "while. Leaves a run folder (plan, journal, samples, per-cell output).",
+    )
+    p.add_argument("file", nargs="?", help="the campaign file (cells.toml)")
+    p.add_argument("--out", default="reports", metavar="DIR",
+                   help="where run folders are created (default: reports/)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and print the plan, run nothing")
+    p.add_argument("--resume", metavar="RUN",
+                   help="continue an interrupted campaign: run only the cells its journal lacks")
+    p.add_argument("--sentinels", default="sentinels", metavar="DIR",
+                   help="sentinel history folder (default: sentinels/)")
+    p.add_argument("--no-live", action="store_true",
+                   help="plain progress lines instead of the live view")
+    p.set_defaults(func=cmd_campaign)
+
+
+def gate_spec(spec: CampaignSpec) -> GateSpec | None:
+    g = spec.gate
+    if g is None:
+        return None
+    return GateSpec(
+        cpu_temp_max_c=g.cpu_temp_max_c, battery_temp_max_c=g.battery_temp_max_c,
+        mem_available_min_mib=g.mem_available_min_mib, caps_at_max=g.caps_at_max,
+        probe_min=g.probe_min, poll_s=g.poll_s, timeout_s=g.timeout_s,
+    )
+
+
+def cmd_campaign(a: argparse.Namespace) -> int:
+    opts = RunOptions(out_root=Path(a.out), sentinels_dir=Path(a.sentinels),
+                      live=not a.no_live)
+    if a.resume:
+        folder = Path(a.resume)
+        if not (folder / "plan.json").is_file():
+            raise UsageError(f"{folder}: not a run folder (no plan.json)")
+        spec = load_campaign(folder / "campaign.toml")
+        done = len(read_journal(folder))
+        print(f"resuming {folder}: {done} cells already in the journal", file=sys.stderr)
+        rc = resume(folder, opts, spec.device.sample_hz, gate_spec(spec), spec.device.root)
+    else:
+        if not a.file:
+            raise UsageError("give a campaign file, or --resume RUN",
+                             tip="abbench campaign cells/quickstart.toml")
+        spec = load_campaign(Path(a.file))
+        plan = plan_campaign(spec)
+        for line in describe_plan(plan):
+            print(line)
+        if a.dry_run:
+            return 0
+        folder, rc = start(plan, resolved_toml(spec), opts, spec.device.sample_hz,
+                           gate_spec(spec), spec.device.root)
+    records = read_journal(folder)
+    ok = sum(r.status == "ok" for r in records)
+    print(f"run folder: {folder}")
+    print(f"cells: {ok} ok, {len(records) - ok} failed, of {len(records)} recorded")
+    if rc == EXIT_UNDECIDED:
+        print("decisions: OWED — verdicts come from matched pairs, which `abbench report` "
+              "computes (the analysis is not built yet)")
+    return rc

@@ -1,0 +1,327 @@
+"""Running a campaign: spacing, the thermal gate, entry states, cells in child processes,
+the journal, resume.
+
+Each finished cell is appended to `journal.jsonl` (flushed and fsync'd) before the next one
+starts, so an interrupted campaign loses at most the cell in flight: `--resume RUN` reads
+the plan and the journal and runs only what the journal lacks. A cell that crashes, exits
+non-zero, writes garbage or outlives its timeout is recorded as failed with its stderr tail
+and the campaign goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from abbench.campaign.gate import GateSpec, wait_for_gate
+from abbench.campaign.output import read_cell_output
+from abbench.campaign.view import CampaignView
+from abbench.errors import AbbenchError, UsageError
+from abbench.fsutil import atomic_write_text
+from abbench.records import (
+    CellRecord,
+    EntryState,
+    GateWait,
+    Plan,
+    PlannedCell,
+    Sample,
+    append_jsonl,
+    read_journal,
+    read_plan,
+)
+from abbench.sensors import Device, Sampler, open_device, speed_probe
+
+EXIT_OK, EXIT_NO_GO, EXIT_BAD, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+STDERR_TAIL = 4000
+
+
+class Interrupted(AbbenchError):
+    """The user stopped the campaign (Ctrl-C); what finished is in the journal."""
+
+    exit_status = EXIT_INTERRUPTED
+
+
+@dataclass
+class RunOptions:
+    out_root: Path = Path("reports")
+    sentinels_dir: Path = Path("sentinels")
+    python: str = sys.executable
+    live: bool = True
+
+
+def new_run_folder(root: Path, name: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1000):
+        folder = root / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            folder.mkdir()  # atomic: two campaigns never share a folder
+            return folder
+        except FileExistsError:
+            continue
+    raise UsageError(f"{root}: cannot create a unique run folder for `{name}`")
+
+
+def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
+    """`python -m abbench engine run ...` for a cell's resolved configuration."""
+    argv = [python, "-m", "abbench", "engine", "run", "-m", str(cfg["model"]),
+            "--json", str(out_dir / "summary.json"), "--csv", str(out_dir / "tokens.csv"),
+            "-q"]
+    flags = {
+        "prompt": "--prompt", "n_tokens": "--n-tokens", "temp": "--temp", "seed": "--seed",
+        "n_expert_used": "--n-expert-used", "n_ctx": "--n-ctx", "dense": "--dense",
+        "cache_mib": "--cache-mib", "io_lanes": "--io-lanes", "threads": "--threads",
+        "drop_cold_experts": "--drop-cold-experts", "prefetch": "--prefetch",
+        "predict_spec_max": "--predict-spec-max",
+    }
+    switches = {
+        "stop_at_eos": "--stop-at-eos", "resident": "--resident",
+        "drop_in_prefill": "--drop-in-prefill", "drop_no_renorm": "--drop-no-renorm",
+        "prefetch_sync": "--prefetch-sync", "predict_log": "--predict-log",
+        "predict_prefetch": "--predict-prefetch",
+    }
+    for key, flag in flags.items():
+        value = cfg.get(key)
+        if value is not None and not (key == "prefetch" and value == 0):
+            argv += [flag, str(value)]
+    for key, flag in switches.items():
+        if cfg.get(key):
+            argv.append(flag)
+    if cfg.get("prompt_tokens"):
+        argv += ["--prompt-tokens", ",".join(str(t) for t in cfg["prompt_tokens"])]
+    argv.append("--overlap" if cfg.get("overlap") else "--no-overlap")
+    argv.append("--o-direct" if cfg.get("o_direct", True) else "--no-o-direct")
+    if cfg.get("route_trace"):
+        argv += ["--route-trace", str(out_dir / "route.csv")]
+    return argv
+
+
+def device_argv(device: Device, argv: list[str]) -> list[str]:
+    """The argument list that runs `argv` on the device (never a shell string built from
+    user values: the remote shell gets one quoted word list)."""
+    kind, _, where = device.transport.partition(":")
+    if kind == "adb":
+        return ["adb", "-s", where, "shell", shlex.join(argv)]
+    if kind == "ssh":
+        return ["ssh", "--", where, shlex.join(argv)]
+    return argv
+
+
+def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bool) -> EntryState:
+    caps = {k.split(".")[1]: int(v) for k, v in values.items()
+            if k.startswith("cpu.") and k.endswith(".cap_khz")}
+    hw = {k.split(".")[1]: int(v) for k, v in values.items()
+          if k.startswith("cpu.") and k.endswith(".hw_max_khz")}
+    status = values.get("android.thermal_status")
+    return EntryState(
+        t_wall=time.time(), caps_khz=caps, hw_max_khz=hw,
+        cpu_temp_c=values.get("temp.cpu_c"), battery_temp_c=values.get("battery.temp_c"),
+        mem_available_mib=values.get("mem.available_mib"), probe_index=probe_index,
+        thermal_status=int(status) if status is not None else None, simulated=simulated,
+    )
+
+
+class CampaignRun:
+    """One run folder being filled. `run()` returns the exit status."""
+
+    def __init__(self, folder: Path, plan: Plan, device: Device, opts: RunOptions,
+                 hz: float, gate: GateSpec | None) -> None:
+        self.folder = folder
+        self.plan = plan
+        self.device = device
+        self.opts = opts
+        self.hz = hz
+        self.gate = gate
+        self.current: int | None = None
+        self._lock = threading.Lock()
+        self._samples = folder / "samples.jsonl"
+        self._child: subprocess.Popen[bytes] | None = None
+        self.first_probe: float | None = None
+
+    # -- sampler sink (sampler thread) ---------------------------------------------
+
+    def _sink(self, t_mono: float, t_wall: float, values: dict[str, Any]) -> None:
+        with self._lock:
+            cell = self.current
+        append_jsonl(self._samples, Sample(t_mono, t_wall, values, cell).to_json(), fsync=False)
+
+    def probe_index(self) -> float:
+        t = speed_probe()
+        if self.first_probe is None:
+            self.first_probe = t
+            state = {"first_probe_s": t}
+            atomic_write_text(self.folder / "probe.json", json.dumps(state) + "\n")
+        return self.first_probe / t
+
+    def run(self) -> int:
+        done = {r.index for r in read_journal(self.folder)}
+        todo = [c for c in self.plan.cells if c.index not in done]
+        probe_file = self.folder / "probe.json"
+        if probe_file.exists():
+            self.first_probe = float(json.loads(probe_file.read_text())["first_probe_s"])
+        self._write_status("running")
+        view = CampaignView(self.plan, self.device, live=self.opts.live)
+        last_end: float | None = None
+        try:
+            with Sampler(self.device, self.hz, self._sink) as sampler, view:
+                view.sampler = sampler
+                for cell in todo:
+                    if last_end is not None and self.plan.spacing_s > 0:
+                        view.phase(cell, f"spacing {self.plan.spacing_s:g} s")
+                        _sleep_until(last_end + self.plan.spacing_s)
+                    gate = GateWait()
+                    if self.gate is not None:
+                        view.phase(cell, "gate")
+                        gate = wait_for_gate(self.gate, self.device, self.probe_index,
+                                             lambda msg, c=cell: view.phase(c, msg))
+                    index = self.probe_index()
+                    values = sampler.latest or self.device.sample()
+                    entry = entry_state(values, index, self.device.simulated)
+                    record = self._run_cell(cell, entry, gate, view)
+                    append_jsonl(self.folder / "journal.jsonl", record.to_json())
+                    view.finished(cell, record)
+                    self._sentinel(cell, record)
+                    last_end = time.monotonic()
+        except KeyboardInterrupt:
+            self._kill_child()
+            self._write_status("interrupted")
+            raise Interrupted(
+                f"interrupted: {len(read_journal(self.folder))} of {len(self.plan.cells)} "
+                f"cells are in {self.folder / 'journal.jsonl'}",
+                tip=f"continue with: abbench campaign --resume {self.folder}",
+            ) from None
+        self._write_status("complete")
+        return EXIT_UNDECIDED if self.plan.decisions else EXIT_OK
+
+    # -- one cell ------------------------------------------------------------------
+
+    def _run_cell(self, cell: PlannedCell, entry: EntryState, gate: GateWait,
+                  view: CampaignView) -> CellRecord:
+        out = self.folder / "cells" / cell.label
+        if out.exists():  # a cell that was in flight when the campaign died: start clean
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        cfg = cell.config
+        timeout = float(cfg.get("timeout_s", 900))
+        with self._lock:
+            self.current = cell.index
+        view.phase(cell, "running")
+        t0w, t0m = time.time(), time.monotonic()
+        status, code, error = "ok", None, None
+        stderr_path = out / "stderr.txt"
+        try:
+            if cfg.get("engine", "embedded") == "embedded":
+                argv = engine_argv(self.opts.python, cfg, out)
+            else:
+                argv = device_argv(self.device, [str(x) for x in cfg["command"]])
+            with open(stderr_path, "wb") as err, open(out / "stdout.txt", "wb") as so:
+                self._child = subprocess.Popen(argv, stdout=so, stderr=err,
+                                               stdin=subprocess.DEVNULL)
+                try:
+                    code = self._child.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    self._kill_child()
+                    status, error = "timeout", f"no result after the {timeout:g} s timeout"
+            if status == "ok" and code != 0:
+                status, error = "failed", f"exited with status {code}"
+        except OSError as e:
+            status, error = "failed", f"could not start: {e.strerror or e}"
+        finally:
+            self._child = None
+            with self._lock:
+                self.current = None
+        t1w, t1m = time.time(), time.monotonic()
+        summary: dict[str, Any] = {}
+        fingerprint = None
+        if status == "ok":
+            try:
+                summary, fingerprint = read_cell_output(cfg, out, self.device)
+            except AbbenchError as e:
+                status, error = "failed", e.message
+        tail = _tail(stderr_path)
+        tps = summary.get("tok/s")
+        return CellRecord(
+            index=cell.index, name=cell.name, label=cell.label, status=status,
+            t_start_wall=t0w, t_end_wall=t1w, t_start_mono=t0m, t_end_mono=t1m,
+            entry=entry, gate=gate, summary=summary, fingerprint=fingerprint,
+            tokens_per_s=float(tps) if isinstance(tps, (int, float)) else None,
+            exit_code=code, error=error, stderr_tail=tail,
+        )
+
+    def _kill_child(self) -> None:
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+
+    def _sentinel(self, cell: PlannedCell, record: CellRecord) -> None:
+        """Append sentinel runs (and the runs they repeat) to the device's history."""
+        is_twin = any(c.sentinel_of == cell.index for c in self.plan.cells)
+        if (cell.sentinel_of is None and not is_twin) or record.status != "ok":
+            return
+        self.opts.sentinels_dir.mkdir(parents=True, exist_ok=True)
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", self.device.name) or "device"
+        append_jsonl(self.opts.sentinels_dir / f"{name}.jsonl", {
+            "device": self.device.name, "simulated": self.device.simulated,
+            "campaign": self.plan.campaign, "run": str(self.folder), "cell": cell.label,
+            "name": cell.name, "config_key": _config_key(cell.config),
+            "t_wall": record.t_start_wall, "tokens_per_s": record.tokens_per_s,
+            "fingerprint": record.fingerprint, "entry": record.entry.to_json(),
+        })
+
+    def _write_status(self, state: str) -> None:
+        atomic_write_text(self.folder / "status.json",
+                          json.dumps({"state": state, "t_wall": time.time()}) + "\n")
+
+
+def _config_key(cfg: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in sorted(cfg.items()) if k != "timeout_s"},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - STDERR_TAIL))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _sleep_until(deadline: float) -> None:
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.5))
+
+
+def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
+          gate: GateSpec | None, root: str) -> tuple[Path, int]:
+    device = open_device(plan.device, root)
+    folder = new_run_folder(opts.out_root, plan.campaign)
+    atomic_write_text(folder / "campaign.toml", resolved_toml)
+    atomic_write_text(folder / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")
+    return folder, CampaignRun(folder, plan, device, opts, hz, gate).run()
+
+
+def resume(folder: Path, opts: RunOptions, hz: float, gate: GateSpec | None,
+           root: str) -> int:
+    plan = read_plan(folder)
+    device = open_device(plan.device, root)
+    return CampaignRun(folder, plan, device, opts, hz, gate).run()
+
+
+Progress = Callable[[str], None]

@@ -1,0 +1,272 @@
+"""The campaign file's tables: one frozen dataclass each, checking its values on
+construction, plus the table of engine keys a cell may set.
+
+A problem names its key relative to the table (`spacing_s`, not `campaign.spacing_s`):
+the loader in `schema` knows where the table sits in the file.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from abbench.campaign._check import did_you_mean, fail, in_range, show
+from abbench.campaign._toml import Key, dump_value
+from abbench.engine.config import EngineConfig
+
+NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # cell names name folders
+NAME_MAX = 100
+NAME_TIP = ("names are letters, digits, `-`, `_` and `.` (not first), at most "
+            f"{NAME_MAX} characters: they name folders")
+DEFAULT_MODEL = "synthetic:default"
+ENGINES = ("embedded", "external")
+MAX_REPEAT = 100
+WEEK_S = 7 * 86400.0  # the longest wait or timeout a campaign may ask for
+_OUTPUT = re.compile(r"(bmoe-csv|json):.+\Z|stdout-summary\Z")
+_TRANSPORT = re.compile(r"local\Z|(adb|ssh|sim):[^\s-]\S*\Z")
+
+# TOML key -> EngineConfig field. The file uses the engine's long flag names with `-` as
+# `_`, except `tokens` for `--n-tokens`; a new EngineConfig field becomes a key by itself.
+_RENAMED = {"n_tokens": "tokens"}
+ENGINE_KEYS: dict[str, str] = {_RENAMED.get(f.name, f.name): f.name for f in fields(EngineConfig)}
+TOML_KEY: dict[str, str] = {f: k for k, f in ENGINE_KEYS.items()}
+
+# What a cell table may hold, with the TOML type each key takes.
+CELL_HINTS: dict[str, Any] = {
+    "base": str,
+    "engine": str,
+    "timeout_s": float,
+    "command": tuple[str, ...],
+    "output": str,
+    **{k: typing.get_type_hints(EngineConfig)[f] for k, f in ENGINE_KEYS.items()},
+}
+WORKLOAD_KEYS = ("engine", "timeout_s", *ENGINE_KEYS)
+SWEEP_KEYS = ("timeout_s", *ENGINE_KEYS)
+
+
+def check_name(key: Key, name: str, what: str = "cell name") -> None:
+    if not NAME_RULE.match(name) or len(name) > NAME_MAX:
+        fail(key, f"{show(name)} is not a valid {what}", tip=NAME_TIP)
+
+
+@dataclass(frozen=True)
+class CampaignTable:
+    """`[campaign]`: the plan's shape."""
+
+    name: str
+    spacing_s: float = 30.0  # fixed gap between cells
+    # cell names (a repeated name is a sentinel) | "abba" | None: file order
+    order: tuple[str, ...] | str | None = None
+    warmup_tokens: int = 16  # excluded from statistics
+    sentinel_every: int | None = None  # the baseline again after every N other cells
+    repeat: int = 1  # the whole sequence R times
+
+    def __post_init__(self) -> None:
+        check_name(("name",), self.name, "campaign name")
+        in_range("spacing_s", 0 <= self.spacing_s <= WEEK_S, f"between 0 and {WEEK_S:g} s",
+                 self.spacing_s)
+        if isinstance(self.order, str) and self.order != "abba":
+            fail(("order",), f'must be an array of cell names or "abba" (got {show(self.order)})',
+                 tip='did you mean `"abba"`?' if self.order.lower() == "abba" else None)
+        if self.order == ():
+            fail(("order",), "must name at least one cell")
+        in_range("warmup_tokens", self.warmup_tokens >= 0, ">= 0", self.warmup_tokens)
+        if self.sentinel_every is not None:
+            in_range("sentinel_every", self.sentinel_every >= 1, ">= 1", self.sentinel_every)
+            if self.order is not None:
+                fail(("sentinel_every",), "cannot be combined with `order`",
+                     tip="write the sentinels into `order` (a repeated name is a sentinel), "
+                     "or drop `order` to run the cells in file order")
+        in_range("repeat", 1 <= self.repeat <= MAX_REPEAT, f"between 1 and {MAX_REPEAT}",
+                 self.repeat)
+
+
+@dataclass(frozen=True)
+class DeviceTable:
+    """`[device]`: where the cells run and how often the sampler reads the sensors."""
+
+    transport: str = "local"  # local | adb:SERIAL | ssh:HOST | sim:PROFILE
+    sample_hz: float = 2.0
+    root: str = "/"  # where the sensor readers look (a fixture tree in tests)
+
+    def __post_init__(self) -> None:
+        if not _TRANSPORT.match(self.transport):
+            fail(("transport",), f"{show(self.transport)} is not a transport",
+                 tip="one of `local`, `adb:SERIAL`, `ssh:HOST`, `sim:PROFILE`")
+        in_range("sample_hz", 0 < self.sample_hz <= 50, "in (0, 50] Hz", self.sample_hz)
+        if not self.root:
+            fail(("root",), "must not be empty")
+
+
+@dataclass(frozen=True)
+class GateTable:
+    """`[gate]`: before each cell, wait until every condition set holds (or `timeout_s`)."""
+
+    cpu_temp_max_c: float | None = None
+    battery_temp_max_c: float | None = None
+    mem_available_min_mib: float | None = None
+    caps_at_max: bool = False
+    probe_min: float | None = None
+    poll_s: float = 5.0
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for key, value, top in (("cpu_temp_max_c", self.cpu_temp_max_c, 150),
+                                ("battery_temp_max_c", self.battery_temp_max_c, 100)):
+            if value is not None:
+                in_range(key, 0 < value <= top, f"in (0, {top}] °C", value)
+        if self.mem_available_min_mib is not None:
+            in_range("mem_available_min_mib", self.mem_available_min_mib >= 0, ">= 0 MiB",
+                     self.mem_available_min_mib)
+        if self.probe_min is not None:
+            in_range("probe_min", 0 < self.probe_min <= 1, "in (0, 1]", self.probe_min)
+        in_range("poll_s", 0 < self.poll_s <= WEEK_S, f"in (0, {WEEK_S:g}] s", self.poll_s)
+        in_range("timeout_s", 0 < self.timeout_s <= WEEK_S, f"in (0, {WEEK_S:g}] s",
+                 self.timeout_s)
+        if not self.conditions():
+            fail((), "sets no condition",
+                 tip="set one of `cpu_temp_max_c`, `battery_temp_max_c`, "
+                 "`mem_available_min_mib`, `caps_at_max = true`, `probe_min`, or remove it")
+
+    def conditions(self) -> list[str]:
+        """The conditions this gate waits for, by key."""
+        thresholds = ("cpu_temp_max_c", "battery_temp_max_c", "mem_available_min_mib",
+                      "probe_min")
+        found = [k for k in thresholds if getattr(self, k) is not None]
+        return [*found, "caps_at_max"] if self.caps_at_max else found
+
+
+@dataclass(frozen=True)
+class MatchTable:
+    """`[match]`: how close two cells' entry states must be to be compared."""
+
+    cpu_temp_tol_c: float = 3.0
+    battery_temp_tol_c: float = 0.5
+    mem_available_tol_frac: float = 0.15
+    probe_tol: float = 0.03
+    max_gap_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        in_range("cpu_temp_tol_c", self.cpu_temp_tol_c >= 0, ">= 0 °C", self.cpu_temp_tol_c)
+        in_range("battery_temp_tol_c", self.battery_temp_tol_c >= 0, ">= 0 °C",
+                 self.battery_temp_tol_c)
+        in_range("mem_available_tol_frac", 0 <= self.mem_available_tol_frac <= 1, "in [0, 1]",
+                 self.mem_available_tol_frac)
+        in_range("probe_tol", 0 <= self.probe_tol <= 1, "in [0, 1]", self.probe_tol)
+        in_range("max_gap_s", 0 < self.max_gap_s <= WEEK_S, f"in (0, {WEEK_S:g}] s",
+                 self.max_gap_s)
+
+
+@dataclass(frozen=True)
+class WorkloadTable:
+    """`[workload]`: defaults every cell inherits."""
+
+    engine: str = "embedded"  # cells that name neither `engine` nor `command`
+    model: str = DEFAULT_MODEL
+    timeout_s: float = 900.0  # per cell
+    settings: dict[str, Any] = field(default_factory=dict)  # other engine keys, as TOML keys
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            fail(("engine",), f"must be `embedded` or `external` (got {show(self.engine)})",
+                 tip=did_you_mean(self.engine, ENGINES, "engines"))
+        in_range("timeout_s", 0 < self.timeout_s <= WEEK_S, f"in (0, {WEEK_S:g}] s",
+                 self.timeout_s)
+        for k in self.settings:
+            if k not in ENGINE_KEYS or k == "model":
+                fail((k,), "not an engine key")
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One resolved cell: `base` and `[workload]` applied. Embedded cells carry an
+    `EngineConfig`; external ones a command and how to read its result."""
+
+    name: str
+    engine: str  # "embedded" | "external"
+    timeout_s: float = 900.0
+    config: EngineConfig | None = None
+    command: tuple[str, ...] = ()
+    output: str | None = None  # bmoe-csv:PATH | json:PATH | stdout-summary
+    base: str | None = None  # the cell it inherits from, as written
+    sweep: int | None = None  # index of the `[[sweep]]` that generated it
+
+    def __post_init__(self) -> None:
+        check_name((), self.name)
+        in_range("timeout_s", 0 < self.timeout_s <= WEEK_S, f"in (0, {WEEK_S:g}] s",
+                 self.timeout_s)
+        if self.engine == "embedded":
+            if self.config is None:
+                fail((), "an embedded cell needs an engine configuration")
+            if self.command or self.output is not None:
+                fail(("command",), "an embedded cell cannot have a `command` or `output`")
+        elif self.engine == "external":
+            if self.config is not None:
+                fail((), "an external cell cannot have an engine configuration")
+            if not self.command or not self.command[0]:
+                fail(("command",), "must be a non-empty array of strings, the program first",
+                     tip='command = ["adb", "shell", "sh", "/data/local/tmp/run.sh"]')
+            if self.output is None or not _OUTPUT.match(self.output):
+                fail(("output",), f"{show(self.output)} is not an output",
+                     tip='one of "bmoe-csv:PATH", "json:PATH", "stdout-summary"')
+        else:
+            fail(("engine",), f"must be `embedded` or `external` (got {show(self.engine)})")
+
+    def to_config(self) -> dict[str, Any]:
+        """The configuration a plan carries: JSON-able, with EngineConfig field names."""
+        if self.config is None:
+            return {"engine": "external", "command": list(self.command), "output": self.output,
+                    "timeout_s": self.timeout_s}
+        values = asdict(self.config)
+        if values["prompt_tokens"] is not None:
+            values["prompt_tokens"] = list(values["prompt_tokens"])
+        return {"engine": "embedded", **values, "timeout_s": self.timeout_s}
+
+    def to_toml(self) -> dict[str, Any]:
+        """The configuration as cell keys (None: left out)."""
+        cfg = self.to_config()
+        if self.config is None:
+            return cfg
+        return {"engine": "embedded", "timeout_s": self.timeout_s,
+                **{TOML_KEY[f.name]: cfg[f.name] for f in fields(EngineConfig)}}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """`[[decision]]`: is `candidate` faster than `baseline` by at least `min_effect`?"""
+
+    candidate: str
+    baseline: str
+    min_effect: float = 0.0  # the smallest speed-up worth shipping (0.03 = 3%)
+
+    def __post_init__(self) -> None:
+        in_range("min_effect", self.min_effect >= 0, ">= 0", self.min_effect)
+        if self.candidate == self.baseline:
+            fail(("baseline",), f"is the candidate itself (`{self.candidate}`)",
+                 tip="a decision compares two different cells")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """`[[sweep]]`: one cell per value of `key`, each inheriting from `cell`."""
+
+    cell: str
+    key: str
+    values: tuple[str | int | float | bool, ...]
+
+    def __post_init__(self) -> None:
+        if self.key not in SWEEP_KEYS:
+            fail(("key",), f"cannot sweep {show(self.key)}",
+                 tip=did_you_mean(self.key, SWEEP_KEYS, "sweepable keys"))
+        if not self.values:
+            fail(("values",), "must hold at least one value")
+
+    def cell_name(self, value: str | int | float | bool) -> str:
+        """`CELL.KEY-VALUE`, with what a folder name cannot hold turned into `_`."""
+        text = dump_value(value) if isinstance(value, (bool, float)) else str(value)
+        return f"{self.cell}.{self.key}-" + re.sub(r"[^A-Za-z0-9._-]", "_", text)

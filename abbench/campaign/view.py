@@ -1,0 +1,95 @@
+"""The live view: cell n of N, what is happening, temperatures and caps.
+
+On a terminal, a rich live panel refreshed a few times a second; elsewhere (CI, a pipe),
+one plain line per event on stderr. Either way the data files are the record: the view
+only shows.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from abbench.records import CellRecord, Plan, PlannedCell
+from abbench.sensors import Device
+
+
+class CampaignView:
+    def __init__(self, plan: Plan, device: Device, live: bool = True) -> None:
+        self.plan = plan
+        self.device = device
+        self.console = Console(stderr=True)
+        self.live = live and self.console.is_terminal
+        self.sampler: Any = None
+        self.status: dict[int, str] = {}
+        self.results: dict[int, CellRecord] = {}
+        self.now = ""
+        self._t0 = time.monotonic()
+        self._live: Live | None = None
+
+    def __enter__(self) -> CampaignView:
+        sim = " (SIMULATED device)" if self.device.simulated else ""
+        self._say(f"campaign {self.plan.campaign}: {len(self.plan.cells)} cells on "
+                  f"{self.device.transport}{sim}")
+        if self.live:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4,
+                              get_renderable=self._render)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._live is not None:
+            self._live.__exit__(et, e, tb)
+            self._live = None
+
+    def phase(self, cell: PlannedCell, what: str) -> None:
+        self.status[cell.index] = what
+        self.now = f"cell {cell.index + 1}/{len(self.plan.cells)} {cell.name}: {what}"
+        if not self.live:
+            self._say(self.now)
+
+    def finished(self, cell: PlannedCell, record: CellRecord) -> None:
+        self.results[cell.index] = record
+        self.status[cell.index] = record.status
+        tps = f"{record.tokens_per_s:.3f} tok/s" if record.tokens_per_s else "-"
+        why = f" ({record.error})" if record.error else ""
+        gate = ""
+        if record.gate.polls > 1 or record.gate.gave_up:
+            gate = (f", gate waited {record.gate.waited_s:.0f} s"
+                    + (" and GAVE UP" if record.gate.gave_up else ""))
+        line = (f"cell {cell.index + 1}/{len(self.plan.cells)} {cell.name}: {record.status}, "
+                f"{tps}{gate}{why}")
+        if self.live:
+            self.console.print(line)
+        else:
+            self._say(line)
+
+    def _say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self._t0:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+    def _render(self) -> Table:
+        table = Table(title=f"{self.plan.campaign} — {self.now}", expand=False)
+        for col in ("#", "cell", "status", "tok/s"):
+            table.add_column(col)
+        for c in self.plan.cells:
+            r = self.results.get(c.index)
+            tps = f"{r.tokens_per_s:.3f}" if r and r.tokens_per_s else ""
+            table.add_row(str(c.index + 1), c.name + (" (sentinel)" if c.sentinel_of is not None
+                                                       else ""),
+                          self.status.get(c.index, "planned"), tps)
+        latest = getattr(self.sampler, "latest", None) or {}
+        temps = ", ".join(f"{k[5:-2]} {v:.1f} C" for k, v in sorted(latest.items())
+                          if k.startswith("temp.") and k.endswith("_c")
+                          and isinstance(v, (int, float)))
+        caps = ", ".join(
+            f"{k.split('.')[1]} {v / 1e3:.0f}/{latest.get(k.replace('cap', 'hw_max'), v) / 1e3:.0f}"
+            for k, v in sorted(latest.items()) if k.endswith(".cap_khz"))
+        table.caption = f"temps: {temps or 'not measured'} | caps MHz: {caps or 'not measured'}"
+        return table

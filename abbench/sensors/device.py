@@ -1,0 +1,303 @@
+"""A device: a transport plus every reader, sampled into one flat dict.
+
+`open_device("local" | "adb:SERIAL" | "ssh:HOST")` gives a `Device`; `sample()` reads every
+source once (over adb/ssh: one batched shell call) and never raises: a source that fails
+or is absent leaves its keys out, which is a gap in the timeline. Where two sources give
+the same key, the better one wins: power_supply / `dumpsys battery` over a battery thermal
+zone, NVML over a GPU thermal zone, sysfs over psutil (psutil and NVML only describe this
+machine, so they are used only for the local transport on `/`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from abbench.errors import UsageError
+from abbench.sensors import host, readers
+from abbench.sensors.android import (
+    THERMAL_STATUS,
+    collect_android_battery,
+    read_android_thermal,
+    status_values,
+)
+from abbench.sensors.readers import CPUFREQ_GLOB, THERMAL_GLOB, Zone, zone_values
+from abbench.sensors.transports import AdbTransport, LocalTransport, SshTransport, Transport
+from abbench.sensors.tree import Tree, natural_key
+
+
+class ZoneFreeze:
+    """Ignore temperature zones that never change: trip points, stuck or placeholder sensors.
+
+    Phones expose zones that hold one value forever (a threshold, a disabled sensor, the
+    HAL's stale 99.6 °C seen in reference/bmoe's qwen.state); folded into `temp.cpu_c` they
+    would pin it. A zone is ignored once it has read exactly the same value for at least
+    `min_samples` samples spanning `after_s` seconds while some other zone changed; it is
+    used again the moment it changes. When every zone is constant nothing can be told apart
+    and nothing is ignored. Real sensors report milli-°C (sysfs) or 0.1 °C (HAL) and move
+    by that much within seconds, so a minute of exact equality is not a steady temperature.
+    """
+
+    def __init__(self, after_s: float = 60.0, min_samples: int = 10) -> None:
+        self.after_s = after_s
+        self.min_samples = min_samples
+        self.frozen: set[str] = set()
+        self._first: dict[str, tuple[float, float]] = {}   # id -> (value, time first seen)
+        self._count: dict[str, int] = {}
+        self._changed: set[str] = set()
+
+    def observe(self, t: float, zones: Iterable[Zone]) -> None:
+        for z in zones:
+            if z.id not in self._first:
+                self._first[z.id] = (z.temp_c, t)
+                self._count[z.id] = 1
+            elif z.temp_c != self._first[z.id][0]:
+                self._changed.add(z.id)
+                self.frozen.discard(z.id)
+            else:
+                self._count[z.id] += 1
+        if not self._changed:
+            return
+        for zid, (_, t0) in self._first.items():
+            if (zid not in self._changed and self._count[zid] >= self.min_samples
+                    and t - t0 >= self.after_s):
+                self.frozen.add(zid)
+
+
+@dataclass
+class _Reading:
+    """One sample's values plus what describe() shows about where they came from."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    zones: list[Zone] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)   # source -> how it was read
+
+
+def thermal_gaps(values: dict[str, Any]) -> list[str]:
+    """The thermal signals a sample lacks (frequency caps, CPU temperature)."""
+    gaps = []
+    if not any(k.startswith("cpu.") and k.endswith(".cap_khz") for k in values):
+        gaps.append("cpufreq caps")
+    if "temp.cpu_c" not in values:
+        gaps.append("CPU temperature")
+    return gaps
+
+
+class Device:
+    """A device the campaign samples and runs commands on (see `open_device`)."""
+
+    def __init__(self, transport: Transport, name: str, *, simulated: bool = False,
+                 freeze: ZoneFreeze | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.transport = transport.spec
+        self.kind = transport.kind
+        self.simulated = simulated
+        self.last_error: str | None = None
+        self._transport = transport
+        self._freeze = freeze or ZoneFreeze()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._absent: set[str] = set()   # this machine's fallbacks found empty once
+
+    def __repr__(self) -> str:
+        return f"Device({self.name!r}, {self.transport!r})"
+
+    def sample(self) -> dict[str, Any]:
+        """One flat dict of readings; absent or failing sources leave their keys out."""
+        return self._sample().values
+
+    def _sample(self) -> _Reading:
+        with self._lock:  # the sampler thread and the campaign's entry-state reads share it
+            try:
+                tree = self._transport.snapshot()
+            except Exception as e:
+                self.last_error = str(e) or type(e).__name__
+                return _Reading()
+            try:
+                reading = self._read(tree)
+            except Exception as e:  # a bug in the glue, not a reader: still only a gap
+                self.last_error = f"{type(e).__name__}: {e}"
+                return _Reading()
+            self.last_error = None
+            return reading
+
+    def _read(self, tree: Tree) -> _Reading:
+        r = _Reading()
+        on_host = self._transport.on_host
+
+        def take(source: str, values: dict[str, Any], how: str) -> None:
+            if values:
+                r.sources.setdefault(source, how)
+                for key, value in values.items():
+                    r.values.setdefault(key, value)
+
+        take("cpufreq", readers.collect_cpufreq(tree), "sysfs")
+        # On Linux psutil's cpu_freq and battery read the sysfs files above, or for cpu_freq
+        # /proc/cpuinfo's `cpu MHz` (static in a VM, never a cap, the costliest read of a
+        # tick); elsewhere (macOS, BSD) they ask the OS.
+        os_api = on_host and sys.platform != "linux"
+        if os_api and "cpufreq" not in r.sources:
+            take("cpufreq", host.collect_psutil_cpufreq(), "psutil (current only)")
+        take("battery", readers.collect_battery(tree), "power_supply")
+        take("battery", collect_android_battery(tree), "dumpsys battery")
+        if os_api and "battery" not in r.sources:
+            take("battery", host.collect_psutil_battery(), "psutil")
+        take("memory", readers.collect_meminfo(tree), "/proc/meminfo")
+        if on_host and "memory" not in r.sources:
+            take("memory", host.collect_psutil_memory(), "psutil")
+        take("pressure", readers.collect_pressure(tree), "/proc/pressure")
+        take("load", readers.collect_loadavg(tree), "/proc/loadavg")
+        if on_host and "load" not in r.sources:
+            take("load", host.collect_os_loadavg(), "os.getloadavg")
+        if on_host:
+            take("gpu", host.collect_nvml(), "NVML")
+
+        zones = readers.read_thermal_zones(tree)
+        if zones:
+            r.sources["thermal"] = "sysfs"
+        elif on_host and "psutil-temperatures" not in self._absent:
+            zones = host.read_psutil_temperatures()
+            if zones:
+                r.sources["thermal"] = "psutil"
+            else:  # hwmon chips do not appear mid-run: stop rescanning for them
+                self._absent.add("psutil-temperatures")
+        status, hal = read_android_thermal(tree)
+        if status is not None or hal:
+            r.sources["android"] = "dumpsys thermalservice"
+        r.zones = zones + hal
+        self._freeze.observe(self._clock(), r.zones)
+        take("android", status_values(status), "dumpsys thermalservice")
+        take("thermal", zone_values(r.zones, self._freeze.frozen), "zones")
+        return r
+
+    def describe(self) -> list[tuple[str, str]]:
+        """What this device exposes, one (source, what) row each, from one fresh sample."""
+        r = self._sample()
+        v = r.values
+        rows = [("device", f"{self.name} via {self.transport}"
+                 + (" (simulated)" if self.simulated else ""))]
+        if self.last_error:
+            rows.append(("error", self.last_error))
+        rows.append(("cpufreq", _describe_cpufreq(v, r.sources.get("cpufreq"))))
+        rows.append(("thermal zones", self._describe_zones(r)))
+        rows.append(("battery", _describe_battery(v, r.sources.get("battery"))))
+        mem = v.get("mem.available_mib")
+        rows.append(("memory", f"MemAvailable {mem:.0f} MiB ({r.sources['memory']})"
+                     if mem is not None else "missing: no /proc/meminfo"))
+        psi = sorted({k.split(".")[1] for k in v if k.startswith("psi.")})
+        rows.append(("pressure", f"/proc/pressure: {' '.join(psi)}" if psi
+                     else "missing: no readable /proc/pressure (kernel without PSI?)"))
+        load = v.get("load.1m")
+        rows.append(("load average", f"{load:.2f} ({r.sources['load']})" if load is not None
+                     else "missing: no /proc/loadavg"))
+        rows.append(("GPU (NVML)", _describe_nvml(v, self._transport.on_host)))
+        status = v.get("android.thermal_status")
+        hal = sum(1 for z in r.zones if z.id.startswith("hal:"))
+        rows.append(("Android", f"thermal status {status} ({THERMAL_STATUS.get(status, '?')}), "
+                     f"{hal} HAL temperature sensors" if "android" in r.sources
+                     else "no dumpsys thermalservice (not an Android device)"))
+        return rows
+
+    def _describe_zones(self, r: _Reading) -> str:
+        sysfs = [z for z in r.zones if not z.id.startswith("hal:")]
+        if not sysfs:
+            psutil = " and no psutil temperatures" if self._transport.on_host else ""
+            return f"missing: no {THERMAL_GLOB}{psutil}"
+        cpu = [z.label for z in sysfs if z.kind == "cpu"]
+        text = (f"{len(sysfs)} zones via {r.sources.get('thermal', 'sysfs')}, "
+                f"{len(cpu)} CPU" + (f" ({', '.join(cpu[:6])}{', ...' if len(cpu) > 6 else ''})"
+                                     if cpu else ""))
+        if "temp.cpu_c" in r.values:
+            text += f"; hottest CPU sensor {r.values['temp.cpu_c']:.1f} °C"
+        frozen = [z.label for z in r.zones if z.id in self._freeze.frozen]
+        if frozen:
+            text += f"; ignored as constant: {', '.join(frozen)}"
+        return text
+
+    def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run a command (an argument list) on the device, capturing text output.
+
+        Locally as given; over adb/ssh quoted with shlex.join for the device's shell.
+        Raises subprocess.TimeoutExpired past `timeout`, UsageError if adb/ssh is missing.
+        """
+        return self._transport.run(list(argv), timeout)
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """The local argument list that runs `argv` on the device, for callers that need a
+        Popen of their own (streaming output, their own kill): `argv` itself locally,
+        `adb -s SERIAL shell QUOTED` or `ssh -o BatchMode=yes HOST QUOTED` remotely."""
+        return self._transport.command(argv)
+
+
+def _describe_cpufreq(v: dict[str, Any], how: str | None) -> str:
+    policies = sorted({k.split(".")[1] for k in v if k.endswith(".cap_khz")},
+                      key=natural_key)
+    if not policies:
+        note = " (psutil: current frequency only, no cap)" if "cpu.all.cur_khz" in v else ""
+        return f"missing: no {CPUFREQ_GLOB}{note}"
+    parts = []
+    for p in policies:
+        cap, hw = v.get(f"cpu.{p}.cap_khz"), v.get(f"cpu.{p}.hw_max_khz")
+        parts.append(f"{p} cap {cap} of {hw} kHz" + (" CAPPED" if v.get(f"cpu.{p}.capped")
+                                                      else ""))
+    return f"{len(policies)} policies via {how}: " + "; ".join(parts)
+
+
+def _describe_battery(v: dict[str, Any], how: str | None) -> str:
+    if how is None:
+        return "missing: no power_supply of type Battery"
+    parts = [f"{v['battery.temp_c']:.1f} °C" if "battery.temp_c" in v else "no temperature",
+             str(v.get("battery.status", "status unknown"))]
+    if "battery.capacity_pct" in v:
+        parts.append(f"{v['battery.capacity_pct']}%")
+    if v.get("android.battery_overridden"):
+        parts.append("OVERRIDDEN by `dumpsys battery set` (run `dumpsys battery reset`)")
+    return f"{', '.join(parts)} ({how})"
+
+
+def _describe_nvml(v: dict[str, Any], on_host: bool) -> str:
+    if not on_host:
+        return "not read (NVML describes this machine, not the device)"
+    if "gpu.temp_c" in v or "gpu.sm_clock_mhz" in v:
+        gpus = 1 + len({k.split(".")[1] for k in v if k.split(".")[1].isdigit()})
+        return (f"{gpus} GPU(s); GPU 0 {v.get('gpu.temp_c', '?')} °C, SM "
+                f"{v.get('gpu.sm_clock_mhz', '?')} MHz, throttle "
+                f"{v.get('gpu.throttle_reasons', '?')}")
+    if host.import_pynvml() is None:
+        return "pynvml not importable (optional: pip install nvidia-ml-py)"
+    return "pynvml importable, but no GPU answered"
+
+
+def open_device(transport: str, root: str | os.PathLike[str] = "/") -> Device:
+    """`local`, `adb:SERIAL` or `ssh:HOST` as a Device; anything else is a UsageError.
+
+    Remote transports are checked now (adb present, device attached; ssh host reachable
+    without a password), so a campaign fails before its first cell, not during it.
+    """
+    spec = transport.strip()
+    kind, _, arg = spec.partition(":")
+    if kind in ("adb", "ssh") and str(root) not in ("/", ""):
+        raise UsageError(f"--root applies to the local transport only, not `{spec}`")
+    if spec == "local":
+        return Device(LocalTransport(root or "/"), socket.gethostname() or "localhost")
+    if kind == "adb":
+        adb = AdbTransport(arg)
+        adb.check()
+        return Device(adb, adb.serial)
+    if kind == "ssh":
+        ssh = SshTransport(arg)
+        ssh.check()
+        return Device(ssh, ssh.host)
+    if kind == "sim":
+        raise UsageError(f"the simulated device (`{spec}`) is not available yet",
+                         tip="use local, adb:SERIAL or ssh:HOST until the simulator lands")
+    raise UsageError(f"unknown transport `{transport}`: expected local, adb:SERIAL, "
+                     "ssh:HOST or sim:PROFILE")

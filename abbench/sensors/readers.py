@@ -1,0 +1,327 @@
+"""Sensor readers: one fail-soft `collect_*` function per source.
+
+Each reader takes a `root` (a folder, `/` by default, or a `SnapshotTree` fetched from a
+remote device), reads what it can and returns flat `{key: value}` readings; a file that is
+absent, unreadable or malformed leaves its keys out, and no reader raises (`fail_soft`
+is the backstop). Each comments the exact format of the file it parses.
+
+Readers of this machine's own APIs (psutil, NVML) are in `host.py`, Android's dumpsys in
+`android.py`. Thermal sources (sysfs zones here, psutil's hwmon chips, the thermal HAL)
+return `Zone`s rather than keys, so the device can drop zones that never
+change (see `ZoneFreeze` in `device.py`) before `zone_values` folds them into keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from abbench.sensors.tree import Tree, as_tree
+
+Root = str | os.PathLike[str] | Tree
+T = TypeVar("T")
+
+CPUFREQ_GLOB = "/sys/devices/system/cpu/cpufreq/policy*"
+THERMAL_GLOB = "/sys/class/thermal/thermal_zone*"
+POWER_SUPPLY_GLOB = "/sys/class/power_supply/*"
+PSI_RESOURCES = ("cpu", "memory", "io")
+
+# Every file the readers below may read, as shell patterns: what a remote device sends back.
+REMOTE_GLOBS = (
+    f"{CPUFREQ_GLOB}/scaling_max_freq",
+    f"{CPUFREQ_GLOB}/cpuinfo_max_freq",
+    f"{CPUFREQ_GLOB}/scaling_cur_freq",
+    f"{THERMAL_GLOB}/type",
+    f"{THERMAL_GLOB}/temp",
+    f"{POWER_SUPPLY_GLOB}/type",
+    f"{POWER_SUPPLY_GLOB}/temp",
+    f"{POWER_SUPPLY_GLOB}/status",
+    f"{POWER_SUPPLY_GLOB}/capacity",
+    "/proc/meminfo",
+    "/proc/loadavg",
+    *(f"/proc/pressure/{r}" for r in PSI_RESOURCES),
+)
+
+# A reading outside this range is a disabled sensor (-273 °C), a trip threshold or a zone
+# that reports something other than a temperature; it is left out.
+PLAUSIBLE_C = (-40.0, 150.0)
+
+
+def _fail_soft(empty: Callable[[], Any]) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                return empty()
+
+        return wrapper
+
+    return decorate
+
+
+# A reader that fails returns nothing: its readings become a gap in the timeline.
+fail_soft = _fail_soft(dict)
+fail_soft_zones = _fail_soft(list)
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _text(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return text.strip() or None
+
+
+def _slug(text: str) -> str:
+    """A zone or sensor name as a key component: lower case, no dots or spaces."""
+    return re.sub(r"[^a-z0-9_+-]+", "_", text.strip().lower()).strip("_") or "unnamed"
+
+
+# --- cpufreq -----------------------------------------------------------------------------
+
+@fail_soft
+def collect_cpufreq(root: Root = "/") -> dict[str, Any]:
+    """Per policy (cluster): the cap, the hardware max and the current frequency, in kHz.
+
+    /sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq   "2188800\\n"  (the cap)
+    /sys/devices/system/cpu/cpufreq/policy0/cpuinfo_max_freq   "3321600\\n"  (hardware max)
+    /sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq   "806400\\n"
+    A cap below the hardware max means the policy is capped (`cpu.<policy>.capped`).
+    """
+    tree = as_tree(root)
+    out: dict[str, Any] = {}
+    for folder in tree.glob(CPUFREQ_GLOB):
+        policy = folder.rsplit("/", 1)[-1]
+        cap = _int(tree.read(f"{folder}/scaling_max_freq"))
+        hw = _int(tree.read(f"{folder}/cpuinfo_max_freq"))
+        cur = _int(tree.read(f"{folder}/scaling_cur_freq"))
+        for name, value in (("cap_khz", cap), ("hw_max_khz", hw), ("cur_khz", cur)):
+            if value is not None:
+                out[f"cpu.{policy}.{name}"] = value
+        if cap is not None and hw is not None:
+            out[f"cpu.{policy}.capped"] = cap < hw
+    return out
+
+
+# --- thermal zones -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Zone:
+    """One temperature sensor. `key` is its flat key, or None when it only feeds an aggregate.
+
+    `kind` is "cpu" (folded into `temp.cpu_c`), "gpu" (into `gpu.temp_c` when NVML says
+    nothing), "battery" (into `battery.temp_c` when power_supply says nothing) or "other".
+    `id` is stable across samples; the freeze filter tracks zones by it.
+    """
+
+    id: str
+    label: str
+    kind: str
+    temp_c: float
+    key: str | None
+
+
+# Zone types that name CPU sensors: Qualcomm (cpu-0-0-usr, cpuss-0, tsens_tz_sensor1), Intel
+# (x86_pkg_temp), AMD (k10temp), MediaTek/Exynos (cpu_big0, soc_thermal), Pixel (BIG, MID,
+# LITTLE), Raspberry Pi (cpu-thermal).
+_CPU_TYPE = re.compile(
+    r"cpu|x86_pkg_temp|tsens|coretemp|k10temp|zenpower|apc\d|(^|[-_])soc($|[-_])"
+    r"|^(big|mid|little)\d*$", re.IGNORECASE)
+_GPU_TYPE = re.compile(r"gpu|g3d|kgsl|mali", re.IGNORECASE)
+# Zones that report currents, voltages or a state of charge through the thermal framework
+# (battery current limiters, over-current protection): never a CPU temperature.
+_NOT_TEMPERATURE = re.compile(
+    r"(^|[-_])(ibat|vbat|socd|vdroop\d*|ocp|soft_ocp|batoilo|smpl|vph|bcl)([-_\d]|$)|-lvl\d+$",
+    re.IGNORECASE)
+
+
+def zone_kind(label: str) -> str:
+    if _NOT_TEMPERATURE.search(label):
+        return "other"
+    if _GPU_TYPE.search(label):
+        return "gpu"
+    if _CPU_TYPE.search(label):
+        return "cpu"
+    if "batt" in label.lower():
+        return "battery"
+    return "other"
+
+
+def unique_key(prefix: str, label: str, taken: set[str]) -> str:
+    base = f"{prefix}{_slug(label)}"
+    key, n = f"{base}_c", 1
+    while key in taken:
+        n += 1
+        key = f"{base}-{n}_c"
+    taken.add(key)
+    return key
+
+
+@fail_soft_zones
+def read_thermal_zones(root: Root = "/") -> list[Zone]:
+    """Every thermal zone with a plausible reading.
+
+    /sys/class/thermal/thermal_zone3/type   "cpu-0-0-usr\\n"
+    /sys/class/thermal/thermal_zone3/temp   "45200\\n"        (milli-°C; may be negative)
+    A few old drivers report whole °C ("45"); a value under 200 in magnitude is read so.
+    Reading `temp` of a powered-down sensor fails with EIO/EINVAL: that zone is skipped.
+    CPU zones feed only `temp.cpu_c`; others get `temp.<type>_c` (`-2`, `-3` on repeats).
+    """
+    tree = as_tree(root)
+    zones: list[Zone] = []
+    taken: set[str] = {"temp.cpu_c"}
+    for folder in tree.glob(THERMAL_GLOB):
+        label = _text(tree.read(f"{folder}/type"))
+        raw = _int(tree.read(f"{folder}/temp"))
+        if label is None or raw is None:
+            continue
+        temp = float(raw) if abs(raw) < 200 else raw / 1000.0
+        if not PLAUSIBLE_C[0] <= temp <= PLAUSIBLE_C[1]:
+            continue
+        kind = zone_kind(label)
+        key = None if kind == "cpu" else unique_key("temp.", label, taken)
+        zones.append(Zone(f"{folder.rsplit('/', 1)[-1]}:{label}", label, kind, temp, key))
+    return zones
+
+
+def zone_values(zones: Iterable[Zone], ignore: Collection[str] = ()) -> dict[str, Any]:
+    """Zones as flat keys, leaving out the ignored ids; CPU zones folded into `temp.cpu_c`.
+
+    `gpu.temp_c` and `battery.temp_c` are the hottest GPU / battery zones, for devices whose
+    better source (NVML, power_supply, `dumpsys battery`) is absent: the caller lets those
+    sources win.
+    """
+    out: dict[str, Any] = {}
+    hottest: dict[str, float] = {}
+    for z in zones:
+        if z.id in ignore:
+            continue
+        if z.key is not None:
+            out[z.key] = round(z.temp_c, 3)
+        if z.kind in ("cpu", "gpu", "battery"):
+            hottest[z.kind] = max(hottest.get(z.kind, z.temp_c), z.temp_c)
+    aggregate = {"cpu": "temp.cpu_c", "gpu": "gpu.temp_c", "battery": "battery.temp_c"}
+    for kind, temp in hottest.items():
+        out[aggregate[kind]] = round(temp, 3)
+    return out
+
+
+def collect_thermal_zones(root: Root = "/", ignore: Collection[str] = ()) -> dict[str, Any]:
+    """`temp.cpu_c` (hottest CPU zone) and `temp.<type>_c` for the others; see above."""
+    return zone_values(read_thermal_zones(root), ignore)
+
+
+# --- power_supply ------------------------------------------------------------------------
+
+@fail_soft
+def collect_battery(root: Root = "/") -> dict[str, Any]:
+    """The battery's temperature, charging status and charge.
+
+    /sys/class/power_supply/battery/type       "Battery\\n"   (others: Mains, USB, Wireless)
+    /sys/class/power_supply/battery/temp       "281\\n"       (deci-°C; laptops often lack it)
+    /sys/class/power_supply/battery/status     "Discharging\\n"  (Charging, Full, Not charging)
+    /sys/class/power_supply/battery/capacity   "87\\n"        (%)
+    With several batteries, the first (in natural order) that reports anything.
+    """
+    tree = as_tree(root)
+    for folder in tree.glob(POWER_SUPPLY_GLOB):
+        if _text(tree.read(f"{folder}/type")) != "Battery":
+            continue
+        out: dict[str, Any] = {}
+        temp = _int(tree.read(f"{folder}/temp"))
+        if temp is not None:
+            out["battery.temp_c"] = temp / 10.0
+        status = _text(tree.read(f"{folder}/status"))
+        if status is not None:
+            out["battery.status"] = status
+        capacity = _int(tree.read(f"{folder}/capacity"))
+        if capacity is not None:
+            out["battery.capacity_pct"] = capacity
+        if out:
+            return out
+    return {}
+
+
+# --- /proc -------------------------------------------------------------------------------
+
+_MEMINFO_KEYS = {"MemAvailable": "mem.available_mib", "MemTotal": "mem.total_mib",
+                 "MemFree": "mem.free_mib"}
+
+
+@fail_soft
+def collect_meminfo(root: Root = "/") -> dict[str, Any]:
+    """Available, total and free memory in MiB.
+
+    /proc/meminfo:
+        MemTotal:       11723836 kB
+        MemFree:         1092976 kB
+        MemAvailable:    6151240 kB
+        ...
+    """
+    text = as_tree(root).read("/proc/meminfo")
+    if text is None:
+        return {}
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        if not line.startswith("Mem"):  # the three lines wanted; skip parsing the other ~50
+            continue
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        key = _MEMINFO_KEYS.get(name.strip())
+        if key and parts and parts[0].isdigit():
+            out[key] = round(int(parts[0]) / 1024, 1)
+    return out
+
+
+@fail_soft
+def collect_pressure(root: Root = "/") -> dict[str, Any]:
+    """Pressure stall information, % of the last 10 s (and 60 s) some / all tasks stalled.
+
+    /proc/pressure/cpu (and memory, io):
+        some avg10=1.63 avg60=7.31 avg300=13.49 total=433364192
+        full avg10=0.00 avg60=0.00 avg300=0.00 total=0
+    Absent without CONFIG_PSI, unreadable on most Android builds.
+    """
+    tree = as_tree(root)
+    out: dict[str, Any] = {}
+    for resource in PSI_RESOURCES:
+        text = tree.read(f"/proc/pressure/{resource}")
+        for line in (text or "").splitlines():
+            kind, *pairs = line.split()
+            if kind not in ("some", "full"):
+                continue
+            fields = dict(p.split("=", 1) for p in pairs if "=" in p)
+            wanted = ("avg10", "avg60") if kind == "some" else ("avg10",)
+            for name in wanted:
+                with contextlib.suppress(KeyError, ValueError):
+                    out[f"psi.{resource}.{kind}_{name}"] = float(fields[name])
+    return out
+
+
+@fail_soft
+def collect_loadavg(root: Root = "/") -> dict[str, Any]:
+    """Load averages over 1, 5 and 15 minutes.
+
+    /proc/loadavg:   "1.10 2.34 2.37 1/85 29998\\n"   (then running/total tasks, last pid)
+    """
+    text = as_tree(root).read("/proc/loadavg")
+    if text is None:
+        return {}
+    fields = text.split()
+    out: dict[str, Any] = {}
+    for key, field in zip(("load.1m", "load.5m", "load.15m"), fields[:3]):
+        with contextlib.suppress(ValueError):
+            out[key] = float(field)
+    return out

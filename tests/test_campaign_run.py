@@ -1,0 +1,243 @@
+"""End-to-end campaigns through the real CLI: run folder, journal, samples, gate, external
+cells, failures, kill -9 and --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from abbench.records import read_journal, read_plan, read_samples
+
+REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "bmoe"
+
+
+def abbench(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "abbench", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_campaign(tmp: Path, model: Path, body: str, head: str = "") -> Path:
+    text = textwrap.dedent(f"""\
+        [campaign]
+        name = "t"
+        spacing_s = 0.3
+        warmup_tokens = 2
+        {head}
+
+        [device]
+        transport = "local"
+        sample_hz = 10
+
+        [workload]
+        model = "{model}"
+        tokens = 6
+        cache_mib = 0.2
+        timeout_s = 120
+        """) + textwrap.dedent(body)
+    path = tmp / "cells.toml"
+    path.write_text(text)
+    return path
+
+
+def run_folder(out: Path) -> Path:
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def three_cell_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("campaign")
+    cells = write_campaign(tmp, tiny_model, """
+        [cells.B]
+        overlap = true
+
+        [cells.C]
+        base = "B"
+        io_lanes = 1
+        """, head='order = ["B", "C", "B"]')
+    p = abbench("campaign", cells, "--out", tmp / "reports", "--sentinels", tmp / "sentinels",
+                "--no-live")
+    return p, tmp
+
+
+def test_campaign_runs_every_cell_and_leaves_the_run_folder(three_cell_run) -> None:
+    p, tmp = three_cell_run
+    assert p.returncode == 0, p.stdout + p.stderr
+    folder = run_folder(tmp / "reports")
+    for name in ("campaign.toml", "plan.json", "journal.jsonl", "samples.jsonl", "status.json"):
+        assert (folder / name).is_file(), name
+    plan = read_plan(folder)
+    assert [c.name for c in plan.cells] == ["B", "C", "B"]
+    assert plan.cells[2].sentinel_of == 0
+    records = read_journal(folder)
+    assert [r.index for r in records] == [0, 1, 2]
+    assert all(r.status == "ok" and r.tokens_per_s and r.tokens_per_s > 0 for r in records)
+    for c in plan.cells:
+        for f in ("tokens.csv", "summary.json", "stderr.txt"):
+            assert (folder / "cells" / c.label / f).is_file(), (c.label, f)
+    assert json.loads((folder / "status.json").read_text())["state"] == "complete"
+
+
+def test_sentinel_repeats_the_work_exactly(three_cell_run) -> None:
+    _, tmp = three_cell_run
+    records = read_journal(run_folder(tmp / "reports"))
+    assert records[0].fingerprint and records[0].fingerprint == records[2].fingerprint
+    (history,) = list((tmp / "sentinels").glob("*.jsonl"))
+    lines = [json.loads(x) for x in history.read_text().splitlines()]
+    assert [x["cell"] for x in lines] == ["01-B", "03-B"]
+
+
+def test_entry_state_and_samples_cover_the_campaign(three_cell_run) -> None:
+    _, tmp = three_cell_run
+    folder = run_folder(tmp / "reports")
+    records = read_journal(folder)
+    samples = read_samples(folder)
+    assert samples, "no samples"
+    assert samples[0].t_wall <= records[0].t_start_wall
+    assert samples[-1].t_wall >= records[-1].t_end_wall - 0.5
+    gaps = [b.t_mono - a.t_mono for a, b in zip(samples, samples[1:])]
+    assert max(gaps) < 1.0, max(gaps)
+    assert any(s.cell == 1 for s in samples)  # samples know which cell was running
+    for r in records:
+        assert r.entry.probe_index is not None and r.entry.probe_index > 0
+        assert r.entry.mem_available_mib is not None
+
+
+def test_gate_waits_and_gives_up(tiny_model: Path, tmp_path: Path) -> None:
+    cells = write_campaign(tmp_path, tiny_model, """
+        [gate]
+        mem_available_min_mib = 1e12
+        poll_s = 0.2
+        timeout_s = 0.6
+
+        [cells.A]
+        """)
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 0, p.stderr
+    (rec,) = read_journal(run_folder(tmp_path / "r"))
+    assert rec.gate.gave_up and rec.gate.polls >= 2 and rec.gate.waited_s >= 0.5
+    assert any("MemAvailable" in r for r in rec.gate.reasons)
+    assert "gate: waiting" in p.stderr
+
+
+def test_gate_that_holds_does_not_wait(tiny_model: Path, tmp_path: Path) -> None:
+    cells = write_campaign(tmp_path, tiny_model, """
+        [gate]
+        mem_available_min_mib = 1
+        timeout_s = 5
+
+        [cells.A]
+        """)
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 0, p.stderr
+    (rec,) = read_journal(run_folder(tmp_path / "r"))
+    assert not rec.gate.gave_up and rec.gate.polls == 1
+
+
+def test_external_cell_reads_a_bmoe_csv(tiny_model: Path, tmp_path: Path) -> None:
+    src = REF / "v1-desktop-2026-07-24" / "pc-E-c5000-io4t4.csv"
+    out = tmp_path / "out.csv"
+    script = tmp_path / "run.py"
+    script.write_text(f"import shutil\nshutil.copy({str(src)!r}, {str(out)!r})\n")
+    cells = write_campaign(tmp_path, tiny_model, f"""
+        [cells.ext]
+        command = ["{sys.executable}", "{script}"]
+        output = "bmoe-csv:{out}"
+        """)
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 0, p.stderr
+    (rec,) = read_journal(run_folder(tmp_path / "r"))
+    assert rec.status == "ok", rec.error
+    assert rec.tokens_per_s == pytest.approx(4.718)  # the file's own `# summary` tok/s
+    assert (run_folder(tmp_path / "r") / "cells" / "01-ext" / "tokens.csv").is_file()
+
+
+def test_failing_and_hanging_cells_are_recorded_and_the_campaign_goes_on(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    crash = "import sys; print('boom', file=sys.stderr); sys.exit(3)"
+    cells = write_campaign(tmp_path, tiny_model, f"""
+        [cells.crash]
+        command = ["{sys.executable}", "-c", "{crash}"]
+        output = "stdout-summary"
+
+        [cells.hang]
+        command = ["{sys.executable}", "-c", "import time; time.sleep(60)"]
+        output = "stdout-summary"
+        timeout_s = 1
+
+        [cells.ok]
+        """)
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 0, p.stderr
+    crash, hang, ok = read_journal(run_folder(tmp_path / "r"))
+    assert crash.status == "failed" and crash.exit_code == 3 and "boom" in crash.stderr_tail
+    assert hang.status == "timeout" and hang.t_end_mono - hang.t_start_mono < 10
+    assert ok.status == "ok"
+
+
+def test_bad_campaign_file_runs_nothing(tiny_model: Path, tmp_path: Path) -> None:
+    cells = write_campaign(tmp_path, tiny_model, """
+        [cells.A]
+        cache_mibb = 3
+        """)
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--no-live")
+    assert p.returncode == 2
+    assert p.stderr.startswith("ERROR:") and "cache_mib" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_kill_9_mid_cell_then_resume_reruns_only_that_cell(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    slow = "import time; time.sleep(3); print('generation: 4 tokens, 0.5 s/token (2.0 tok/s)')"
+    cells = write_campaign(tmp_path, tiny_model, f"""
+        [cells.A]
+
+        [cells.slow]
+        command = ["{sys.executable}", "-c", "{slow}"]
+        output = "stdout-summary"
+
+        [cells.C]
+        """)
+    out = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "abbench", "campaign", str(cells), "--out", str(out),
+         "--sentinels", str(tmp_path / "s"), "--no-live"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if out.exists() and any(out.iterdir()):
+                folder = run_folder(out)
+                if (folder / "cells" / "02-slow").exists() and len(read_journal(folder)) == 1:
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the slow cell never started")
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGKILL)  # the campaign and its cell, as a crash would
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert [r.index for r in read_journal(folder)] == [0]
+    p = abbench("campaign", "--resume", folder, "--sentinels", tmp_path / "s", "--no-live")
+    assert p.returncode == 0, p.stderr
+    records = read_journal(folder)
+    assert [r.index for r in records] == [0, 1, 2]
+    assert all(r.status == "ok" for r in records)
