@@ -102,7 +102,7 @@ def test_entry_state_and_samples_cover_the_campaign(three_cell_run) -> None:
     samples = read_samples(folder)
     assert samples, "no samples"
     assert samples[0].t_wall <= records[0].t_start_wall
-    assert samples[-1].t_wall >= records[-1].t_end_wall - 0.5
+    assert samples[-1].t_wall >= records[-1].t_end_wall
     gaps = [b.t_mono - a.t_mono for a, b in zip(samples, samples[1:])]
     assert max(gaps) < 1.0, max(gaps)
     assert any(s.cell == 1 for s in samples)  # samples know which cell was running

@@ -195,6 +195,8 @@ class CampaignRun:
                     view.finished(cell, record)
                     self._sentinel(cell, record)
                     last_end = time.monotonic()
+                # One last reading, so the timeline covers the campaign's end too.
+                self._sink(time.monotonic(), time.time(), self.device.sample())
         except KeyboardInterrupt:
             self._kill_child()
             self._write_status("interrupted")
