@@ -10,6 +10,18 @@ import pytest
 from abbench.engine import synth
 
 
+def _shared() -> Path:
+    """`../shared` beside the repository (as CI lays it), else the workplace's copy."""
+    for candidate in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")):
+        if (candidate / "reference").is_dir():
+            return candidate
+    return Path(__file__).resolve().parents[2] / "shared"
+
+
+SHARED = _shared()
+REFERENCE = SHARED / "reference" / "bmoe"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Keep tests off the user's ~/.cache/abbench (CLI runs inherit the variable)."""

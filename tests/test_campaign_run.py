@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REFERENCE
 
 from abbench.records import read_journal, read_plan, read_samples
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "bmoe"
+REF = REFERENCE
 
 
 def abbench(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:

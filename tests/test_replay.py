@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from conftest import REFERENCE as BMOE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,7 @@ from abbench.analysis.replay import (
 from abbench.analysis.replay_cli import render, to_json
 from abbench.analysis.route_trace import parse_route_trace, read_route_trace
 
-REFERENCE = Path("/work/shared/reference/bmoe/route-trace-2026-07-15/qwen.route.csv")
+REFERENCE = BMOE / "route-trace-2026-07-15" / "qwen.route.csv"
 needs_reference = pytest.mark.skipif(not REFERENCE.exists(), reason="reference trace absent")
 
 Routing = tuple[int, int, int, Sequence[tuple[int, float, int]]]  # phase, step, layer, slots

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REFERENCE as BMOE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,7 @@ from abbench.analysis.replay import replay
 from abbench.analysis.route_trace import TraceError, parse_route_trace, read_route_trace
 from abbench.errors import AbbenchError
 
-REFERENCE = Path("/work/shared/reference/bmoe/route-trace-2026-07-15/qwen.route.csv")
+REFERENCE = BMOE / "route-trace-2026-07-15" / "qwen.route.csv"
 needs_reference = pytest.mark.skipif(not REFERENCE.exists(), reason="reference trace absent")
 
 HEADER = "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped"
