@@ -242,3 +242,38 @@ def test_kill_9_mid_cell_then_resume_reruns_only_that_cell(
     records = read_journal(folder)
     assert [r.index for r in records] == [0, 1, 2]
     assert all(r.status == "ok" for r in records)
+
+
+def test_ctrl_c_leaves_the_finished_cells_and_says_interrupted(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    slow = "import time; time.sleep(30)"
+    cells = write_campaign(tmp_path, tiny_model, f"""
+        [cells.A]
+
+        [cells.slow]
+        command = ["{sys.executable}", "-c", "{slow}"]
+        output = "stdout-summary"
+        """)
+    out = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "abbench", "campaign", str(cells), "--out", str(out),
+         "--sentinels", str(tmp_path / "s"), "--no-live"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    folder = None
+    while time.monotonic() < deadline:
+        if out.exists() and any(out.iterdir()):
+            folder = run_folder(out)
+            if (folder / "cells" / "02-slow").exists():
+                break
+        time.sleep(0.05)
+    assert folder is not None
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    assert json.loads((folder / "status.json").read_text())["state"] == "interrupted"
+    assert [r.name for r in read_journal(folder)] == ["A"]
