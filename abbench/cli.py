@@ -17,7 +17,10 @@ from abbench.analysis.replay_cli import add_replay_parser
 from abbench.campaign.cli import add_campaign_parser
 from abbench.engine.cli import add_engine_parser, add_model_parser
 from abbench.errors import AbbenchError
+from abbench.importers.cli import add_import_parser
+from abbench.report.cli import add_report_parser
 from abbench.sensors.cli import add_sensors_parser
+from abbench.sentinels_cmd import add_sentinels_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,9 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                            parser_class=_Parser)
     add_campaign_parser(sub)
     add_engine_parser(sub)
+    add_import_parser(sub)
     add_model_parser(sub)
     add_replay_parser(sub)
+    add_report_parser(sub)
     add_sensors_parser(sub)
+    add_sentinels_parser(sub)
     return p
 
 

@@ -18,6 +18,18 @@ def _shared() -> Path:
     return Path(__file__).resolve().parents[2] / "shared"
 
 
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`abbench.cli.main(argv)` in-process: (exit status, stdout, stderr)."""
+    from abbench.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse
+        rc = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
 SHARED = _shared()
 REFERENCE = SHARED / "reference" / "bmoe"
 

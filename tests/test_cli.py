@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_main
 
 from abbench import __version__
-from abbench.cli import main
 from abbench.engine import session, synth
 
 
@@ -22,15 +22,6 @@ def abbench(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "abbench", *map(str, args)],
         capture_output=True, text=True, timeout=120,
     )
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        rc = main(argv)
-    except SystemExit as e:  # argparse
-        rc = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def error_and_tip(err: str) -> tuple[str, str | None]:

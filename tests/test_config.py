@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_main
 
-from abbench.cli import build_parser, main
+from abbench.cli import build_parser
 from abbench.engine.config import EngineConfig, default_threads
 from abbench.errors import ConfigError
 
@@ -94,15 +95,6 @@ CLI_BAD: list[tuple[list[str], str]] = [
     (["--threads", "300"], "--threads"),
     (["-n", "two"], "--n-tokens"),  # argparse's type
 ]
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        rc = main(argv)
-    except SystemExit as e:  # argparse
-        rc = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def error_line(err: str) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_main
 
 from abbench.cli import main
 from abbench.engine.config import EngineConfig
@@ -29,15 +30,6 @@ from abbench.errors import ConfigError
 
 CliRun = tuple[list[str], str, dict[str, str], dict[str, str]]  # stdout, stderr, preamble, summary
 DropRuns = dict[str, tuple[RunResult, Path]]  # name → (result, its route trace)
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        rc = main(argv)
-    except SystemExit as e:  # argparse
-        rc = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def engine_run(model: Path | str, *flags: str) -> list[str]:

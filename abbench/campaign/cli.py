@@ -6,12 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from abbench.analysis.campaign import analyze
 from abbench.campaign.gate import GateSpec
 from abbench.campaign.plan import describe_plan, plan_campaign
-from abbench.campaign.runner import EXIT_UNDECIDED, RunOptions, resume, start
+from abbench.campaign.runner import RunOptions, resume, start
 from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
 from abbench.errors import UsageError
 from abbench.records import read_journal
+from abbench.report import print_report
 
 
 def add_campaign_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -36,14 +38,7 @@ def add_campaign_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
 
 def gate_spec(spec: CampaignSpec) -> GateSpec | None:
-    g = spec.gate
-    if g is None:
-        return None
-    return GateSpec(
-        cpu_temp_max_c=g.cpu_temp_max_c, battery_temp_max_c=g.battery_temp_max_c,
-        mem_available_min_mib=g.mem_available_min_mib, caps_at_max=g.caps_at_max,
-        probe_min=g.probe_min, poll_s=g.poll_s, timeout_s=g.timeout_s,
-    )
+    return spec.gate
 
 
 def cmd_campaign(a: argparse.Namespace) -> int:
@@ -73,7 +68,7 @@ def cmd_campaign(a: argparse.Namespace) -> int:
     ok = sum(r.status == "ok" for r in records)
     print(f"run folder: {folder}")
     print(f"cells: {ok} ok, {len(records) - ok} failed, of {len(records)} recorded")
-    if rc == EXIT_UNDECIDED:
-        print("decisions: OWED — verdicts come from matched pairs, which `abbench report` "
-              "computes (the analysis is not built yet)")
+    if (folder / "report.json").is_file():
+        print_report(analyze(folder), "rich" if a.no_live is False else "plain")
+        print(f"report: {folder / 'report.md'}, {folder / 'report.json'}")
     return rc

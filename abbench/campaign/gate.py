@@ -12,22 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from abbench.campaign.tables import GateTable
 from abbench.records import GateWait
 from abbench.sensors import Device
 
-
-@dataclass(frozen=True)
-class GateSpec:
-    cpu_temp_max_c: float | None = None
-    battery_temp_max_c: float | None = None
-    mem_available_min_mib: float | None = None
-    caps_at_max: bool = False
-    probe_min: float | None = None
-    poll_s: float = 5.0
-    timeout_s: float = 600.0
+# The `[gate]` table as validated by the schema is the gate's configuration.
+GateSpec = GateTable
 
 
 def unmet(spec: GateSpec, values: dict[str, Any], probe_index: float | None) -> list[str]:

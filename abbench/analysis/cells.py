@@ -1,0 +1,279 @@
+"""Per-cell statistics from a run folder's records: the steady window, throughput with
+its interval, per-token percentiles, the engine's counters per token, and what the device
+did while the cell ran (caps, temperatures, memory).
+
+Per-token times come from `cells/NN-NAME/summary.json` (`per_token`), else from
+`tokens.csv`; a cell with neither has only the summary's tok/s and says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from abbench.analysis.stats import Interval, percentile, rate_interval, seed_for, tokens_per_s
+from abbench.records import CellRecord, PlannedCell, Sample
+
+CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
+
+
+@dataclass(frozen=True)
+class DeviceDuring:
+    """What the samples (and the entry state) show while one cell ran."""
+
+    caps_states: tuple[CapsState, ...]  # distinct cap sets, in order of appearance
+    hw_max_khz: dict[str, int]
+    capped: tuple[str, ...]  # policies below their hardware max at any point
+    cpu_temp_c: tuple[float, float] | None  # (min, max)
+    battery_temp_c: tuple[float, float] | None
+    mem_available_floor_mib: float | None
+    samples: int
+
+    @property
+    def caps_measured(self) -> bool:
+        return any(self.caps_states)
+
+    @property
+    def caps_constant(self) -> bool:
+        return len(self.caps_states) <= 1
+
+
+@dataclass(frozen=True)
+class CellStats:
+    index: int
+    name: str
+    label: str
+    status: str
+    sentinel_of: int | None
+    error: str | None
+    fingerprint: str | None
+    source: str  # "per_token" | "tokens.csv" | "summary" | "none"
+    tokens: int  # decode tokens recorded
+    steady_tokens: int  # after the warm-up
+    tokens_per_s: Interval | None  # steady window; interval NaN-free only with per-token data
+    median_ms: float | None
+    p5_ms: float | None
+    p95_ms: float | None
+    read_mib_per_token: float | None
+    hit_pct: float | None
+    stall_ms_per_token: float | None
+    compute_ms_per_token: float | None
+    majflt_per_token: float | None
+    cpu_occupancy: float | None
+    drop_rate: float | None  # experts dropped / routed
+    spec_read_mib_per_token: float | None
+    spec_useful_pct: float | None
+    threads: int | None
+    during: DeviceDuring
+    notes: tuple[str, ...] = ()
+    wall_ms: tuple[float, ...] = field(default=(), repr=False)  # the steady window
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.tokens_per_s is not None
+
+    def window(self) -> np.ndarray:
+        return np.asarray(self.wall_ms, dtype=float)
+
+
+def _read_per_token(cell_dir: Path) -> tuple[dict[str, list[float]], str, dict[str, Any]]:
+    """(columns, source, engine summary.json) — columns empty when nothing per token."""
+    doc: dict[str, Any] = {}
+    path = cell_dir / "summary.json"
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            doc = {}
+        pt = doc.get("per_token") if isinstance(doc, dict) else None
+        if isinstance(pt, dict) and isinstance(pt.get("wall_ms"), list) and pt["wall_ms"]:
+            return pt, "per_token", doc
+    csv_path = cell_dir / "tokens.csv"
+    if csv_path.is_file():
+        cols = _read_tokens_csv(csv_path)
+        if cols.get("wall_ms"):
+            return cols, "tokens.csv", doc if isinstance(doc, dict) else {}
+    return {}, "none", doc if isinstance(doc, dict) else {}
+
+
+def _read_tokens_csv(path: Path) -> dict[str, list[float]]:
+    """bmoe_metrics CSV: `#` lines, a header row, one row per token; every column optional,
+    a row that does not parse ends the table (a torn file)."""
+    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    if not lines:
+        return {}
+    rows = list(csv.reader(lines))
+    header = [h.strip() for h in rows[0]]
+    cols: dict[str, list[float]] = {h: [] for h in header}
+    for row in rows[1:]:
+        try:
+            vals = [float(v) for v in row]
+        except ValueError:
+            break
+        if len(vals) != len(header):
+            break
+        for h, v in zip(header, vals, strict=True):
+            cols[h].append(v)
+    return cols
+
+
+def _per_token_mean(cols: dict[str, list[float]], key: str, start: int) -> float | None:
+    v = cols.get(key)
+    if not v or len(v) <= start:
+        return None
+    return float(np.mean(np.asarray(v[start:], dtype=float)))
+
+
+def _num(d: dict[str, Any], key: str) -> float | None:
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
+    """Caps, temperatures and memory over the cell: its entry state plus every sample the
+    sampler tagged with the cell's index (keys `cpu.<policy>.cap_khz`/`hw_max_khz`,
+    `temp.cpu_c`, `battery.temp_c`, `mem.available_mib`)."""
+    e = record.entry
+    states: list[CapsState] = []
+    hw: dict[str, int] = dict(e.hw_max_khz)
+    if e.caps_khz:
+        states.append(tuple(sorted(e.caps_khz.items())))
+    cpu: list[float] = [e.cpu_temp_c] if e.cpu_temp_c is not None else []
+    bat: list[float] = [e.battery_temp_c] if e.battery_temp_c is not None else []
+    mem: list[float] = [e.mem_available_mib] if e.mem_available_mib is not None else []
+    n = 0
+    for s in samples:
+        if s.cell != record.index:
+            continue
+        n += 1
+        v = s.values
+        caps = {k.split(".")[1]: int(x) for k, x in v.items()
+                if k.startswith("cpu.") and k.endswith(".cap_khz") and x is not None}
+        for k, x in v.items():
+            if k.startswith("cpu.") and k.endswith(".hw_max_khz") and x is not None:
+                hw[k.split(".")[1]] = int(x)
+        if caps:
+            st = tuple(sorted(caps.items()))
+            if st not in states:
+                states.append(st)
+        for key, acc in (("temp.cpu_c", cpu), ("battery.temp_c", bat),
+                         ("mem.available_mib", mem)):
+            x = v.get(key)
+            if isinstance(x, (int, float)):
+                acc.append(float(x))
+    capped = sorted({p for st in states for p, cap in st if p in hw and cap < hw[p]})
+    return DeviceDuring(
+        caps_states=tuple(states), hw_max_khz=hw, capped=tuple(capped),
+        cpu_temp_c=(min(cpu), max(cpu)) if cpu else None,
+        battery_temp_c=(min(bat), max(bat)) if bat else None,
+        mem_available_floor_mib=min(mem) if mem else None, samples=n,
+    )
+
+
+def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
+               samples: list[Sample], warmup: int) -> CellStats:
+    """Everything section 7 asks of one cell; a cell not in the journal is "not run"."""
+    if record is None:
+        return CellStats(
+            planned.index, planned.name, planned.label, "not run", planned.sentinel_of, None,
+            None, "none", 0, 0, None, None, None, None, None, None, None, None, None, None,
+            None, None, None, None,
+            DeviceDuring((), {}, (), None, None, None, 0), ("not in the journal",))
+    notes: list[str] = []
+    cols, source, doc = _read_per_token(run / "cells" / record.label)
+    summary = record.summary or (doc.get("summary") if isinstance(doc.get("summary"), dict)
+                                 else {}) or {}
+    wall = np.asarray(cols.get("wall_ms", []), dtype=float)
+    start = min(warmup, len(wall))
+    steady = wall[start:]
+    rate: Interval | None = None
+    if len(steady) >= 2:
+        rate = rate_interval(steady, seed_for("cell", record.label))
+    elif len(wall):
+        notes.append(f"warm-up ({warmup} tokens) leaves {len(steady)} of {len(wall)} "
+                     f"tokens: no steady window")
+    if rate is None and record.status == "ok":
+        tps = record.tokens_per_s if record.tokens_per_s is not None else _num(summary, "tok/s")
+        if tps is not None:
+            rate = Interval(tps, math.nan, math.nan)
+            if source == "none":
+                notes.append("no per-token times (neither per_token in summary.json nor "
+                             "tokens.csv): tok/s from the summary, warm-up included, "
+                             "no interval")
+            source = "summary" if source == "none" else source
+        else:
+            notes.append("no throughput recorded")
+    threads = summary.get("threads") if isinstance(summary.get("threads"), int) else None
+    if threads is None and isinstance(doc.get("resolved"), dict):
+        t = doc["resolved"].get("threads")
+        threads = t if isinstance(t, int) else None
+
+    def mean(key: str) -> float | None:
+        return _per_token_mean(cols, key, start)
+
+    read = mean("read_bytes")
+    read_mib = read / 2**20 if read is not None else _num(summary, "read_MiB/tok")
+    hits, misses = mean("hits"), mean("misses")
+    if hits is not None and misses is not None and hits + misses > 0:
+        hit = 100.0 * hits / (hits + misses)
+    else:
+        hit = mean("cache_hit_pct") if "cache_hit_pct" in cols else _num(summary, "cache_hit_pct")
+    stall = mean("stall_ms")
+    if stall is None and _num(summary, "stall_s/tok") is not None:
+        stall = 1000.0 * _num(summary, "stall_s/tok")  # type: ignore[operator]
+    compute = mean("compute_ms")
+    if compute is None and _num(summary, "compute_s/tok") is not None:
+        compute = 1000.0 * _num(summary, "compute_s/tok")  # type: ignore[operator]
+    majflt = mean("majflt")
+    if majflt is None:
+        majflt = _num(summary, "majflt/tok")
+    cpu_ms = mean("cpu_ms")
+    occ: float | None = None
+    if cpu_ms is not None and len(steady) and threads:
+        occ = cpu_ms / (float(np.mean(steady)) * threads)
+    elif _num(summary, "cpu_occupancy") is not None:
+        occ = _num(summary, "cpu_occupancy")
+    routed, dropped = mean("experts_routed"), mean("experts_dropped")
+    if routed is None:
+        routed, dropped = _num(summary, "experts_routed"), _num(summary, "experts_dropped")
+    drop = dropped / routed if routed and dropped is not None else None
+    spec = mean("spec_read_bytes")
+    spec_mib = spec / 2**20 if spec is not None else None
+    se, su = mean("spec_experts"), mean("spec_useful")
+    if se is None:
+        se, su = _num(summary, "spec_experts"), _num(summary, "spec_useful")
+    useful = 100.0 * su / se if se and su is not None else None
+    fp = record.fingerprint or (doc.get("fingerprint") if isinstance(doc, dict) else None)
+    if record.status != "ok":
+        notes.append(f"cell {record.status}" + (f": {record.error}" if record.error else ""))
+    return CellStats(
+        index=record.index, name=record.name, label=record.label, status=record.status,
+        sentinel_of=planned.sentinel_of, error=record.error, fingerprint=fp, source=source,
+        tokens=len(wall), steady_tokens=len(steady), tokens_per_s=rate,
+        median_ms=percentile(steady, 50) if len(steady) else None,
+        p5_ms=percentile(steady, 5) if len(steady) else None,
+        p95_ms=percentile(steady, 95) if len(steady) else None,
+        read_mib_per_token=read_mib, hit_pct=hit, stall_ms_per_token=stall,
+        compute_ms_per_token=compute, majflt_per_token=majflt, cpu_occupancy=occ,
+        drop_rate=drop, spec_read_mib_per_token=spec_mib, spec_useful_pct=useful,
+        threads=threads, during=device_during(record, samples), notes=tuple(notes),
+        wall_ms=tuple(float(x) for x in steady),
+    )
+
+
+def steady_rate(c: CellStats) -> float | None:
+    """Point tokens/s of a cell, None when it has none."""
+    if c.tokens_per_s is None:
+        return None
+    return c.tokens_per_s.estimate if math.isfinite(c.tokens_per_s.estimate) else None
+
+
+__all__ = ["CapsState", "CellStats", "DeviceDuring", "cell_stats", "device_during",
+           "steady_rate", "tokens_per_s"]

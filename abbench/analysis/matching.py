@@ -1,0 +1,183 @@
+"""Matched pairs (DESIGN section 1): two cells the campaign may compare.
+
+A pair is matched when every criterion below holds; a criterion whose sensor recorded
+nothing is "not measured" and neither holds nor fails. Where no device state was recorded
+anywhere in the run (imported runs), a pair that passes the rest is *unverified*, never
+matched.
+
+| criterion | holds when | tolerance key ([match]) |
+|---|---|---|
+| status | both cells finished ok with a throughput | |
+| adjacent | consecutive in execution order | |
+| gap | end of the first to start of the second <= max_gap_s | max_gap_s (900) |
+| gate | the thermal gate gave up before neither cell | |
+| caps | one cap set for the whole of both cells, the same one | |
+| cpu_temp | entry CPU temperatures differ by <= tol | cpu_temp_tol_c (3.0) |
+| battery_temp | entry battery temperatures differ by <= tol | battery_temp_tol_c (0.5) |
+| mem_available | entry MemAvailable differs by <= tol x the larger | mem_available_tol_frac |
+| probe | entry speed-probe indices differ by <= tol | probe_tol (0.03) |
+| thermal_status | the same Android thermal status at entry | |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from abbench.analysis.cells import CapsState, CellStats
+from abbench.records import CellRecord
+
+DEFAULTS: dict[str, float] = {
+    "cpu_temp_tol_c": 3.0, "battery_temp_tol_c": 0.5, "mem_available_tol_frac": 0.15,
+    "probe_tol": 0.03, "max_gap_s": 900.0,
+}
+DEVICE_CRITERIA = ("caps", "cpu_temp", "battery_temp", "mem_available", "probe",
+                   "thermal_status")
+
+
+@dataclass(frozen=True)
+class Criterion:
+    name: str
+    status: str  # "ok" | "fail" | "not measured"
+    first: Any  # the measured value for the earlier cell (JSON-able)
+    second: Any
+    tolerance: Any
+    detail: str  # one line with the numbers
+
+
+@dataclass(frozen=True)
+class PairMatch:
+    first: int  # cell index, earlier in execution order
+    second: int
+    state: str  # "matched" | "unverified" | "unmatched"
+    criteria: tuple[Criterion, ...]
+    reasons: tuple[str, ...]  # the failed criteria's details
+    note: str | None = None  # e.g. matched on the speed probe only
+
+    @property
+    def comparable(self) -> bool:
+        return self.state in ("matched", "unverified")
+
+
+def tolerances(match: dict[str, Any]) -> dict[str, float]:
+    return {k: float(match.get(k, v)) for k, v in DEFAULTS.items()}
+
+
+def _fmt_caps(st: CapsState) -> str:
+    return ", ".join(f"{p} {cap / 1e6:.2f} GHz" for p, cap in st) or "none"
+
+
+def _caps(a: CellStats, b: CellStats) -> Criterion:
+    sa, sb = a.during.caps_states, b.during.caps_states
+    va = [_fmt_caps(s) for s in sa]
+    vb = [_fmt_caps(s) for s in sb]
+    if not sa and not sb:
+        return Criterion("caps", "not measured", None, None, "equal",
+                         "no cpufreq caps recorded")
+    if not sa or not sb:
+        return Criterion("caps", "fail", va, vb, "equal",
+                         "caps recorded for one cell only")
+    if len(sa) > 1 or len(sb) > 1:
+        moving = a if len(sa) > 1 else b
+        return Criterion("caps", "fail", va, vb, "equal",
+                         f"caps changed during cell {moving.index + 1} ({moving.label}): "
+                         + " → ".join(_fmt_caps(s) for s in moving.during.caps_states))
+    if sa[0] != sb[0]:
+        return Criterion("caps", "fail", va, vb, "equal",
+                         f"caps differ: {va[0]} vs {vb[0]}")
+    return Criterion("caps", "ok", va, vb, "equal", f"same caps: {va[0]}")
+
+
+def _abs(name: str, unit: str, x: float | None, y: float | None, tol: float) -> Criterion:
+    if x is None or y is None:
+        return Criterion(name, "not measured", x, y, tol,
+                         f"{name.replace('_', ' ')} not measured")
+    d = abs(x - y)
+    return Criterion(name, "ok" if d <= tol else "fail", x, y, tol,
+                     f"{name.replace('_', ' ')} {x:.2f} vs {y:.2f}{unit}: "
+                     f"differ by {d:.2f}{unit} ({'<=' if d <= tol else '>'} {tol:g}{unit})")
+
+
+def _mem(x: float | None, y: float | None, frac: float) -> Criterion:
+    if x is None or y is None:
+        return Criterion("mem_available", "not measured", x, y, frac,
+                         "MemAvailable not measured")
+    d = abs(x - y) / max(x, y, 1e-9)
+    return Criterion("mem_available", "ok" if d <= frac else "fail", x, y, frac,
+                     f"MemAvailable {x:.0f} vs {y:.0f} MiB: differ by {d:.1%} "
+                     f"({'<=' if d <= frac else '>'} {frac:.0%})")
+
+
+def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord | None,
+               match: dict[str, Any], device_state_recorded: bool) -> PairMatch:
+    """Every criterion of a matched pair for cells `a` and `b` (in any order)."""
+    if a.index > b.index:
+        a, b, ra, rb = b, a, rb, ra
+    tol = tolerances(match)
+    crit: list[Criterion] = []
+    ok = a.ok and b.ok
+    crit.append(Criterion("status", "ok" if ok else "fail", a.status, b.status, "ok",
+                          "both cells ok" if ok else
+                          f"cell {a.index + 1} {a.status}, cell {b.index + 1} {b.status}"))
+    adj = b.index - a.index == 1
+    crit.append(Criterion("adjacent", "ok" if adj else "fail", a.index + 1, b.index + 1, 1,
+                          f"cells {a.index + 1} and {b.index + 1}"
+                          + (" are adjacent" if adj else " are not adjacent in execution order")))
+    if ra is not None and rb is not None:
+        gap = rb.t_start_wall - ra.t_end_wall
+        crit.append(Criterion("gap", "ok" if gap <= tol["max_gap_s"] else "fail",
+                              ra.t_end_wall, rb.t_start_wall, tol["max_gap_s"],
+                              f"{gap:.0f} s between the cells "
+                              f"({'<=' if gap <= tol['max_gap_s'] else '>'} "
+                              f"{tol['max_gap_s']:g} s)"))
+        gave = [r.index + 1 for r in (ra, rb) if r.gate.gave_up]
+        crit.append(Criterion("gate", "fail" if gave else "ok", ra.gate.gave_up,
+                              rb.gate.gave_up, False,
+                              f"the gate gave up before cell {gave[0]}" if gave
+                              else "no gate give-up"))
+        ea, eb = ra.entry, rb.entry
+        crit.append(_caps(a, b))
+        crit.append(_abs("cpu_temp", " °C", ea.cpu_temp_c, eb.cpu_temp_c,
+                         tol["cpu_temp_tol_c"]))
+        crit.append(_abs("battery_temp", " °C", ea.battery_temp_c, eb.battery_temp_c,
+                         tol["battery_temp_tol_c"]))
+        crit.append(_mem(ea.mem_available_mib, eb.mem_available_mib,
+                         tol["mem_available_tol_frac"]))
+        crit.append(_abs("probe", "", ea.probe_index, eb.probe_index, tol["probe_tol"]))
+        if ea.thermal_status is None or eb.thermal_status is None:
+            crit.append(Criterion("thermal_status", "not measured", ea.thermal_status,
+                                  eb.thermal_status, "equal", "thermal status not measured"))
+        else:
+            same = ea.thermal_status == eb.thermal_status
+            crit.append(Criterion("thermal_status", "ok" if same else "fail",
+                                  ea.thermal_status, eb.thermal_status, "equal",
+                                  f"thermal status {ea.thermal_status} vs {eb.thermal_status}"))
+    reasons = tuple(c.detail for c in crit if c.status == "fail")
+    measured = [c.name for c in crit if c.name in DEVICE_CRITERIA and c.status != "not measured"]
+    note = None
+    if reasons:
+        state = "unmatched"
+    elif not device_state_recorded or not measured:
+        state = "unverified"
+        note = "no device state recorded: the pair cannot be verified as matched"
+    else:
+        state = "matched"
+        if measured == ["probe"]:
+            note = "matched on the speed probe only: caps, temperatures and memory not measured"
+        else:
+            absent = [c.name.replace("_", " ") for c in crit
+                      if c.name in DEVICE_CRITERIA and c.status == "not measured"]
+            if absent:
+                note = "not measured: " + ", ".join(absent)
+    return PairMatch(a.index, b.index, state, tuple(crit), reasons, note)
+
+
+def device_state_recorded(records: list[CellRecord]) -> bool:
+    """False when every entry state is empty (an imported run without device logs)."""
+    for r in records:
+        e = r.entry
+        if (e.caps_khz or e.cpu_temp_c is not None or e.battery_temp_c is not None
+                or e.mem_available_mib is not None or e.probe_index is not None
+                or e.thermal_status is not None):
+            return True
+    return False

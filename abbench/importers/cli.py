@@ -1,0 +1,67 @@
+"""`abbench import DIR`: a folder of runs made elsewhere → a run folder."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from abbench.errors import UsageError
+from abbench.importers.folder import import_folder
+from abbench.records import read_journal, read_plan
+
+
+def parse_decision(text: str) -> tuple[str, str, float]:
+    """`CANDIDATE:BASELINE[:MIN_EFFECT]`, MIN_EFFECT a fraction (0.03 = 3%)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]):
+        raise UsageError(f"--decision {text!r}: expected CANDIDATE:BASELINE[:MIN_EFFECT]")
+    effect = 0.0
+    if len(parts) == 3:
+        try:
+            effect = float(parts[2])
+        except ValueError:
+            raise UsageError(f"--decision {text!r}: MIN_EFFECT {parts[2]!r} is not a number",
+                             tip="a fraction: 0.03 asks for at least 3% faster") from None
+    return parts[0], parts[1], effect
+
+
+def add_import_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "import", help="turn a folder of runs made elsewhere into a run folder",
+        description="Read bmoe_metrics CSVs, .log summaries, .metrics, .state and driver logs "
+        "from DIR and write a run folder that `abbench report` reads (docs/import.md).")
+    p.add_argument("dir", type=Path, metavar="DIR")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the run folder to write (default: reports/import-<DIR name>)")
+    p.add_argument("--order", default=None,
+                   help="execution order, comma-separated run names (or a unique word of "
+                   "each, e.g. E,F,H,I)")
+    p.add_argument("--decision", action="append", default=[], metavar="CAND:BASE[:MIN_EFFECT]",
+                   help="a decision to record in the plan (repeatable)")
+    p.set_defaults(func=run_import)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    src: Path = args.dir
+    out: Path = args.out or Path("reports") / f"import-{src.resolve().name}"
+    order = [s.strip() for s in args.order.split(",") if s.strip()] if args.order else None
+    decisions = [parse_decision(d) for d in args.decision]
+    folder = import_folder(src, out, order, decisions)
+    plan, journal = read_plan(folder), read_journal(folder)
+    source = plan.cells[0].config.get("order_source", "unknown") if plan.cells else "unknown"
+    runs = f"{len(journal)} run{'s' if len(journal) != 1 else ''}"
+    print(f"imported {runs} from {src} into {folder} (order: {source})")
+    width = max(len(r.label) for r in journal)
+    for r in journal:
+        e = r.entry
+        bits = [f"cpu {e.cpu_temp_c:.1f} C" if e.cpu_temp_c is not None else None,
+                f"battery {e.battery_temp_c:.1f} C" if e.battery_temp_c is not None else None,
+                f"MemAvailable {e.mem_available_mib:.0f} MiB"
+                if e.mem_available_mib is not None else None,
+                f"capped {','.join(e.capped())}" if e.capped() else None]
+        state = ", ".join(b for b in bits if b) or "no entry state recorded"
+        print(f"  {r.label:<{width}}  {r.tokens_per_s:8.3f} tok/s  {state}")
+    print(f"next: abbench report {folder}", file=sys.stderr)
+    return 0

@@ -1,0 +1,40 @@
+"""Reader for `.metrics` files: the device pressure a driver script recorded around a run.
+
+```
+peak_rss_kb=5888168
+mem_avail_before_kb=5761708
+batt_temp_before_dC=381          deci-degrees Celsius
+cpu_temp_before_mC=44800         milli-degrees Celsius
+```
+
+One `key=value` a line; blank lines and `#` comments are skipped; an empty value means
+"not recorded" (None). A key that appears twice keeps its first value: the reference
+files repeat their block when the driver appended twice. A `.metrics` file that is a
+per-token CSV instead (the route-trace folder's) is for `bmoe_csv`, see
+`looks_like_bmoe_csv`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from abbench.importers.errors import ForeignRunError, number, read_text
+
+
+def parse_metrics(text: str, source: str | Path = "<text>") -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for n, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, eq, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key or any(c.isspace() for c in key):
+            raise ForeignRunError(source, f"{line[:60]!r} is not key=value", n)
+        parsed = None if value == "" else number(value, source, n, f"`{key}`")
+        out.setdefault(key, parsed)
+    return out
+
+
+def read_metrics(path: Path) -> dict[str, float | None]:
+    return parse_metrics(read_text(path), path)

@@ -1,0 +1,25 @@
+"""Reports: render what `abbench.analysis` decided — report.json, report.md, terminal.
+
+Imports analysis and records only; never runs anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from abbench.analysis.campaign import CampaignAnalysis, analyze
+from abbench.fsutil import atomic_write_text
+from abbench.report import json_report, markdown
+from abbench.report.terminal import print_report
+
+
+def write_reports(run: Path) -> tuple[CampaignAnalysis, int]:
+    """Analyze a run folder, write report.json and report.md into it (temp file and
+    rename), and return the analysis and the exit status its decisions give (0 all GO or
+    none asked, 1 some NO-GO, 3 some INCONCLUSIVE / OWED / UNVERIFIED)."""
+    a = analyze(run)
+    atomic_write_text(run / "report.json", json_report.dumps(a))
+    atomic_write_text(run / "report.md", markdown.render(a))
+    return a, a.exit_status
+
+
+__all__ = ["analyze", "print_report", "write_reports"]

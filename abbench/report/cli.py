@@ -1,0 +1,34 @@
+"""`abbench report RUN [--json] [--style rich|plain]`: re-render a run folder's report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from abbench.report import json_report, write_reports
+from abbench.report.terminal import print_report
+
+
+def add_report_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "report", help="re-render a run folder's report (runs nothing)",
+        description="Analyze a run folder (plan, journal, samples, per-cell output), write "
+        "report.json and report.md into it and print the report. Exit status: 0 all "
+        "decisions GO (or none asked), 1 some NO-GO, 3 some INCONCLUSIVE, OWED or "
+        "UNVERIFIED, 2 not a readable run folder.",
+    )
+    p.add_argument("run", help="the run folder (reports/NAME-YYYYmmdd-HHMMSS)")
+    p.add_argument("--json", action="store_true", help="print report.json to stdout instead")
+    p.add_argument("--style", choices=("rich", "plain"), default="rich",
+                   help="terminal output style (default: rich)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    analysis, rc = write_reports(Path(a.run))
+    if a.json:
+        sys.stdout.write(json_report.dumps(analysis))
+    else:
+        print_report(analysis, a.style)
+    return rc

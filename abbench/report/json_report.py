@@ -1,0 +1,117 @@
+"""report.json: everything the analysis decided, machine-readable, with stable keys
+(documented in docs/report.md). Undefined numbers are `null`; times are in ms, rates in
+tokens/s, memory in MiB; cells are 0-based `index` with a 1-based `number`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from abbench.analysis.campaign import CampaignAnalysis
+from abbench.analysis.cells import CellStats
+from abbench.analysis.decide import Comparison, Decision
+from abbench.analysis.stats import REPS, Interval
+
+REPORT_FORMAT = "abbench-report v1"
+
+
+def plain(x: Any) -> Any:
+    """Dataclasses, tuples, Paths and NaN into JSON values (NaN/inf → null)."""
+    if isinstance(x, Interval):
+        return {"estimate": plain(x.estimate), "low": plain(x.low), "high": plain(x.high),
+                "level": x.level}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def _cell(c: CellStats, a: CampaignAnalysis) -> dict[str, Any]:
+    rec = next((r for r in a.records if r.index == c.index), None)
+    d = c.during
+    return {
+        "index": c.index, "number": c.index + 1, "name": c.name, "label": c.label,
+        "status": c.status, "error": c.error, "sentinel_of": c.sentinel_of,
+        "fingerprint": c.fingerprint, "source": c.source, "tokens": c.tokens,
+        "steady_tokens": c.steady_tokens, "tokens_per_s": plain(c.tokens_per_s),
+        "median_ms": plain(c.median_ms), "p5_ms": plain(c.p5_ms), "p95_ms": plain(c.p95_ms),
+        "read_mib_per_token": plain(c.read_mib_per_token), "hit_pct": plain(c.hit_pct),
+        "stall_ms_per_token": plain(c.stall_ms_per_token),
+        "compute_ms_per_token": plain(c.compute_ms_per_token),
+        "majflt_per_token": plain(c.majflt_per_token), "cpu_occupancy": plain(c.cpu_occupancy),
+        "drop_rate": plain(c.drop_rate),
+        "spec_read_mib_per_token": plain(c.spec_read_mib_per_token),
+        "spec_useful_pct": plain(c.spec_useful_pct), "threads": c.threads,
+        "entry": rec.entry.to_json() if rec else None,
+        "gate": rec.gate.to_json() if rec else None,
+        "t_start_wall": rec.t_start_wall if rec else None,
+        "t_end_wall": rec.t_end_wall if rec else None,
+        "during": {
+            "caps_states": [dict(s) for s in d.caps_states], "hw_max_khz": d.hw_max_khz,
+            "capped": list(d.capped), "caps_constant": d.caps_constant,
+            "cpu_temp_c": plain(d.cpu_temp_c), "battery_temp_c": plain(d.battery_temp_c),
+            "mem_available_floor_mib": plain(d.mem_available_floor_mib), "samples": d.samples,
+        },
+        "notes": list(c.notes), "wall_ms": plain(c.wall_ms),
+    }
+
+
+def _comparison(c: Comparison, with_ratio: bool) -> dict[str, Any]:
+    out = {"candidate": c.candidate, "baseline": c.baseline, "state": c.match.state,
+           "reasons": list(c.match.reasons)}
+    if with_ratio:
+        out["ratio"] = plain(c.ratio)
+    return out
+
+
+def _decision(d: Decision) -> dict[str, Any]:
+    return {
+        "candidate": d.candidate, "baseline": d.baseline, "min_effect": d.min_effect,
+        "verdict": d.verdict, "unverified_verdict": d.unverified_verdict,
+        "ratio": plain(d.ratio), "reason": d.reason, "settle": d.settle,
+        "order_warning": d.order_warning,
+        "pairs": [_comparison(c, True) for c in d.pairs],
+        "unmatched": [_comparison(c, False) for c in d.unmatched],
+    }
+
+
+def build(a: CampaignAnalysis) -> dict[str, Any]:
+    """The report.json document."""
+    p = a.plan
+    return {
+        "format": REPORT_FORMAT,
+        "run": str(a.run), "campaign": p.campaign, "device": p.device,
+        "simulated": a.simulated, "state": a.state, "complete": a.complete,
+        "cells_planned": len(p.cells), "cells_recorded": len(a.records),
+        "device_state_recorded": a.device_state_recorded,
+        "warmup_tokens": p.warmup_tokens, "spacing_s": p.spacing_s,
+        "tolerances": a.tolerances,
+        "method": {
+            "interval": "moving-block bootstrap over steady-window per-token wall times, "
+                        "95% percentile interval",
+            "block_length": "ceil(n ** (1/3))", "reps": REPS,
+            "seed": "crc32 of the cell labels involved",
+            "drift_rule": "sentinel/twin ratio interval wholly outside 1 ± probe_tol",
+        },
+        "exit_status": a.exit_status,
+        "cells": [_cell(c, a) for c in a.cells],
+        "pairs": [plain(m) for m in a.pairs],
+        "drift": [plain(d) for d in a.drift],
+        "tells": [plain(t) for t in a.tells],
+        "caps_timeline": list(a.caps_timeline),
+        "decisions": [_decision(d) for d in a.decisions],
+    }
+
+
+def dumps(a: CampaignAnalysis) -> str:
+    return json.dumps(build(a), indent=1, allow_nan=False) + "\n"

@@ -1,0 +1,133 @@
+"""report.md: the report a person reads first, in the order they need it — warnings
+about the run itself, verdicts, cells, pairs, drift, tells."""
+
+from __future__ import annotations
+
+from abbench.analysis.campaign import CampaignAnalysis
+from abbench.analysis.decide import UNVERIFIED, Decision
+from abbench.report import text as t
+
+MARK = {"ok": "✓", "fail": "✗", "not measured": "–"}
+
+
+def banners(a: CampaignAnalysis) -> list[str]:
+    """The things to know before reading any number."""
+    out: list[str] = []
+    if a.simulated:
+        out.append(f"SIMULATED DEVICE ({a.plan.device}): these numbers come from a simulated "
+                   "device, not hardware.")
+    if not a.complete:
+        out.append(f"INCOMPLETE: {len(a.records)} of {len(a.plan.cells)} cells recorded "
+                   f"(state: {a.state}).")
+    if not a.device_state_recorded:
+        out.append("NO DEVICE STATE recorded: no pair can be verified as matched; ratios "
+                   "below are unverified.")
+    return out
+
+
+def cell_name(a: CampaignAnalysis, index: int) -> str:
+    c = a.cells[index]
+    return f"cell {index + 1} ({c.name})"
+
+
+def decision_lines(a: CampaignAnalysis, d: Decision) -> list[str]:
+    """The prose under a verdict: comparison, reason, what would settle it, warnings."""
+    out: list[str] = []
+    label = d.verdict
+    if d.verdict == UNVERIFIED:
+        label = f"UNVERIFIED ({d.unverified_verdict} if matched)"
+    out.append(f"**{d.candidate} vs {d.baseline}: {label}** — {d.reason}")
+    if d.ratio is not None and d.verdict != UNVERIFIED:
+        out.append(f"  {t.times(d.candidate, d.baseline, d.ratio)}")
+    if d.settle:
+        out.append(f"  what would settle it: {d.settle}")
+    if d.order_warning:
+        out.append(f"  WARNING: {d.order_warning}")
+    for u in d.unmatched:
+        out.append(f"  not compared: {cell_name(a, u.candidate)} vs {cell_name(a, u.baseline)}"
+                   f" — {'; '.join(u.match.reasons) or u.match.state}")
+    return out
+
+
+def render(a: CampaignAnalysis) -> str:
+    L: list[str] = [f"# {a.plan.campaign} — abbench report", ""]
+    L += [f"Run folder `{a.run}`, device `{a.plan.device}`, {len(a.records)} of "
+          f"{len(a.plan.cells)} cells, warm-up {a.plan.warmup_tokens} tokens, spacing "
+          f"{a.plan.spacing_s:g} s. Intervals: 95%, moving-block bootstrap over per-token "
+          "times (block ceil(n^(1/3)), seeded).", ""]
+    for b in banners(a):
+        L += [f"> **{b}**", ""]
+
+    L += ["## Verdicts", ""]
+    if not a.decisions:
+        L += ["No decisions asked.", ""]
+    else:
+        L += ["| candidate | baseline | min effect | verdict | ratio | 95% CI | matched pairs |",
+              "|---|---|---|---|---|---|---|"]
+        for d in a.decisions:
+            if d.verdict == UNVERIFIED or d.ratio is None:
+                ratio, ci_s, pairs = "-", "-", "none" if not d.pairs else "unverified only"
+            else:
+                ratio, ci_s = f"{d.ratio.estimate:.3f}", t.ci(d.ratio)
+                pairs = ", ".join(f"{p.candidate + 1}/{p.baseline + 1}" for p in d.pairs)
+            L.append(f"| {d.candidate} | {d.baseline} | {d.min_effect:g} | {d.verdict} | "
+                     f"{ratio} | {ci_s} | {pairs} |")
+        L.append("")
+        unv = [(d, p) for d in a.decisions if d.verdict == UNVERIFIED for p in d.pairs]
+        if unv:
+            L += ["### Unverified pairs (no device state recorded — not matched)", "",
+                  "| candidate | baseline | ratio | 95% CI |", "|---|---|---|---|"]
+            for _d, p in unv:
+                L.append(f"| {cell_name(a, p.candidate)} | {cell_name(a, p.baseline)} | "
+                         f"{t.num(p.ratio.estimate if p.ratio else None, '.3f')} | "
+                         f"{t.ci(p.ratio)} |")
+            L.append("")
+        for d in a.decisions:
+            L += decision_lines(a, d) + [""]
+
+    L += ["## Cells", "",
+          "| # | cell | status | tok/s | drop rate | median ms (p5–p95) | MiB/tok | hit % | "
+          "stall ms/tok | majflt/tok | CPU occ. | spec useful | caps during | entry | gate |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in a.cells:
+        rec = next((r for r in a.records if r.index == c.index), None)
+        gate = "-"
+        if rec and (rec.gate.polls or rec.gate.gave_up):
+            gate = f"waited {rec.gate.waited_s:.0f} s" + (", GAVE UP" if rec.gate.gave_up else "")
+        name = c.name + (f" (sentinel of {c.sentinel_of + 1})" if c.sentinel_of is not None
+                         else "")
+        L.append(
+            f"| {c.index + 1} | {name} | {c.status} | {t.rate(c.tokens_per_s)} | "
+            f"{t.num(c.drop_rate and 100 * c.drop_rate, '.1f', '%')} | "
+            f"{t.num(c.median_ms, '.1f')} ({t.num(c.p5_ms, '.1f')}–{t.num(c.p95_ms, '.1f')}) | "
+            f"{t.num(c.read_mib_per_token)} | {t.num(c.hit_pct, '.1f')} | "
+            f"{t.num(c.stall_ms_per_token, '.1f')} | {t.num(c.majflt_per_token)} | "
+            f"{t.num(c.cpu_occupancy and 100 * c.cpu_occupancy, '.0f', '%')} | "
+            f"{t.num(c.spec_useful_pct, '.0f', '%')} | {t.caps_during(c)} | "
+            f"{t.entry(rec.entry) if rec else '-'} | {gate} |")
+    L.append("")
+    notes = [(c, n) for c in a.cells for n in c.notes]
+    for c, n in notes:
+        L.append(f"- cell {c.index + 1} ({c.name}): {n}")
+    if notes:
+        L.append("")
+
+    L += ["## Adjacent pairs", ""]
+    for m in a.pairs:
+        L.append(f"**{cell_name(a, m.first)} → {cell_name(a, m.second)}: {m.state}**"
+                 + (f" ({m.note})" if m.note else ""))
+        for cr in m.criteria:
+            L.append(f"- {MARK[cr.status]} {cr.name}: {cr.detail}")
+        L.append("")
+
+    L += ["## Drift (sentinels)", ""]
+    L += [f"- **{d.verdict}** — {d.summary}" for d in a.drift] or ["No sentinels in this plan."]
+    L.append("")
+    L += ["## Caps timeline", ""]
+    L += [f"- {x}" for x in a.caps_timeline] or ["No policy was capped (or caps not measured)."]
+    L.append("")
+    L += ["## Contamination tells", ""]
+    L += [f"- {'campaign' if x.cell is None else cell_name(a, x.cell)} [{x.kind}]: {x.detail}"
+          for x in a.tells] or ["None."]
+    L.append("")
+    return "\n".join(L)

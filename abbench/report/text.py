@@ -1,0 +1,74 @@
+"""Number formatting shared by the renderers (hyperfine's "x ± y times" style)."""
+
+from __future__ import annotations
+
+import math
+
+from abbench.analysis.cells import CellStats
+from abbench.analysis.stats import Interval
+from abbench.records import EntryState
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def num(x: float | None, fmt: str = ".2f", unit: str = "") -> str:
+    return f"{x:{fmt}}{unit}" if finite(x) else "-"
+
+
+def rate(iv: Interval | None) -> str:
+    """"45.48 ± 3.9 tok/s" (± the larger half of the 95% interval), "-" for none."""
+    if iv is None or not finite(iv.estimate):
+        return "-"
+    if not (finite(iv.low) and finite(iv.high)):
+        return f"{iv.estimate:.2f} tok/s (no interval)"
+    return f"{iv.estimate:.2f} ± {iv.half_width():.2f} tok/s"
+
+
+def ci(iv: Interval | None) -> str:
+    if iv is None or not (finite(iv.low) and finite(iv.high)):
+        return "-"
+    return f"{iv.low:.3f} .. {iv.high:.3f}"
+
+
+def times(candidate: str, baseline: str, iv: Interval) -> str:
+    """"spec-2 ran 1.27 ± 0.05 times slower than B" from a candidate/baseline ratio."""
+    if not finite(iv.estimate):
+        return "-"
+    if iv.estimate >= 1:
+        est, lo, hi, word = iv.estimate, iv.low, iv.high, "faster"
+    else:
+        est, lo, hi, word = 1 / iv.estimate, 1 / iv.high, 1 / iv.low, "slower"
+    if finite(lo) and finite(hi):
+        pm = max(est - lo, hi - est)
+        return f"{candidate} ran {est:.2f} ± {pm:.2f} times {word} than {baseline}"
+    return f"{candidate} ran {est:.2f} times {word} than {baseline} (no interval)"
+
+
+def entry(e: EntryState) -> str:
+    """One line of entry state: caps, temperatures, memory, probe (what was measured)."""
+    parts: list[str] = []
+    if e.caps_khz:
+        capped = e.capped()
+        parts.append("capped " + ",".join(capped) if capped else "caps at max")
+    if e.cpu_temp_c is not None:
+        parts.append(f"cpu {e.cpu_temp_c:.1f} °C")
+    if e.battery_temp_c is not None:
+        parts.append(f"batt {e.battery_temp_c:.1f} °C")
+    if e.mem_available_mib is not None:
+        parts.append(f"avail {e.mem_available_mib:.0f} MiB")
+    if e.probe_index is not None:
+        parts.append(f"probe {e.probe_index:.2f}")
+    if e.thermal_status is not None:
+        parts.append(f"status {e.thermal_status}")
+    return ", ".join(parts) or "not recorded"
+
+
+def caps_during(c: CellStats) -> str:
+    d = c.during
+    if not d.caps_measured:
+        return "-"
+    if not d.capped:
+        return "at max" if d.caps_constant else "changed (at max)"
+    return ("capped " if d.caps_constant else "changing, capped ") + ",".join(d.capped)

@@ -1,0 +1,158 @@
+"""`abbench sentinels [DEVICE]`: each device's sentinel speeds over time (DESIGN 7).
+
+The campaign runner appends every sentinel run (and the run it repeats) to
+`sentinels/DEVICE.jsonl`, one JSON object a line: device, simulated, campaign, run, cell,
+name, config_key, t_wall, tokens_per_s, fingerprint, entry. Per device and configuration
+this prints the history, the device's *cool baseline* for that configuration (the best
+speed it ever reached: the least throttled run) and each run's fraction of it, and flags a
+campaign whose first sentinel opened below `--threshold` of the baseline: its cells ran on
+a device that was already hot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from abbench.errors import UsageError
+from abbench.records import RecordError, read_jsonl
+
+
+@dataclass(frozen=True)
+class SentinelRun:
+    device: str
+    config_key: str
+    name: str
+    campaign: str
+    cell: str
+    t_wall: float
+    tokens_per_s: float
+    simulated: bool = False
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    run: SentinelRun
+    fraction: float  # of the configuration's cool baseline
+    opens_campaign: bool  # the campaign's first sentinel of this configuration
+    flagged: bool  # opens the campaign below the threshold
+
+
+def load(path: Path) -> list[SentinelRun]:
+    """A device's history file; lines without a speed (a failed cell) are skipped."""
+    out = []
+    for n, d in enumerate(read_jsonl(path), 1):
+        tps = d.get("tokens_per_s")
+        if not isinstance(tps, (int, float)) or isinstance(tps, bool) or not tps > 0:
+            continue
+        try:
+            out.append(SentinelRun(
+                device=str(d.get("device") or path.stem), config_key=str(d["config_key"]),
+                name=str(d.get("name", "?")), campaign=str(d.get("campaign", "?")),
+                cell=str(d.get("cell", "?")), t_wall=float(d.get("t_wall") or 0.0),
+                tokens_per_s=float(tps), simulated=bool(d.get("simulated", False))))
+        except (KeyError, TypeError, ValueError) as e:
+            raise RecordError(f"{path}: sentinel record {n} is malformed ({e})") from None
+    return out
+
+
+def history(runs: list[SentinelRun], threshold: float) -> dict[str, list[HistoryRow]]:
+    """Rows per configuration key, oldest first."""
+    by_config: dict[str, list[SentinelRun]] = defaultdict(list)
+    for r in runs:
+        by_config[r.config_key].append(r)
+    out = {}
+    for key, rs in by_config.items():
+        rs.sort(key=lambda r: r.t_wall)
+        baseline = max(r.tokens_per_s for r in rs)
+        seen: set[str] = set()
+        rows = []
+        for r in rs:
+            opens = r.campaign not in seen
+            seen.add(r.campaign)
+            frac = r.tokens_per_s / baseline
+            rows.append(HistoryRow(r, frac, opens, opens and frac < threshold))
+        out[key] = rows
+    return out
+
+
+def _when(t: float) -> str:
+    if t <= 0:
+        return "time unknown"
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _describe(key: str) -> str:
+    try:
+        cfg: dict[str, Any] = json.loads(key)
+    except json.JSONDecodeError:
+        return key
+    if not isinstance(cfg, dict):
+        return key
+    return " ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, (dict, list)))
+
+
+def render(device: str, runs: list[SentinelRun], threshold: float) -> list[str]:
+    simulated = " (simulated)" if any(r.simulated for r in runs) else ""
+    lines = [f"device {device}{simulated}"]
+    for key, rows in history(runs, threshold).items():
+        best = max(rows, key=lambda h: h.run.tokens_per_s).run
+        names = ", ".join(sorted({h.run.name for h in rows}))
+        lines.append(f"  config {names}: {_describe(key)}")
+        lines.append(f"    cool baseline {best.tokens_per_s:.3f} tok/s "
+                     f"({best.campaign} {best.cell}, {_when(best.t_wall)})")
+        width = max(len(h.run.campaign) for h in rows)
+        for h in rows:
+            r = h.run
+            flag = (f"  << opened at {h.fraction:.0%} of the cool baseline: the device was "
+                    "already hot (gate the campaign, or let it cool)") if h.flagged else ""
+            lines.append(f"    {_when(r.t_wall)}  {r.campaign:<{width}}  {r.cell:<12} "
+                         f"{r.tokens_per_s:8.3f} tok/s  {h.fraction:6.1%}{flag}")
+    return lines
+
+
+def add_sentinels_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "sentinels", help="history of sentinel speeds per device and configuration",
+        description="Show each device's sentinel speeds over time against its cool baseline, "
+        "so a campaign that opened on a hot device is visible.")
+    p.add_argument("device", nargs="?", default=None, metavar="DEVICE",
+                   help="one device (default: every device with a history)")
+    p.add_argument("--dir", type=Path, default=Path("sentinels"),
+                   help="the sentinel history folder (default: sentinels)")
+    p.add_argument("--threshold", type=float, default=0.9,
+                   help="flag campaigns opening below this fraction of the baseline (0.9)")
+    p.set_defaults(func=run_sentinels)
+
+
+def run_sentinels(args: argparse.Namespace) -> int:
+    folder: Path = args.dir
+    if not 0 < args.threshold <= 1:
+        raise UsageError(f"--threshold {args.threshold}: expected a fraction in (0, 1]")
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    if args.device is not None:
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", args.device) or "device"
+        wanted = [f for f in files if f.stem == name]
+        if not wanted:
+            known = ", ".join(f.stem for f in files) or "none"
+            raise UsageError(f"no sentinel history for `{args.device}` in {folder}/ "
+                             f"(devices: {known})")
+        files = wanted
+    if not files:
+        raise UsageError(f"no sentinel history in {folder}/",
+                         tip="campaigns with sentinels write one; or point --dir at it")
+    out: list[str] = []
+    for f in files:
+        runs = load(f)
+        if not runs:
+            out.append(f"device {f.stem}: no sentinel with a speed yet")
+            continue
+        out.extend(render(runs[0].device, runs, args.threshold))
+    print("\n".join(out))
+    return 0

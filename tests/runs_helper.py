@@ -1,0 +1,97 @@
+"""Build run folders with known timelines for the analysis and report tests: plan.json,
+journal.jsonl, samples.jsonl and cells/NN-NAME/summary.json written directly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from abbench.records import (
+    CellRecord,
+    EntryState,
+    GateWait,
+    Plan,
+    PlannedCell,
+    Sample,
+    append_jsonl,
+)
+
+HW = {"policy0": 2_000_000, "policy4": 2_400_000}
+AT_MAX = dict(HW)
+
+
+def cell(name: str, rate: float, **kw: Any) -> dict[str, Any]:
+    """A cell spec: name, steady tokens/s, and overrides (caps, cpu_temp, battery_temp, mem,
+    probe, caps_during, fingerprint, sentinel_of, gave_up, status, n, noise, per_token,
+    dropped, compute_ms, read_bytes, majflt, cpu_ms, gap_s)."""
+    return {"name": name, "rate": rate, **kw}
+
+
+def make_run(tmp: Path, cells: list[dict[str, Any]], decisions: list[dict[str, Any]] = (),  # type: ignore[assignment]
+             match: dict[str, Any] | None = None, warmup: int = 4, device: str = "local",
+             state: bool = True, simulated: bool = False, seed: int = 1) -> Path:
+    run = tmp / "run"
+    (run / "cells").mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    planned = []
+    for i, c in enumerate(cells):
+        label = f"{i + 1:02d}-{c['name']}"
+        planned.append(PlannedCell(i, c["name"], {"tokens": c.get("n", 64)},
+                                   c.get("sentinel_of"), label))
+    plan = Plan(campaign="t", cells=tuple(planned), spacing_s=30, warmup_tokens=warmup,
+                device=device, decisions=tuple(decisions),
+                match=match if match is not None else {
+                    "cpu_temp_tol_c": 3.0, "battery_temp_tol_c": 0.5,
+                    "mem_available_tol_frac": 0.15, "probe_tol": 0.03, "max_gap_s": 900.0})
+    (run / "plan.json").write_text(json.dumps(plan.to_json()))
+    t = 1000.0
+    for i, (c, pc) in enumerate(zip(cells, planned, strict=True)):
+        n = c.get("n", 64)
+        wall = (1000.0 / c["rate"]) * (1 + c.get("noise", 0.02) * rng.standard_normal(n))
+        caps = c.get("caps", AT_MAX)
+        if state:
+            entry = EntryState(t_wall=t, caps_khz=dict(caps) if caps else {},
+                               hw_max_khz=dict(HW) if caps else {},
+                               cpu_temp_c=c.get("cpu_temp", 40.0),
+                               battery_temp_c=c.get("battery_temp", 30.0),
+                               mem_available_mib=c.get("mem", 8000.0),
+                               probe_index=c.get("probe", 1.0), simulated=simulated)
+        else:
+            entry = EntryState(t_wall=t)
+        dur = float(wall.sum()) / 1000 + 1
+        cell_dir = run / "cells" / pc.label
+        cell_dir.mkdir()
+        per_token = {
+            "wall_ms": wall.tolist(),
+            "compute_ms": [c.get("compute_ms", 10.0)] * n,
+            "read_bytes": [c.get("read_bytes", 4 * 2**20)] * n,
+            "hits": [90] * n, "misses": [10] * n, "majflt": [c.get("majflt", 0)] * n,
+            "cpu_ms": [c.get("cpu_ms", 0.8 * 1000.0 / c["rate"] * 2)] * n,
+            "stall_ms": [1.0] * n, "experts_routed": [128] * n,
+            "experts_dropped": [c.get("dropped", 0)] * n,
+        }
+        doc = {"summary": {"tok/s": c["rate"], "threads": 2}, "fingerprint": None}
+        if c.get("per_token", True):
+            doc["per_token"] = per_token
+        (cell_dir / "summary.json").write_text(json.dumps(doc))
+        rec = CellRecord(
+            index=i, name=c["name"], label=pc.label, status=c.get("status", "ok"),
+            t_start_wall=t, t_end_wall=t + dur, t_start_mono=t, t_end_mono=t + dur,
+            entry=entry, gate=GateWait(gave_up=c.get("gave_up", False)),
+            summary={"tok/s": c["rate"], "threads": 2},
+            fingerprint=c.get("fingerprint", f"sha256:{c['name']}"), tokens_per_s=c["rate"])
+        append_jsonl(run / "journal.jsonl", rec.to_json(), fsync=False)
+        during = c.get("caps_during", [caps] if caps and state else [])
+        for k, cd in enumerate(during):
+            values: dict[str, Any] = {"mem.available_mib": c.get("mem", 8000.0)}
+            for p, v in cd.items():
+                values[f"cpu.{p}.cap_khz"] = v
+                values[f"cpu.{p}.hw_max_khz"] = HW[p]
+            append_jsonl(run / "samples.jsonl",
+                         Sample(t + k * 0.5, t + k * 0.5, values, i).to_json(), fsync=False)
+        t += dur + c.get("gap_s", 30.0)
+    (run / "status.json").write_text(json.dumps({"state": "complete", "t_wall": t}))
+    return run
