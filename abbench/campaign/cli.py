@@ -70,5 +70,6 @@ def cmd_campaign(a: argparse.Namespace) -> int:
     print(f"cells: {ok} ok, {len(records) - ok} failed, of {len(records)} recorded")
     if (folder / "report.json").is_file():
         print_report(analyze(folder), "rich" if a.no_live is False else "plain")
-        print(f"report: {folder / 'report.md'}, {folder / 'report.json'}")
+        print(f"report: {folder / 'report.html'}, {folder / 'report.md'}, "
+              f"{folder / 'report.json'}")
     return rc

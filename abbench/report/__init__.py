@@ -1,4 +1,5 @@
-"""Reports: render what `abbench.analysis` decided — report.json, report.md, terminal.
+"""Reports: render what `abbench.analysis` decided — report.json, report.md, report.html,
+terminal.
 
 Imports analysis and records only; never runs anything."""
 
@@ -13,12 +14,15 @@ from abbench.report.terminal import print_report
 
 
 def write_reports(run: Path) -> tuple[CampaignAnalysis, int]:
-    """Analyze a run folder, write report.json and report.md into it (temp file and
-    rename), and return the analysis and the exit status its decisions give (0 all GO or
-    none asked, 1 some NO-GO, 3 some INCONCLUSIVE / OWED / UNVERIFIED)."""
+    """Analyze a run folder, write report.json, report.md and report.html into it (temp
+    file and rename), and return the analysis and the exit status its decisions give (0 all
+    GO or none asked, 1 some NO-GO, 3 some INCONCLUSIVE / OWED / UNVERIFIED)."""
     a = analyze(run)
     atomic_write_text(run / "report.json", json_report.dumps(a))
     atomic_write_text(run / "report.md", markdown.render(a))
+    from abbench.report.html import render_html  # matplotlib: only where a page is drawn
+
+    atomic_write_text(run / "report.html", render_html(a, run))
     return a, a.exit_status
 
 

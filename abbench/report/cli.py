@@ -14,7 +14,7 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p = sub.add_parser(
         "report", help="re-render a run folder's report (runs nothing)",
         description="Analyze a run folder (plan, journal, samples, per-cell output), write "
-        "report.json and report.md into it and print the report. Exit status: 0 all "
+        "report.json, report.md and report.html into it and print the report. Exit status: 0 all "
         "decisions GO (or none asked), 1 some NO-GO, 3 some INCONCLUSIVE, OWED or "
         "UNVERIFIED, 2 not a readable run folder.",
     )
