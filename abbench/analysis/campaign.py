@@ -10,6 +10,7 @@ from abbench.analysis.cells import CellStats, cell_stats
 from abbench.analysis.decide import Decision, decide, exit_status
 from abbench.analysis.drift import Drift, Tell, _capped_from, contamination_tells, sentinel_drift
 from abbench.analysis.matching import PairMatch, device_state_recorded, match_pair, tolerances
+from abbench.analysis.stats import Interval, ratio_interval, seed_for
 from abbench.records import CellRecord, Plan, RecordError, read_journal, read_plan, read_samples
 
 
@@ -30,6 +31,9 @@ class CampaignAnalysis:
     caps_timeline: tuple[str, ...]  # "policyN capped from cell k (X → Y GHz)"
     decisions: tuple[Decision, ...]
     exit_status: int
+    # Adjacent pairs with no device state at all (imported runs): second / first tok/s,
+    # shown in their own table, never as a verdict.
+    unverified_ratios: tuple[tuple[int, int, Interval], ...] = ()
 
 
 def _state(run: Path) -> str:
@@ -59,6 +63,14 @@ def analyze(run_folder: Path) -> CampaignAnalysis:
                                                      by_index.get(b.index), plan.match, recorded)
     adjacent = tuple(matches[(a.index, b.index)] for a, b in zip(cells, cells[1:], strict=False))
     decisions = tuple(decide(d, cells, matches) for d in plan.decisions)
+    by_cell = {c.index: c for c in cells}
+    unverified = []
+    for m in adjacent:
+        first, second = by_cell[m.first], by_cell[m.second]
+        if m.state == "unverified" and len(first.window()) and len(second.window()):
+            ratio = ratio_interval(second.window(), first.window(),
+                                   seed_for("ratio", second.label, first.label))
+            unverified.append((m.first, m.second, ratio))
     last = max((c.index for c in cells), default=0)
     return CampaignAnalysis(
         run=run, plan=plan, records=tuple(records), state=_state(run),
@@ -70,4 +82,5 @@ def analyze(run_folder: Path) -> CampaignAnalysis:
         tells=tuple(contamination_tells(cells, by_index)),
         caps_timeline=tuple(_capped_from(cells, last)),
         decisions=decisions, exit_status=exit_status(list(decisions)),
+        unverified_ratios=tuple(unverified),
     )

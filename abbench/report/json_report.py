@@ -106,6 +106,10 @@ def build(a: CampaignAnalysis) -> dict[str, Any]:
         "exit_status": a.exit_status,
         "cells": [_cell(c, a) for c in a.cells],
         "pairs": [plain(m) for m in a.pairs],
+        "unverified_ratios": [
+            {"first": f, "second": s, "estimate": r.estimate, "low": r.low, "high": r.high}
+            for f, s, r in a.unverified_ratios
+        ],
         "drift": [plain(d) for d in a.drift],
         "tells": [plain(t) for t in a.tells],
         "caps_timeline": list(a.caps_timeline),

@@ -120,6 +120,14 @@ def render(a: CampaignAnalysis) -> str:
             L.append(f"- {MARK[cr.status]} {cr.name}: {cr.detail}")
         L.append("")
 
+    if a.unverified_ratios:
+        L += ["### Unverified ratios (no device state recorded: not matched, no verdict)", "",
+              "| second / first | ratio | 95% CI |", "|---|---|---|"]
+        for f, s, r in a.unverified_ratios:
+            L.append(f"| {cell_name(a, s)} / {cell_name(a, f)} | {r.estimate:.3f} | "
+                     f"{r.low:.3f}–{r.high:.3f} |")
+        L.append("")
+
     L += ["## Drift (sentinels)", ""]
     L += [f"- **{d.verdict}** — {d.summary}" for d in a.drift] or ["No sentinels in this plan."]
     L.append("")

@@ -53,6 +53,13 @@ def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPL
             if cr.status != "ok":
                 c.print(f"    {MARK[cr.status]} {cr.name}: {cr.detail}", markup=False)
 
+    if a.unverified_ratios:
+        c.print("[bold yellow]unverified ratios[/] (no device state recorded: not matched, "
+                "no verdict)")
+        for f, s, r in a.unverified_ratios:
+            c.print(f"  {cell_name(a, s)} / {cell_name(a, f)}: {r.estimate:.3f} "
+                    f"(95% CI {r.low:.3f}–{r.high:.3f})", markup=False)
+
     if a.drift:
         c.print("[bold]drift (sentinels)[/]")
         for d in a.drift:
