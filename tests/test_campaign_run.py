@@ -201,6 +201,26 @@ def test_bad_campaign_file_runs_nothing(tiny_model: Path, tmp_path: Path) -> Non
     assert not (tmp_path / "r").exists()
 
 
+def start_campaign(cells: Path, tmp: Path, **popen: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "abbench", "campaign", str(cells), "--out", str(tmp / "r"),
+         "--sentinels", str(tmp / "s"), "--no-live"], text=True, **popen,  # type: ignore[call-overload]
+    )
+
+
+def wait_for_cell(out: Path, label: str, journaled: int) -> Path:
+    """The run folder, once cell `label` has started with `journaled` cells finished."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if out.exists() and any(out.iterdir()):
+            folder = run_folder(out)
+            if (folder / "cells" / label).exists() and len(read_journal(folder)) == journaled:
+                time.sleep(0.3)
+                return folder
+        time.sleep(0.05)
+    pytest.fail(f"cell {label} never started")
+
+
 def test_kill_9_mid_cell_then_resume_reruns_only_that_cell(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -214,23 +234,10 @@ def test_kill_9_mid_cell_then_resume_reruns_only_that_cell(
 
         [cells.C]
         """)
-    out = tmp_path / "r"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "abbench", "campaign", str(cells), "--out", str(out),
-         "--sentinels", str(tmp_path / "s"), "--no-live"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    proc = start_campaign(cells, tmp_path, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if out.exists() and any(out.iterdir()):
-                folder = run_folder(out)
-                if (folder / "cells" / "02-slow").exists() and len(read_journal(folder)) == 1:
-                    break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the slow cell never started")
-        time.sleep(0.3)
+        folder = wait_for_cell(tmp_path / "r", "02-slow", journaled=1)
         os.killpg(proc.pid, signal.SIGKILL)  # the campaign and its cell, as a crash would
         proc.wait()
     finally:
@@ -255,22 +262,8 @@ def test_ctrl_c_leaves_the_finished_cells_and_says_interrupted(
         command = ["{sys.executable}", "-c", "{slow}"]
         output = "stdout-summary"
         """)
-    out = tmp_path / "r"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "abbench", "campaign", str(cells), "--out", str(out),
-         "--sentinels", str(tmp_path / "s"), "--no-live"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.monotonic() + 120
-    folder = None
-    while time.monotonic() < deadline:
-        if out.exists() and any(out.iterdir()):
-            folder = run_folder(out)
-            if (folder / "cells" / "02-slow").exists():
-                break
-        time.sleep(0.05)
-    assert folder is not None
-    time.sleep(0.3)
+    proc = start_campaign(cells, tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    folder = wait_for_cell(tmp_path / "r", "02-slow", journaled=1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 4, err
