@@ -36,3 +36,18 @@ def test_desktop_import_reports_intervals_and_unverified_ratios(tmp_path: Path) 
     verdicts = md.split("## Verdicts")[1].split("##")[0]
     assert "1.366" not in verdicts
     assert "Unverified ratios" in md and "1.366" in md
+
+
+def test_sensorless_device_owed_advice_is_about_the_probe(tmp_path: Path) -> None:
+    from runs_helper import cell, make_run
+
+    from abbench.analysis.campaign import analyze
+
+    # No caps, no temperatures: only the speed probe, which moved between the cells.
+    run = make_run(tmp_path, [cell("B", 40, caps=None, cpu_temp=None, battery_temp=None),
+                              cell("C", 44, caps=None, cpu_temp=None, battery_temp=None,
+                                   probe=0.8)],
+                   [{"candidate": "C", "baseline": "B", "min_effect": 0.03}])
+    (d,) = analyze(run).decisions
+    assert d.verdict == "OWED"
+    assert "no caps or temperatures" in (d.settle or "") and "gated re-run" not in d.settle

@@ -74,8 +74,17 @@ def _settle_owed(cand: str, base: str, comps: list[Comparison]) -> str:
         return (f"run {cand} and {base} next to each other in `order` "
                 f"(e.g. order = [\"{base}\", \"{cand}\", \"{cand}\", \"{base}\"])")
     failed = {cr.name for c in adjacent for cr in c.match.criteria if cr.status == "fail"}
+    measured = {cr.name for c in adjacent for cr in c.match.criteria
+                if cr.status != "not measured"}
     hints: list[str] = []
-    if failed & {"caps", "cpu_temp", "battery_temp", "probe", "thermal_status", "gate"}:
+    if failed == {"probe"} and not measured & {"caps", "cpu_temp", "battery_temp"}:
+        # No thermal sensor: the probe is the only signal, and it moved. On a shared
+        # machine that is a noisy neighbour as often as heat.
+        hints.append("this device exposes no caps or temperatures, and the speed probe moved "
+                     "more than probe_tol between the cells: a quieter machine (or a gate "
+                     "with probe_min), or a larger [match] probe_tol if that noise is "
+                     "acceptable")
+    elif failed & {"caps", "cpu_temp", "battery_temp", "probe", "thermal_status", "gate"}:
         hints.append("a gated re-run ([gate] with caps_at_max = true and temperature limits, "
                      "a timeout long enough that it does not give up) so both cells start "
                      "at the same caps and temperatures")
