@@ -49,8 +49,8 @@ def test_sensors_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["sensors", "--transport", "sim:phone"], "ERROR: the simulated device (`sim:phone`) is "
-                                              "not available yet"),
+    (["sensors", "--transport", "sim:nope"], "ERROR: unknown simulated device profile "
+                                             "`nope`"),
     (["sensors", "--transport", "bogus"], "ERROR: unknown transport `bogus`"),
     (["sensors", "--transport", "adb:X", "--root", "/tmp"], "ERROR: --root applies to the "
                                                             "local transport only"),

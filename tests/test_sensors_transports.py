@@ -197,7 +197,8 @@ def test_ssh_unreachable(fakes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ("adb:-s", "not a valid serial"),
     ("ssh:-oProxyCommand=touch x", "not a valid host"),
     ("ssh:two words", "not a valid host"),
-    ("sim:phone-hot", "simulated device .* not available yet"),
+    ("sim:phone-hot", "unknown simulated device profile `phone-hot`"),
+    ("sim:", "`sim:` needs a profile"),
     ("usb:1234", "unknown transport `usb:1234`"),
     ("", "unknown transport"),
 ])

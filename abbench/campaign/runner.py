@@ -161,6 +161,11 @@ class CampaignRun:
 
     def probe_index(self) -> float:
         t = speed_probe()
+        # A simulated device slows cells, not this process: its probe_factor (the clock
+        # fraction) scales the probe's speed, so `first_probe_s` is then an effective time.
+        factor = getattr(self.device, "probe_factor", None)
+        if factor is not None:
+            t /= max(float(factor()), 1e-6)
         if self.first_probe is None:
             self.first_probe = t
             state = {"first_probe_s": t}
@@ -244,16 +249,23 @@ class CampaignRun:
             with open(stderr_path, "wb") as err, open(out / "stdout.txt", "wb") as so:
                 self._child = subprocess.Popen(argv, stdout=so, stderr=err,
                                                stdin=subprocess.DEVNULL)
+                attach = getattr(self.device, "attach", None)  # a simulated device throttles
+                if attach is not None:
+                    attach(self._child.pid)
                 try:
                     code = self._child.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
                     self._kill_child()
                     status, error = "timeout", f"no result after the {timeout:g} s timeout"
+                except BaseException:  # Ctrl-C: the child must not outlive the campaign
+                    self._kill_child()
+                    raise
             if status == "ok" and code != 0:
                 status, error = "failed", f"exited with status {code}"
         except OSError as e:
             status, error = "failed", f"could not start: {e.strerror or e}"
         finally:
+            self._detach()
             self._child = None
             with self._lock:
                 self.current = None
@@ -275,7 +287,14 @@ class CampaignRun:
             exit_code=code, error=error, stderr_tail=tail,
         )
 
+    def _detach(self) -> None:
+        """Stop a simulated device's duty-cycling; it leaves the child continued."""
+        detach = getattr(self.device, "detach", None)
+        if detach is not None:
+            detach()
+
     def _kill_child(self) -> None:
+        self._detach()  # a stopped child ignores SIGTERM: continue it first
         child = self._child
         if child is not None and child.poll() is None:
             child.send_signal(signal.SIGKILL)
@@ -325,17 +344,30 @@ def _sleep_until(deadline: float) -> None:
 def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
           gate: GateSpec | None, root: str) -> tuple[Path, int]:
     device = open_device(plan.device, root)
-    folder = new_run_folder(opts.out_root, plan.campaign)
-    atomic_write_text(folder / "campaign.toml", resolved_toml)
-    atomic_write_text(folder / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")
-    return folder, CampaignRun(folder, plan, device, opts, hz, gate).run()
+    try:
+        folder = new_run_folder(opts.out_root, plan.campaign)
+        atomic_write_text(folder / "campaign.toml", resolved_toml)
+        atomic_write_text(folder / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")
+        return folder, CampaignRun(folder, plan, device, opts, hz, gate).run()
+    finally:
+        _close(device)
 
 
 def resume(folder: Path, opts: RunOptions, hz: float, gate: GateSpec | None,
            root: str) -> int:
     plan = read_plan(folder)
     device = open_device(plan.device, root)
-    return CampaignRun(folder, plan, device, opts, hz, gate).run()
+    try:
+        return CampaignRun(folder, plan, device, opts, hz, gate).run()
+    finally:
+        _close(device)
+
+
+def _close(device: Device) -> None:
+    """Release what a device owns (the simulated device's thread and tree)."""
+    close = getattr(device, "close", None)
+    if close is not None:
+        close()
 
 
 Progress = Callable[[str], None]

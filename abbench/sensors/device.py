@@ -277,7 +277,9 @@ def _describe_nvml(v: dict[str, Any], on_host: bool) -> str:
 
 
 def open_device(transport: str, root: str | os.PathLike[str] = "/") -> Device:
-    """`local`, `adb:SERIAL` or `ssh:HOST` as a Device; anything else is a UsageError.
+    """`local`, `adb:SERIAL`, `ssh:HOST` or `sim:PROFILE` as a Device; anything else is a
+    UsageError. `sim:` gives a `SimulatedDevice` (see `sim.py`), which owns a thread and a
+    temporary tree: call its `close()` when done.
 
     Remote transports are checked now (adb present, device attached; ssh host reachable
     without a password), so a campaign fails before its first cell, not during it.
@@ -297,7 +299,10 @@ def open_device(transport: str, root: str | os.PathLike[str] = "/") -> Device:
         ssh.check()
         return Device(ssh, ssh.host)
     if kind == "sim":
-        raise UsageError(f"the simulated device (`{spec}`) is not available yet",
-                         tip="use local, adb:SERIAL or ssh:HOST until the simulator lands")
+        if str(root) not in ("/", ""):
+            raise UsageError(f"--root applies to the local transport only, not `{spec}`")
+        from abbench.sensors.sim import open_simulated  # sim imports this module
+
+        return open_simulated(spec)
     raise UsageError(f"unknown transport `{transport}`: expected local, adb:SERIAL, "
                      "ssh:HOST or sim:PROFILE")

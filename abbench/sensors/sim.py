@@ -1,0 +1,412 @@
+"""The simulated device, `sim:PROFILE`: a thermal model behind a sysfs-shaped tree.
+
+For demos, tests and planning on machines without sensors (DESIGN.md section 8). A
+`Profile` (TOML, shipped in `abbench/sensors/profiles/`, or any `sim:PATH.toml`) gives
+clusters, a two-node thermal model, trip points and a time scale. `SimulatedDevice` writes
+what a phone's kernel would expose (cpufreq policies, a CPU thermal zone, a battery, meminfo)
+into a temporary folder and reads it back through the SAME readers as a real device (a
+`Device` over a `LocalTransport` rooted there): no separate sensor code path.
+
+Thermal model (simulated seconds; `u` = load × clock fraction):
+
+    dSoC/dt  = heat_c_per_s · u − (SoC − case) / soc_tau_s
+    dcase/dt = (SoC − case) / case_tau_s − (case − ambient) / ambient_tau_s
+
+Trip points on the SoC temperature cap clusters in steps; a trip is lifted only once the
+SoC is `hysteresis_c` below it. The clock fraction is the mean over clusters of
+cap / hardware max.
+
+Throttling without the engine knowing: `attach(pid)` marks the device loaded and starts a
+thread that duty-cycles the process with SIGSTOP/SIGCONT (as `cpulimit` does), letting it
+run the clock fraction of every period; `detach()` stops that and always leaves the process
+continued. `probe_factor()` is the clock fraction, for the campaign's speed probe (which runs
+in the unthrottled campaign process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from abbench.errors import UsageError
+from abbench.sensors.device import Device, _Reading
+from abbench.sensors.transports import LocalTransport
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+STEP_S = 0.25            # s (simulated): Euler integration step, well below every tau
+MIN_TAU_S = 1.0          # s (simulated): shortest time constant a profile may give
+DUTY_PERIOD_S = 0.05     # s (wall): one SIGSTOP/SIGCONT period while attached
+TICK_S = 0.2             # s (wall): the background thread advances the model this often
+IDLE_CLOCK_SHARE = 0.3   # fraction of the cap an idle cluster runs at (scaling_cur_freq)
+
+
+def shipped_profiles() -> list[str]:
+    """The names of the profiles shipped in the package (`sim:NAME`)."""
+    folder = resources.files("abbench.sensors") / "profiles"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    policy: str          # cpufreq policy folder name, e.g. "policy4"
+    hw_max_khz: int      # kHz, cpuinfo_max_freq
+
+
+@dataclass(frozen=True)
+class Trip:
+    temp_c: float                 # °C on the SoC node at which the trip engages
+    caps_khz: Mapping[str, int]   # kHz per policy while engaged (others: hardware max)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A simulated device; every field validated by `from_dict` (units in the names)."""
+
+    name: str
+    clusters: tuple[Cluster, ...]
+    trips: tuple[Trip, ...]
+    time_scale: float           # simulated s per wall s
+    idle_load: float            # 0..1, load when no cell is attached
+    ambient_c: float            # °C
+    start_soc_c: float          # °C
+    start_case_c: float         # °C
+    heat_c_per_s: float         # °C per simulated s at full load and full clocks
+    soc_tau_s: float            # s
+    case_tau_s: float           # s
+    ambient_tau_s: float        # s
+    hysteresis_c: float         # °C
+    mem_total_mib: int          # MiB
+    mem_available_mib: int      # MiB
+    battery_capacity_pct: int   # %
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str) -> Profile:
+        def bad(msg: str) -> UsageError:
+            return UsageError(f"simulated device profile {source}: {msg}")
+
+        def num(key: str, lo: float = -math.inf, hi: float = math.inf,
+                lo_open: bool = False) -> float:
+            v = d.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(f"`{key}` must be a number, got {v!r}")
+            if v < lo or v > hi or (lo_open and v == lo):
+                raise bad(f"`{key}` = {v} is out of range")
+            return float(v)
+
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise bad(f"unknown keys: {', '.join(unknown)}")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad("`name` must be a non-empty string")
+        raw_clusters = d.get("clusters")
+        if not isinstance(raw_clusters, list) or not raw_clusters:
+            raise bad("needs at least one [[clusters]] with policy and hw_max_khz")
+        clusters = []
+        for c in raw_clusters:
+            policy, hw = (c.get("policy"), c.get("hw_max_khz")) if isinstance(c, dict) else (
+                None, None)
+            if not isinstance(policy, str) or not policy.startswith("policy"):
+                raise bad(f"cluster policy must be a name like `policy0`, got {policy!r}")
+            if isinstance(hw, bool) or not isinstance(hw, int) or hw <= 0:
+                raise bad(f"cluster {policy}: hw_max_khz must be a positive integer")
+            clusters.append(Cluster(policy, hw))
+        hw_max = {c.policy: c.hw_max_khz for c in clusters}
+        if len(hw_max) != len(clusters):
+            raise bad("cluster policies must be distinct")
+        trips: list[Trip] = []
+        for t in d.get("trips", []):
+            temp, caps = (t.get("temp_c"), t.get("caps_khz", {})) if isinstance(t, dict) else (
+                None, None)
+            if isinstance(temp, bool) or not isinstance(temp, (int, float)):
+                raise bad(f"trip temp_c must be a number, got {temp!r}")
+            if not isinstance(caps, dict) or not caps:
+                raise bad(f"trip at {temp} °C needs caps_khz for at least one policy")
+            for p, cap in caps.items():
+                if p not in hw_max:
+                    raise bad(f"trip at {temp} °C caps unknown policy `{p}`")
+                if isinstance(cap, bool) or not isinstance(cap, int) or not 0 < cap <= hw_max[p]:
+                    raise bad(f"trip at {temp} °C: cap of {p} must be in 1..{hw_max[p]} kHz")
+            if trips and temp <= trips[-1].temp_c:
+                raise bad("trip points must be in ascending temperature order")
+            trips.append(Trip(float(temp), dict(caps)))
+        taus = {k: num(k, MIN_TAU_S) for k in ("soc_tau_s", "case_tau_s", "ambient_tau_s")}
+        return cls(
+            name=name, clusters=tuple(clusters), trips=tuple(trips),
+            time_scale=num("time_scale", 0.0, 10_000.0, lo_open=True),
+            idle_load=num("idle_load", 0.0, 1.0),
+            ambient_c=num("ambient_c", -40.0, 60.0),
+            start_soc_c=num("start_soc_c", -40.0, 150.0),
+            start_case_c=num("start_case_c", -40.0, 150.0),
+            heat_c_per_s=num("heat_c_per_s", 0.0),
+            **taus,
+            hysteresis_c=num("hysteresis_c", 0.0),
+            mem_total_mib=int(num("mem_total_mib", 1.0)),
+            mem_available_mib=int(num("mem_available_mib", 0.0, num("mem_total_mib"))),
+            battery_capacity_pct=int(num("battery_capacity_pct", 0.0, 100.0)),
+        )
+
+
+def load_profile(spec: str) -> Profile:
+    """A shipped profile by name (`phone`), or a TOML file (`path/to/x.toml`)."""
+    if spec.endswith(".toml"):
+        path = Path(spec).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"cannot read simulated device profile {path}: "
+                             f"{e.strerror or e}") from None
+        source = str(path)
+    else:
+        if spec not in shipped_profiles():
+            raise UsageError(f"unknown simulated device profile `{spec}`",
+                             tip="shipped profiles: " + ", ".join(
+                                 f"sim:{n}" for n in shipped_profiles())
+                             + "; or give sim:PATH.toml")
+        text = (resources.files("abbench.sensors") / "profiles" / f"{spec}.toml").read_text(
+            encoding="utf-8")
+        source = f"`{spec}`"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"simulated device profile {source}: {e}") from None
+    return Profile.from_dict(data, source)
+
+
+class ThermalModel:
+    """The two-node model and the trip state; not thread-safe (the device holds a lock)."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.p = profile
+        self.soc_c = profile.start_soc_c
+        self.case_c = profile.start_case_c
+        self.level = 0                          # how many trips are engaged
+        self.forced: float | None = None        # a clock fraction forced on every cluster
+        self._update_level()
+
+    def caps_khz(self) -> dict[str, int]:
+        caps = {c.policy: c.hw_max_khz for c in self.p.clusters}
+        if self.forced is not None:
+            return {k: max(1, round(v * self.forced)) for k, v in caps.items()}
+        for trip in self.p.trips[:self.level]:  # later trips only lower the caps further
+            for policy, cap in trip.caps_khz.items():
+                caps[policy] = min(caps[policy], cap)
+        return caps
+
+    def clock_fraction(self) -> float:
+        caps = self.caps_khz()
+        return sum(caps[c.policy] / c.hw_max_khz for c in self.p.clusters) / len(caps)
+
+    def advance(self, dt_s: float, load: float) -> None:
+        """Integrate `dt_s` simulated seconds at `load` (0..1)."""
+        p = self.p
+        while dt_s > 0:
+            h = min(STEP_S, dt_s)
+            dt_s -= h
+            u = load * self.clock_fraction()
+            to_case = (self.soc_c - self.case_c)
+            self.soc_c += h * (p.heat_c_per_s * u - to_case / p.soc_tau_s)
+            self.case_c += h * (to_case / p.case_tau_s
+                                - (self.case_c - p.ambient_c) / p.ambient_tau_s)
+            self._update_level()
+
+    def _update_level(self) -> None:
+        trips = self.p.trips
+        while self.level < len(trips) and self.soc_c >= trips[self.level].temp_c:
+            self.level += 1
+        while self.level > 0 and self.soc_c < trips[self.level - 1].temp_c - self.p.hysteresis_c:
+            self.level -= 1
+
+
+class SimulatedDevice(Device):
+    """A `Device` whose tree is written by a `ThermalModel` (see the module docstring)."""
+
+    def __init__(self, profile: Profile, spec: str | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
+        self.profile = profile
+        self.model = ThermalModel(profile)
+        self.root = Path(tempfile.mkdtemp(prefix=f"abbench-sim-{profile.name}-"))
+        # removed by close(), or at exit by a caller that never closes (`abbench sensors`)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
+        self._sim_lock = threading.RLock()
+        self._sim_clock = clock
+        self._last = clock()
+        self._pid: int | None = None
+        self._pidfd: int | None = None
+        self._duty_stop = threading.Event()
+        self._duty: threading.Thread | None = None
+        self._write_static()
+        self._write_dynamic()
+        super().__init__(LocalTransport(self.root), f"sim-{profile.name}", simulated=True,
+                         clock=clock)
+        self.transport = spec or f"sim:{profile.name}"
+        self.kind = "sim"
+        self._closed = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if background:
+            self._ticker = threading.Thread(target=self._tick_loop, name="abbench-sim",
+                                            daemon=True)
+            self._ticker.start()
+
+    # -- the model ----------------------------------------------------------------------
+
+    def advance(self) -> None:
+        """Bring the model up to now (wall time × time_scale) and rewrite the tree."""
+        with self._sim_lock:
+            now = self._sim_clock()
+            dt = max(0.0, now - self._last) * self.profile.time_scale
+            self._last = now
+            load = 1.0 if self._pid is not None else self.profile.idle_load
+            self.model.advance(dt, load)
+            self._write_dynamic()
+
+    def force_clock_fraction(self, fraction: float | None) -> None:
+        """Pin every cluster's cap at `fraction` of hardware max (None: back to the trips)."""
+        with self._sim_lock:
+            self.model.forced = fraction
+            self._write_dynamic()
+
+    def probe_factor(self) -> float:
+        """The clock fraction: how much slower than unthrottled the simulated CPU runs."""
+        with self._sim_lock:
+            return self.model.clock_fraction()
+
+    def _sample(self) -> _Reading:
+        with self._sim_lock:  # no tree write can interleave with the readers' reads
+            self.advance()
+            return super()._sample()
+
+    def _tick_loop(self) -> None:
+        while not self._closed.wait(TICK_S):
+            with contextlib.suppress(Exception):  # never kill the thread over one tick
+                self.advance()
+
+    # -- the tree -----------------------------------------------------------------------
+
+    def _put(self, path: str, text: str, *, make_parents: bool = False) -> None:
+        f = self.root / path.lstrip("/")
+        if make_parents:  # only the first write: never recreate a tree close() removed
+            f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+
+    def _write_static(self) -> None:
+        for c in self.profile.clusters:
+            self._put(f"/sys/devices/system/cpu/cpufreq/{c.policy}/cpuinfo_max_freq",
+                      f"{c.hw_max_khz}\n", make_parents=True)
+        self._put("/sys/class/thermal/thermal_zone0/type", "cpu-0-0-usr\n", make_parents=True)
+        self._put("/sys/class/power_supply/battery/type", "Battery\n", make_parents=True)
+        self._put("/sys/class/power_supply/battery/status", "Discharging\n", make_parents=True)
+        self._put("/sys/class/power_supply/battery/capacity",
+                  f"{self.profile.battery_capacity_pct}\n", make_parents=True)
+        p = self.profile
+        self._put("/proc/meminfo", f"MemTotal:       {p.mem_total_mib * 1024} kB\n"
+                  f"MemFree:        {p.mem_available_mib * 512} kB\n"
+                  f"MemAvailable:   {p.mem_available_mib * 1024} kB\n", make_parents=True)
+
+    def _write_dynamic(self) -> None:
+        if not self._cleanup.alive:  # closed (or exiting): the tree is gone
+            return
+        caps = self.model.caps_khz()
+        busy = self._pid is not None
+        for c in self.profile.clusters:
+            folder = f"/sys/devices/system/cpu/cpufreq/{c.policy}"
+            cur = caps[c.policy] if busy else round(caps[c.policy] * IDLE_CLOCK_SHARE)
+            self._put(f"{folder}/scaling_max_freq", f"{caps[c.policy]}\n")
+            self._put(f"{folder}/scaling_cur_freq", f"{cur}\n")
+        self._put("/sys/class/thermal/thermal_zone0/temp", f"{round(self.model.soc_c * 1000)}\n")
+        self._put("/sys/class/power_supply/battery/temp", f"{round(self.model.case_c * 10)}\n")
+
+    # -- throttling the cell --------------------------------------------------------------
+
+    def attach(self, pid: int) -> None:
+        """Load the device and duty-cycle `pid` at the clock fraction until `detach()`."""
+        self.detach()
+        with self._sim_lock:
+            self.advance()  # the idle time so far counts as idle
+            self._pid = pid
+            try:
+                self._pidfd = os.pidfd_open(pid)  # never signals a recycled pid
+            except (AttributeError, OSError):
+                self._pidfd = None
+        self._duty_stop = threading.Event()
+        self._duty = threading.Thread(target=self._duty_loop, args=(self._duty_stop,),
+                                      name="abbench-sim-duty", daemon=True)
+        self._duty.start()
+
+    def detach(self) -> None:
+        """Stop duty-cycling; the process is left continued (if it still exists)."""
+        self._duty_stop.set()
+        if self._duty is not None and self._duty is not threading.current_thread():
+            self._duty.join(5.0)
+        self._duty = None
+        with self._sim_lock:
+            if self._pid is not None:
+                self.advance()  # the busy time so far counts as busy
+                self._signal(signal.SIGCONT)
+            if self._pidfd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._pidfd)
+            self._pid = self._pidfd = None
+
+    def _signal(self, sig: int) -> bool:
+        """Send `sig` to the attached process; False once it is gone."""
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            elif self._pid is not None:
+                os.kill(self._pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError, OSError):
+            return False
+
+    def _duty_loop(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                run = min(1.0, max(0.0, self.probe_factor()))
+                if run >= 0.999:
+                    stop.wait(DUTY_PERIOD_S)
+                    continue
+                if stop.wait(DUTY_PERIOD_S * run):
+                    break
+                if not self._signal(signal.SIGSTOP):
+                    break
+                stop.wait(DUTY_PERIOD_S * (1.0 - run))
+                if not self._signal(signal.SIGCONT):
+                    break
+        finally:
+            self._signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        """Detach, stop the background thread and remove the tree."""
+        self.detach()
+        self._closed.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join(5.0)
+        self._cleanup()
+
+
+def open_simulated(spec: str) -> SimulatedDevice:
+    """`sim:NAME` or `sim:PATH.toml` as a running SimulatedDevice."""
+    _, _, arg = spec.partition(":")
+    if not arg:
+        raise UsageError("`sim:` needs a profile",
+                         tip="shipped profiles: " + ", ".join(
+                             f"sim:{n}" for n in shipped_profiles()))
+    return SimulatedDevice(load_profile(arg), spec)

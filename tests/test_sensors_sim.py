@@ -1,0 +1,217 @@
+"""The simulated device: profiles, the thermal model, the tree the readers see, the
+duty-cycling of an attached process, and a campaign on `sim:PATH.toml` end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_campaign_run import abbench, run_folder, write_campaign
+
+from abbench.errors import UsageError
+from abbench.records import read_journal, read_samples
+from abbench.sensors import open_device
+from abbench.sensors.sim import (
+    Profile,
+    SimulatedDevice,
+    load_profile,
+    shipped_profiles,
+    tomllib,
+)
+
+HOT = Path(__file__).parent / "fixtures" / "sim-hot.toml"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def sim():
+    clock = FakeClock()
+    made: list[SimulatedDevice] = []
+
+    def make(profile: Profile | str = "phone") -> tuple[SimulatedDevice, FakeClock]:
+        p = load_profile(profile) if isinstance(profile, str) else profile
+        d = SimulatedDevice(p, clock=clock, background=False)
+        made.append(d)
+        return d, clock
+
+    yield make
+    for d in made:
+        d.close()
+
+
+def test_shipped_profiles_load_and_validate() -> None:
+    assert {"phone", "laptop"} <= set(shipped_profiles())
+    for name in shipped_profiles():
+        p = load_profile(name)
+        assert p.clusters and p.time_scale > 0
+    assert load_profile(str(HOT)).time_scale == 30.0
+    with pytest.raises(UsageError, match="unknown simulated device profile"):
+        load_profile("nope")
+    with pytest.raises(UsageError) as e:
+        open_device("sim:nope")
+    assert "sim:phone" in (e.value.tip or "")
+
+
+def _raw(path: Path) -> dict:
+    return tomllib.loads(path.read_text())
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"time_scale": 0}, "time_scale"),
+    ({"soc_tau_s": 0.1}, "soc_tau_s"),
+    ({"idle_load": 2}, "idle_load"),
+    ({"bogus": 1}, "unknown keys"),
+    ({"clusters": []}, "clusters"),
+    ({"trips": [{"temp_c": 40.0, "caps_khz": {"policy9": 1}}]}, "unknown policy"),
+    ({"trips": [{"temp_c": 40.0, "caps_khz": {"policy0": 1}},
+                {"temp_c": 39.0, "caps_khz": {"policy0": 1}}]}, "ascending"),
+])
+def test_invalid_profiles_are_usage_errors(change: dict, match: str) -> None:
+    d = _raw(HOT) | change
+    with pytest.raises(UsageError, match=match):
+        Profile.from_dict(d, "test")
+
+
+def test_model_heats_under_load_and_cools_idle(sim) -> None:
+    dev, clock = sim("phone")
+    t0 = dev.sample()["temp.cpu_c"]
+    dev._pid = os.getpid()  # loaded, without duty-cycling anything
+    clock.t += 30.0
+    hot = dev.sample()
+    dev._pid = None
+    assert hot["temp.cpu_c"] > t0 + 5
+    clock.t += 600.0
+    cooled = dev.sample()
+    assert cooled["temp.cpu_c"] < hot["temp.cpu_c"] - 5
+    assert cooled["battery.temp_c"] > 25.0  # the case lags, above ambient
+
+
+def test_caps_drop_at_trip_points_with_hysteresis(sim) -> None:
+    p = load_profile("phone")
+    dev, clock = sim(p)
+    m = dev.model
+    hw = {c.policy: c.hw_max_khz for c in p.clusters}
+    assert m.caps_khz() == hw and dev.probe_factor() == 1.0
+    first, second = p.trips[0], p.trips[1]
+    m.soc_c = first.temp_c + 0.1
+    m._update_level()
+    assert m.level == 1 and m.caps_khz()["policy7"] == first.caps_khz["policy7"]
+    m.soc_c = second.temp_c + 0.1
+    m._update_level()
+    assert m.level == 2 and dev.probe_factor() < 1.0
+    m.soc_c = second.temp_c - p.hysteresis_c / 2  # below the trip, within hysteresis
+    m._update_level()
+    assert m.level == 2
+    m.soc_c = second.temp_c - p.hysteresis_c - 0.1
+    m._update_level()
+    assert m.level == 1
+    m.soc_c = p.ambient_c
+    m._update_level()
+    assert m.level == 0 and m.caps_khz() == hw
+
+
+def test_readers_see_the_tree(sim) -> None:
+    dev, clock = sim("phone")
+    assert dev.simulated and dev.name == "sim-phone" and dev.transport == "sim:phone"
+    dev.model.soc_c = 52.0
+    dev.model._update_level()
+    v = dev.sample()
+    assert v["cpu.policy0.cap_khz"] == 1804800 and v["cpu.policy0.capped"] is False
+    assert v["cpu.policy7.capped"] is True
+    assert v["temp.cpu_c"] == pytest.approx(52.0, abs=0.01)
+    assert v["battery.temp_c"] == pytest.approx(30.0, abs=0.1)
+    assert v["mem.available_mib"] == 6000
+
+
+BUSY = ("import sys, time\n"
+        "n = 0\nend = time.monotonic() + float(sys.argv[1])\n"
+        "while time.monotonic() < end:\n    n += 1\n"
+        "print(n)\n")
+
+
+def _busy(seconds: float, dev: SimulatedDevice | None) -> int:
+    child = subprocess.Popen([sys.executable, "-c", BUSY, str(seconds)],
+                             stdout=subprocess.PIPE, text=True)
+    if dev is not None:
+        dev.attach(child.pid)
+    try:
+        out, _ = child.communicate(timeout=30)
+    finally:
+        if dev is not None:
+            dev.detach()
+    return int(out)
+
+
+def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> None:
+    dev, _ = sim("phone")
+    dev.force_clock_fraction(0.5)
+    free = _busy(1.0, None)
+    throttled = _busy(1.0, dev)
+    assert 0.25 * free < throttled < 0.8 * free, (free, throttled)
+    # detach leaves a still-running process continued
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        dev.force_clock_fraction(0.1)
+        dev.attach(child.pid)
+        time.sleep(0.3)
+        dev.detach()
+        time.sleep(0.05)
+        state = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state in ("S", "R"), state
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+
+
+def test_campaign_on_a_simulated_device(tiny_model: Path, tmp_path: Path) -> None:
+    cells = write_campaign(tmp_path, tiny_model, """
+        [cells.B]
+        overlap = true
+
+        [cells.C]
+        base = "B"
+        io_lanes = 1
+        """, head='order = ["B", "C", "B"]')
+    cells.write_text(cells.read_text().replace('transport = "local"',
+                                               f'transport = "sim:{HOT}"'))
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 0, p.stdout + p.stderr
+    folder = run_folder(tmp_path / "r")
+    records = read_journal(folder)
+    assert [r.status for r in records] == ["ok"] * 3
+    assert all(r.entry.simulated for r in records)
+    assert records[0].entry.probe_index == pytest.approx(1.0)
+    later = [s for s in read_samples(folder) if s.cell in (1, 2)]
+    assert any(s.values.get("cpu.policy4.capped") for s in later)
+    assert "SIMULATED" in (folder / "report.md").read_text()
+
+
+def test_profile_is_frozen() -> None:
+    p = load_profile("phone")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.time_scale = 2.0  # type: ignore[misc]
+
+
+def test_sensors_command_describes_the_simulated_device(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from abbench.cli import main
+    assert main(["sensors", "--transport", "sim:phone", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["transport"] == "sim:phone" and doc["simulated"] is True
+    assert doc["thermal_gaps"] == []
+    assert doc["samples"][0]["values"]["cpu.policy7.hw_max_khz"] == 3187200
