@@ -270,3 +270,4 @@ def test_ctrl_c_leaves_the_finished_cells_and_says_interrupted(
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
     assert json.loads((folder / "status.json").read_text())["state"] == "interrupted"
     assert [r.name for r in read_journal(folder)] == ["A"]
+    assert "INCOMPLETE" in (folder / "report.md").read_text()  # the partial report

@@ -9,11 +9,18 @@ from pathlib import Path
 from abbench.analysis.campaign import analyze
 from abbench.campaign.gate import GateSpec
 from abbench.campaign.plan import describe_plan, plan_campaign
-from abbench.campaign.runner import RunOptions, resume, start
+from abbench.campaign.runner import (
+    EXIT_INTERRUPTED,
+    EXIT_UNDECIDED,
+    Interrupted,
+    RunOptions,
+    resume,
+    start,
+)
 from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
 from abbench.errors import UsageError
-from abbench.records import read_journal
-from abbench.report import print_report
+from abbench.records import read_journal, read_plan
+from abbench.report import print_report, write_reports
 
 
 def add_campaign_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,6 +48,20 @@ def gate_spec(spec: CampaignSpec) -> GateSpec | None:
     return spec.gate
 
 
+def _write_reports(folder: Path, interrupted: bool) -> int:
+    """Write report.json/md/html (marked incomplete after Ctrl-C); the exit status is the
+    decisions'. A report that cannot be written must not lose the campaign: it warns, and
+    the decisions stay open (`abbench report RUN` retries)."""
+    try:
+        return write_reports(folder)[1]
+    except Exception as e:  # noqa: BLE001 — the journal is safe
+        print(f"WARNING: the report could not be written ({e}); "
+              f"retry with: abbench report {folder}", file=sys.stderr)
+        if interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_UNDECIDED if read_plan(folder).decisions else 0
+
+
 def cmd_campaign(a: argparse.Namespace) -> int:
     opts = RunOptions(out_root=Path(a.out), sentinels_dir=Path(a.sentinels),
                       live=not a.no_live)
@@ -51,7 +72,11 @@ def cmd_campaign(a: argparse.Namespace) -> int:
         spec = load_campaign(folder / "campaign.toml")
         done = len(read_journal(folder))
         print(f"resuming {folder}: {done} cells already in the journal", file=sys.stderr)
-        rc = resume(folder, opts, spec.device.sample_hz, gate_spec(spec), spec.device.root)
+        try:
+            resume(folder, opts, spec.device.sample_hz, gate_spec(spec), spec.device.root)
+        except Interrupted:
+            _write_reports(folder, interrupted=True)
+            raise
     else:
         if not a.file:
             raise UsageError("give a campaign file, or --resume RUN",
@@ -62,8 +87,14 @@ def cmd_campaign(a: argparse.Namespace) -> int:
             print(line)
         if a.dry_run:
             return 0
-        folder, rc = start(plan, resolved_toml(spec), opts, spec.device.sample_hz,
-                           gate_spec(spec), spec.device.root)
+        try:
+            folder = start(plan, resolved_toml(spec), opts, spec.device.sample_hz,
+                           gate_spec(spec), spec.device.root)[0]
+        except Interrupted as e:
+            if e.folder is not None:
+                _write_reports(e.folder, interrupted=True)
+            raise
+    rc = _write_reports(folder, interrupted=False)
     records = read_journal(folder)
     ok = sum(r.status == "ok" for r in records)
     print(f"run folder: {folder}")

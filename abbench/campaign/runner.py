@@ -42,7 +42,6 @@ from abbench.records import (
     read_journal,
     read_plan,
 )
-from abbench.report import write_reports
 from abbench.sensors import Device, Sampler, open_device, speed_probe
 
 EXIT_OK, EXIT_NO_GO, EXIT_BAD, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
@@ -53,6 +52,10 @@ class Interrupted(AbbenchError):
     """The user stopped the campaign (Ctrl-C); what finished is in the journal."""
 
     exit_status = EXIT_INTERRUPTED
+
+    def __init__(self, message: str, tip: str | None = None, folder: Path | None = None):
+        super().__init__(message, tip)
+        self.folder = folder
 
 
 @dataclass
@@ -206,24 +209,14 @@ class CampaignRun:
         except KeyboardInterrupt:
             self._kill_child()
             self._write_status("interrupted")
-            self._report()  # marked incomplete: the journal lacks cells
             raise Interrupted(
                 f"interrupted: {len(read_journal(self.folder))} of {len(self.plan.cells)} "
                 f"cells are in {self.folder / 'journal.jsonl'}",
                 tip=f"continue with: abbench campaign --resume {self.folder}",
+                folder=self.folder,
             ) from None
         self._write_status("complete")
-        return self._report()
-
-    def _report(self) -> int:
-        """Write report.json/report.md; the exit status is the decisions'. A report that
-        cannot be written must not lose the campaign: it warns, and the decisions stay open."""
-        try:
-            return write_reports(self.folder)[1]
-        except Exception as e:  # noqa: BLE001 — the journal is safe; `abbench report` retries
-            print(f"WARNING: the report could not be written ({e}); "
-                  f"retry with: abbench report {self.folder}", file=sys.stderr)
-            return EXIT_UNDECIDED if self.plan.decisions else EXIT_OK
+        return EXIT_OK
 
     # -- one cell ------------------------------------------------------------------
 
