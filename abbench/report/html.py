@@ -201,11 +201,7 @@ def verdicts(a: CampaignAnalysis) -> str:
         return "<p>No decisions asked.</p>"
     rows = []
     for d in a.decisions:
-        if d.verdict == UNVERIFIED or d.ratio is None:
-            ratio, ci_s, pairs = "-", "-", "none" if not d.pairs else "unverified only"
-        else:
-            ratio, ci_s = f"{d.ratio.estimate:.3f}", t.ci(d.ratio)
-            pairs = ", ".join(f"{p.candidate + 1}/{p.baseline + 1}" for p in d.pairs)
+        ratio, ci_s, pairs = t.verdict_cells(d)
         rows.append([e(d.candidate), e(d.baseline), e(f"{d.min_effect:g}"),
                      _verdict(d.verdict), e(ratio), e(ci_s), e(pairs)])
     out = [_table(["candidate", "baseline", "min effect", "verdict", "ratio", "95% CI",

@@ -65,11 +65,7 @@ def render(a: CampaignAnalysis) -> str:
         L += ["| candidate | baseline | min effect | verdict | ratio | 95% CI | matched pairs |",
               "|---|---|---|---|---|---|---|"]
         for d in a.decisions:
-            if d.verdict == UNVERIFIED or d.ratio is None:
-                ratio, ci_s, pairs = "-", "-", "none" if not d.pairs else "unverified only"
-            else:
-                ratio, ci_s = f"{d.ratio.estimate:.3f}", t.ci(d.ratio)
-                pairs = ", ".join(f"{p.candidate + 1}/{p.baseline + 1}" for p in d.pairs)
+            ratio, ci_s, pairs = t.verdict_cells(d)
             L.append(f"| {d.candidate} | {d.baseline} | {d.min_effect:g} | {d.verdict} | "
                      f"{ratio} | {ci_s} | {pairs} |")
         L.append("")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from abbench.analysis.cells import CellStats
+from abbench.analysis.decide import UNVERIFIED, Decision
 from abbench.analysis.stats import Interval
 from abbench.records import EntryState
 
@@ -44,6 +45,15 @@ def times(candidate: str, baseline: str, iv: Interval) -> str:
         pm = max(est - lo, hi - est)
         return f"{candidate} ran {est:.2f} ± {pm:.2f} times {word} than {baseline}"
     return f"{candidate} ran {est:.2f} times {word} than {baseline} (no interval)"
+
+
+def verdict_cells(d: Decision) -> tuple[str, str, str]:
+    """(ratio, 95% CI, matched pairs) of a verdict-table row: numbers only from matched
+    pairs, dashes otherwise."""
+    if d.verdict == UNVERIFIED or d.ratio is None:
+        return "-", "-", "none" if not d.pairs else "unverified only"
+    pairs = ", ".join(f"{p.candidate + 1}/{p.baseline + 1}" for p in d.pairs)
+    return f"{d.ratio.estimate:.3f}", ci(d.ratio), pairs
 
 
 def entry(e: EntryState) -> str:
