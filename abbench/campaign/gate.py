@@ -48,7 +48,10 @@ def unmet(spec: GateSpec, values: dict[str, Any], probe_index: float | None) -> 
 
 
 def wait_for_gate(spec: GateSpec, device: Device, probe: Callable[[], float],
-                  report: Callable[[str], None]) -> GateWait:
+                  report: Callable[[str], None], time_scale: float = 1.0) -> GateWait:
+    """Poll until ready or `timeout_s`. The spec's times are device seconds (`time_scale`
+    of them per wall second on a simulated device); the recorded `waited_s` is wall time,
+    like every other time in the run folder."""
     t0 = time.monotonic()
     polls = 0
     first: list[str] = []
@@ -57,11 +60,12 @@ def wait_for_gate(spec: GateSpec, device: Device, probe: Callable[[], float],
         index = probe() if spec.probe_min is not None else None
         why = unmet(spec, values, index)
         polls += 1
-        waited = time.monotonic() - t0
+        wall = time.monotonic() - t0
+        waited = wall * time_scale
         if not why:
-            return GateWait(waited_s=waited, polls=polls, reasons=tuple(first), gave_up=False)
+            return GateWait(waited_s=wall, polls=polls, reasons=tuple(first), gave_up=False)
         first = first or why
         if waited >= spec.timeout_s:
-            return GateWait(waited_s=waited, polls=polls, reasons=tuple(why), gave_up=True)
+            return GateWait(waited_s=wall, polls=polls, reasons=tuple(why), gave_up=True)
         report(f"gate: waiting {waited:.0f}/{spec.timeout_s:g} s — {'; '.join(why)}")
-        time.sleep(min(spec.poll_s, max(0.0, spec.timeout_s - waited)))
+        time.sleep(min(spec.poll_s, max(0.0, spec.timeout_s - waited)) / time_scale)

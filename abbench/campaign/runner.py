@@ -163,12 +163,11 @@ class CampaignRun:
         append_jsonl(self._samples, Sample(t_mono, t_wall, values, cell).to_json(), fsync=False)
 
     def probe_index(self) -> float:
-        t = speed_probe()
-        # A simulated device slows cells, not this process: its probe_factor (the clock
-        # fraction) scales the probe's speed, so `first_probe_s` is then an effective time.
+        # A simulated device slows cells, not this process, and models no host noise: its
+        # probe reads the simulated clock (a unit of work takes 1 / clock fraction), so on
+        # a noisy host the simulated pairs still match when the simulated device does.
         factor = getattr(self.device, "probe_factor", None)
-        if factor is not None:
-            t /= max(float(factor()), 1e-6)
+        t = 1.0 / max(float(factor()), 1e-6) if factor is not None else speed_probe()
         if self.first_probe is None:
             self.first_probe = t
             state = {"first_probe_s": t}
@@ -183,19 +182,24 @@ class CampaignRun:
             self.first_probe = float(json.loads(probe_file.read_text())["first_probe_s"])
         self._write_status("running")
         view = CampaignView(self.plan, self.device, live=self.opts.live)
+        # A simulated device runs its clock `time_scale` times faster than the wall: the
+        # spacing and the gate's poll and timeout are in device seconds.
+        scale = float(getattr(self.device, "time_scale", 1.0))
         last_end: float | None = None
         try:
             with Sampler(self.device, self.hz, self._sink) as sampler, view:
                 view.sampler = sampler
                 for cell in todo:
                     if last_end is not None and self.plan.spacing_s > 0:
-                        view.phase(cell, f"spacing {self.plan.spacing_s:g} s")
-                        _sleep_until(last_end + self.plan.spacing_s)
+                        view.phase(cell, f"spacing {self.plan.spacing_s:g} s"
+                                   + (f" (simulated: {self.plan.spacing_s / scale:.3g} s)"
+                                      if scale != 1.0 else ""))
+                        _sleep_until(last_end + self.plan.spacing_s / scale)
                     gate = GateWait()
                     if self.gate is not None:
                         view.phase(cell, "gate")
                         gate = wait_for_gate(self.gate, self.device, self.probe_index,
-                                             lambda msg, c=cell: view.phase(c, msg))
+                                             lambda msg, c=cell: view.phase(c, msg), scale)
                     index = self.probe_index()
                     values = sampler.latest or self.device.sample()
                     entry = entry_state(values, index, self.device.simulated)

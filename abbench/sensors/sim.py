@@ -12,9 +12,11 @@ Thermal model (simulated seconds; `u` = load × clock fraction):
     dSoC/dt  = heat_c_per_s · u − (SoC − case) / soc_tau_s
     dcase/dt = (SoC − case) / case_tau_s − (case − ambient) / ambient_tau_s
 
-Trip points on the SoC temperature cap clusters in steps; a trip is lifted only once the
-SoC is `hysteresis_c` below it. The clock fraction is the mean over clusters of
-cap / hardware max.
+Trip points on one node's temperature (`trip_sensor`: the SoC, or the case as a skin
+sensor, which is what a phone's thermal service mostly throttles on) cap clusters in
+steps; a trip is lifted only once that node is `hysteresis_c` below it. Without start
+temperatures the device starts cool, at its idle equilibrium. The clock fraction is the
+mean over clusters of cap / hardware max.
 
 Throttling without the engine knowing: `attach(pid)` marks the device loaded and starts a
 thread that duty-cycles the process with SIGSTOP/SIGCONT (as `cpulimit` does), letting it
@@ -91,6 +93,7 @@ class Profile:
     case_tau_s: float           # s
     ambient_tau_s: float        # s
     hysteresis_c: float         # °C
+    trip_sensor: str            # "soc" or "case": the node the trip points read
     mem_total_mib: int          # MiB
     mem_available_mib: int      # MiB
     battery_capacity_pct: int   # %
@@ -148,20 +151,34 @@ class Profile:
                 raise bad("trip points must be in ascending temperature order")
             trips.append(Trip(float(temp), dict(caps)))
         taus = {k: num(k, MIN_TAU_S) for k in ("soc_tau_s", "case_tau_s", "ambient_tau_s")}
+        trip_sensor = d.get("trip_sensor", "soc")
+        if trip_sensor not in ("soc", "case"):
+            raise bad(f"`trip_sensor` must be \"soc\" or \"case\", got {trip_sensor!r}")
+        heat = num("heat_c_per_s", 0.0)
+        idle = num("idle_load", 0.0, 1.0)
+        ambient = num("ambient_c", -40.0, 60.0)
+        # Without start temperatures the device starts at its idle equilibrium (cool).
+        eq_soc, eq_case = idle_equilibrium(ambient, heat * idle, taus["soc_tau_s"],
+                                           taus["case_tau_s"], taus["ambient_tau_s"])
+        start = {k: (num(k, -40.0, 150.0) if k in d else default)
+                 for k, default in (("start_soc_c", eq_soc), ("start_case_c", eq_case))}
         return cls(
             name=name, clusters=tuple(clusters), trips=tuple(trips),
             time_scale=num("time_scale", 0.0, 10_000.0, lo_open=True),
-            idle_load=num("idle_load", 0.0, 1.0),
-            ambient_c=num("ambient_c", -40.0, 60.0),
-            start_soc_c=num("start_soc_c", -40.0, 150.0),
-            start_case_c=num("start_case_c", -40.0, 150.0),
-            heat_c_per_s=num("heat_c_per_s", 0.0),
-            **taus,
-            hysteresis_c=num("hysteresis_c", 0.0),
+            idle_load=idle, ambient_c=ambient, **start, heat_c_per_s=heat, **taus,
+            hysteresis_c=num("hysteresis_c", 0.0), trip_sensor=trip_sensor,
             mem_total_mib=int(num("mem_total_mib", 1.0)),
             mem_available_mib=int(num("mem_available_mib", 0.0, num("mem_total_mib"))),
             battery_capacity_pct=int(num("battery_capacity_pct", 0.0, 100.0)),
         )
+
+
+def idle_equilibrium(ambient_c: float, heat_c_per_s: float, soc_tau_s: float,
+                     case_tau_s: float, ambient_tau_s: float) -> tuple[float, float]:
+    """(SoC, case) °C where the model rests under a constant `heat_c_per_s` (load × rate)."""
+    soc_over_case = heat_c_per_s * soc_tau_s
+    case = ambient_c + soc_over_case * ambient_tau_s / case_tau_s
+    return case + soc_over_case, case
 
 
 def load_profile(spec: str) -> Profile:
@@ -227,11 +244,15 @@ class ThermalModel:
                                 - (self.case_c - p.ambient_c) / p.ambient_tau_s)
             self._update_level()
 
+    def trip_temp_c(self) -> float:
+        """The temperature the trip points read (the SoC, or the case: a skin sensor)."""
+        return self.soc_c if self.p.trip_sensor == "soc" else self.case_c
+
     def _update_level(self) -> None:
-        trips = self.p.trips
-        while self.level < len(trips) and self.soc_c >= trips[self.level].temp_c:
+        trips, temp = self.p.trips, self.trip_temp_c()
+        while self.level < len(trips) and temp >= trips[self.level].temp_c:
             self.level += 1
-        while self.level > 0 and self.soc_c < trips[self.level - 1].temp_c - self.p.hysteresis_c:
+        while self.level > 0 and temp < trips[self.level - 1].temp_c - self.p.hysteresis_c:
             self.level -= 1
 
 
@@ -282,6 +303,12 @@ class SimulatedDevice(Device):
         with self._sim_lock:
             self.model.forced = fraction
             self._write_dynamic()
+
+    @property
+    def time_scale(self) -> float:
+        """Simulated seconds per wall second: a campaign's spacing and gate times are
+        simulated seconds on this device."""
+        return self.profile.time_scale
 
     def probe_factor(self) -> float:
         """The clock fraction: how much slower than unthrottled the simulated CPU runs."""
