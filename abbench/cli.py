@@ -21,6 +21,7 @@ from abbench.importers.cli import add_import_parser
 from abbench.report.cli import add_report_parser
 from abbench.sensors.cli import add_sensors_parser
 from abbench.sentinels_cmd import add_sentinels_parser
+from abbench.sim_cmd import add_sim_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
     add_sensors_parser(sub)
     add_sentinels_parser(sub)
+    add_sim_parser(sub)
     return p
 
 

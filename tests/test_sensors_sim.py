@@ -21,6 +21,7 @@ from abbench.sensors import open_device
 from abbench.sensors.sim import (
     Profile,
     SimulatedDevice,
+    ThermalModel,
     load_profile,
     shipped_profiles,
     tomllib,
@@ -75,6 +76,8 @@ def _raw(path: Path) -> dict:
     ({"soc_tau_s": 0.1}, "soc_tau_s"),
     ({"idle_load": 2}, "idle_load"),
     ({"bogus": 1}, "unknown keys"),
+    ({"trip_sensor": "skin"}, "trip_sensor"),
+    ({"start_soc_c": "hot"}, "start_soc_c"),
     ({"clusters": []}, "clusters"),
     ({"trips": [{"temp_c": 40.0, "caps_khz": {"policy9": 1}}]}, "unknown policy"),
     ({"trips": [{"temp_c": 40.0, "caps_khz": {"policy0": 1}},
@@ -100,40 +103,52 @@ def test_model_heats_under_load_and_cools_idle(sim) -> None:
     assert cooled["battery.temp_c"] > 25.0  # the case lags, above ambient
 
 
-def test_caps_drop_at_trip_points_with_hysteresis(sim) -> None:
-    p = load_profile("phone")
+@pytest.mark.parametrize("node", ["soc", "case"])
+def test_caps_drop_at_trip_points_with_hysteresis(sim, node: str) -> None:
+    p = dataclasses.replace(load_profile("phone"), trip_sensor=node)
     dev, clock = sim(p)
     m = dev.model
+
+    def heat_to(temp_c: float) -> None:  # only the node the trips read moves the caps
+        setattr(m, f"{node}_c", temp_c)
+        setattr(m, "case_c" if node == "soc" else "soc_c", p.ambient_c)
+        m._update_level()
+
     hw = {c.policy: c.hw_max_khz for c in p.clusters}
     assert m.caps_khz() == hw and dev.probe_factor() == 1.0
     first, second = p.trips[0], p.trips[1]
-    m.soc_c = first.temp_c + 0.1
-    m._update_level()
+    heat_to(first.temp_c + 0.1)
     assert m.level == 1 and m.caps_khz()["policy7"] == first.caps_khz["policy7"]
-    m.soc_c = second.temp_c + 0.1
-    m._update_level()
+    heat_to(second.temp_c + 0.1)
     assert m.level == 2 and dev.probe_factor() < 1.0
-    m.soc_c = second.temp_c - p.hysteresis_c / 2  # below the trip, within hysteresis
-    m._update_level()
+    heat_to(second.temp_c - p.hysteresis_c / 2)  # below the trip, within hysteresis
     assert m.level == 2
-    m.soc_c = second.temp_c - p.hysteresis_c - 0.1
-    m._update_level()
+    heat_to(second.temp_c - p.hysteresis_c - 0.1)
     assert m.level == 1
-    m.soc_c = p.ambient_c
-    m._update_level()
+    heat_to(p.ambient_c)
     assert m.level == 0 and m.caps_khz() == hw
+
+
+def test_without_start_temperatures_the_device_starts_at_idle_equilibrium() -> None:
+    p = load_profile("phone")
+    m = ThermalModel(p)
+    soc, case = m.soc_c, m.case_c
+    m.advance(3600.0, p.idle_load)
+    assert m.soc_c == pytest.approx(soc, abs=0.01) and m.case_c == pytest.approx(case, abs=0.01)
+    assert p.ambient_c < case < soc and m.level == 0
 
 
 def test_readers_see_the_tree(sim) -> None:
     dev, clock = sim("phone")
     assert dev.simulated and dev.name == "sim-phone" and dev.transport == "sim:phone"
     dev.model.soc_c = 52.0
+    dev.model.case_c = 30.5  # the phone's trips read the case: one trip engaged
     dev.model._update_level()
     v = dev.sample()
     assert v["cpu.policy0.cap_khz"] == 1804800 and v["cpu.policy0.capped"] is False
     assert v["cpu.policy7.capped"] is True
     assert v["temp.cpu_c"] == pytest.approx(52.0, abs=0.01)
-    assert v["battery.temp_c"] == pytest.approx(30.0, abs=0.1)
+    assert v["battery.temp_c"] == pytest.approx(30.5, abs=0.1)
     assert v["mem.available_mib"] == 6000
 
 

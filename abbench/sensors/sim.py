@@ -53,7 +53,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 STEP_S = 0.25            # s (simulated): Euler integration step, well below every tau
 MIN_TAU_S = 1.0          # s (simulated): shortest time constant a profile may give
-DUTY_PERIOD_S = 0.05     # s (wall): one SIGSTOP/SIGCONT period while attached
+DUTY_PERIOD_S = 0.02     # s (wall): one SIGSTOP/SIGCONT period while attached (short, so
+                         # that per-token times spread less around the mean slowdown)
 TICK_S = 0.2             # s (wall): the background thread advances the model this often
 IDLE_CLOCK_SHARE = 0.3   # fraction of the cap an idle cluster runs at (scaling_cur_freq)
 
