@@ -103,7 +103,7 @@ def test_contamination_tells(tmp_path: Path) -> None:
         cell("B", 40, cpu_temp=40.0, dropped=16),
         cell("C", 30, cpu_temp=42.0, compute_ms=14.0, read_bytes=3 * 2**20, majflt=5,
              cpu_ms=10.0),
-        cell("D", 30, cpu_temp=43.0),
+        cell("D", 30, cpu_temp=44.0),
     ])
     tells = analyze(run).tells
     kinds = {(t.cell, t.kind) for t in tells}
@@ -114,3 +114,21 @@ def test_contamination_tells(tmp_path: Path) -> None:
     assert (None, "entry_degrading") in kinds
     (drops,) = [t for t in tells if t.kind == "drops"]
     assert "12.5%" in drops.detail
+    (degrading,) = [t for t in tells if t.kind == "entry_degrading"]
+    assert "40.0 → 42.0 → 44.0 °C" in degrading.detail
+
+
+def test_a_slide_within_tolerance_is_not_a_tell(tmp_path: Path) -> None:
+    """Found on a 128 GiB machine: MemAvailable fell 13 MiB over three cells and was
+    flagged; a slide smaller than the matching tolerance is noise."""
+    run = make_run(tmp_path, [cell("B", 40, cpu_temp=40.0), cell("C", 40, cpu_temp=41.0),
+                              cell("D", 40, cpu_temp=42.5)])
+    assert not [t for t in analyze(run).tells if t.kind == "entry_degrading"]
+
+
+def test_a_sentinel_that_ran_faster_is_not_blamed_on_a_slower_device(tmp_path: Path) -> None:
+    run = make_run(tmp_path, [cell("B", 40, fingerprint="f"), cell("C", 40),
+                              cell("B", 48, fingerprint="f", sentinel_of=0)])
+    (d,) = analyze(run).drift
+    assert d.verdict == "drift" and d.ratio is not None and d.ratio.estimate > 1
+    assert d.attribution == () and "ran faster at the end" in d.summary

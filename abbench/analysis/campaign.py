@@ -79,7 +79,7 @@ def analyze(run_folder: Path) -> CampaignAnalysis:
         device_state_recorded=recorded, tolerances=tolerances(plan.match),
         cells=tuple(cells), pairs=adjacent,
         drift=tuple(sentinel_drift(cells, by_index, plan.match)),
-        tells=tuple(contamination_tells(cells, by_index)),
+        tells=tuple(contamination_tells(cells, by_index, plan.match)),
         caps_timeline=tuple(_capped_from(cells, last)),
         decisions=decisions, exit_status=exit_status(list(decisions)),
         unverified_ratios=tuple(unverified),

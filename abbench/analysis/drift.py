@@ -125,12 +125,16 @@ def sentinel_drift(cells: list[CellStats], rec: dict[int, CellRecord],
                        f"configuration, so its speed ({delta}) says nothing about the device")
         elif beyond:
             verdict = "drift"
-            attribution = tuple(attribute(cells, rec, t.index, s.index, match))
             work = "with identical work" if fp == "equal" else "(fingerprints not recorded)"
+            if ratio.estimate < 1:
+                attribution = tuple(attribute(cells, rec, t.index, s.index, match))
+                why = ("; ".join(attribution) if attribution else
+                       "nothing in the recorded timeline explains it (background load?)")
+            else:  # what slows a device cannot explain it running faster
+                why = ("the device ran faster at the end: the opening cell was the slowed "
+                       "one (a warm start, background load, or a machine still settling)")
             summary = (f"device drift: {s.name} ran {delta} at cell {s.index + 1} against "
-                       f"cell {t.index + 1} {work}; "
-                       + ("; ".join(attribution) if attribution else
-                          "nothing in the recorded timeline explains it (background load?)"))
+                       f"cell {t.index + 1} {work}; {why}")
         elif not math.isfinite(ratio.low):
             verdict = "unreadable"
             summary = (f"{s.name}: {delta} at cell {s.index + 1} against cell {t.index + 1}; "
@@ -151,7 +155,8 @@ def _comparables(c: CellStats, cells: list[CellStats]) -> list[CellStats]:
     return prev + [x for x in same if x not in prev]
 
 
-def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord]) -> list[Tell]:
+def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord],
+                        match: dict[str, object] | None = None) -> list[Tell]:
     """Flags, each with the numbers behind it (thresholds are the module constants)."""
     out: list[Tell] = []
     for c in cells:
@@ -184,31 +189,37 @@ def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord]) -> l
             out.append(Tell(c.index, "drops",
                             f"drops {c.drop_rate:.1%} of routed experts: quote its drop rate "
                             "next to its speed (it does less work per token)"))
-    out.extend(_degrading(cells, rec))
+    out.extend(_degrading(cells, rec, match))
     return out
 
 
-def _degrading(cells: list[CellStats], rec: dict[int, CellRecord]) -> list[Tell]:
-    """Entry state getting worse at every cell, over three or more cells in run order."""
+def _degrading(cells: list[CellStats], rec: dict[int, CellRecord],
+               match: dict[str, object] | None = None) -> list[Tell]:
+    """Entry state getting worse at every cell, over three or more cells in run order, by
+    more than the matching tolerance in all (a 13 MiB slide of 128 GiB is not a tell)."""
     ents = [rec[c.index].entry for c in cells if c.index in rec]
     if len(ents) < 3:
         return []
+    tol = tolerances(match or {})  # type: ignore[arg-type]
+    mem0 = next((e.mem_available_mib for e in ents if e.mem_available_mib is not None), None)
     out: list[Tell] = []
-    series = {
-        "CPU temperature": ([e.cpu_temp_c for e in ents], 1, " °C"),
-        "battery temperature": ([e.battery_temp_c for e in ents], 1, " °C"),
-        "MemAvailable": ([e.mem_available_mib for e in ents], -1, " MiB"),
-        "speed probe index": ([e.probe_index for e in ents], -1, ""),
+    series = {  # values, direction of worse, unit, decimals, the change that counts
+        "CPU temperature": ([e.cpu_temp_c for e in ents], 1, " °C", 1, tol["cpu_temp_tol_c"]),
+        "battery temperature": ([e.battery_temp_c for e in ents], 1, " °C", 1,
+                                tol["battery_temp_tol_c"]),
+        "MemAvailable": ([e.mem_available_mib for e in ents], -1, " MiB", 0,
+                         (mem0 or 0.0) * tol["mem_available_tol_frac"]),
+        "speed probe index": ([e.probe_index for e in ents], -1, "", 2, tol["probe_tol"]),
         "capped policies": ([float(len([p for p, cap in e.caps_khz.items()
                                        if p in e.hw_max_khz and cap < e.hw_max_khz[p]]))
-                             if e.caps_khz else None for e in ents], 1, ""),
+                             if e.caps_khz else None for e in ents], 1, "", 0, 0.0),
     }
-    for what, (vals, sign, unit) in series.items():
+    for what, (vals, sign, unit, decimals, counts) in series.items():
         if any(v is None for v in vals):
             continue
         steps = [sign * (b - a) for a, b in zip(vals, vals[1:], strict=False)]  # type: ignore[operator]
-        if all(s > 0 for s in steps):
-            shown = " → ".join(f"{v:.4g}" for v in vals)  # type: ignore[str-format]
+        if all(s > 0 for s in steps) and sum(steps) > counts:
+            shown = " → ".join(f"{v:.{decimals}f}" for v in vals)  # type: ignore[str-format]
             out.append(Tell(None, "entry_degrading",
                             f"{what} at entry worsened at every cell in run order "
                             f"({shown}{unit}): later cells ran on a worse device — "
