@@ -1,21 +1,179 @@
-"""Writing files so that a crash never leaves a half-written one: temp file, fsync, rename."""
+"""Writing files so that a crash never leaves a half-written one: temp file, fsync, rename
+for whole files; one locked `write()` per line, undone on failure, for appended files.
+
+An `OSError` raised here names the file it was writing (`e.filename`), so the caller's error
+boundary can say which file a full disk refused; `WriteError.from_os` turns it into the
+one-line message the CLI prints.
+
+Test-only fault injection (tests/test_faults.py, docs/reliability.md): with the environment
+variable `ABBENCH_FAULT="ACTION:POINT:N"`, the Nth time this process reaches POINT, ACTION
+happens there: `kill` SIGKILLs the process (a crash), `interrupt` sends it SIGINT (Ctrl-C),
+`enospc` raises ENOSPC (a full disk). A POINT is a file name, reached halfway through
+writing it (half its bytes written), or `before-cell` in the campaign runner. Unset, it
+costs one environment lookup per write.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import json
 import os
+import signal
 import tempfile
+import threading
+import warnings
+from collections import Counter
 from pathlib import Path
+
+from abbench.errors import AbbenchError
+
+FAULT_ENV = "ABBENCH_FAULT"
+_fault_lock = threading.Lock()
+_fault_hits: Counter[str] = Counter()
+
+
+class WriteError(AbbenchError):
+    """A file abbench writes could not be written (a full disk, a read-only folder)."""
+
+    @classmethod
+    def from_os(cls, e: OSError, then: str = "run the command again") -> WriteError:
+        """`cannot write FILE: WHY`, with a tip ending in `then`."""
+        what, first = (e.strerror or str(e)).lower(), None
+        if e.errno == errno.ENOSPC:
+            what, first = "no space left on device", "free some space on that disk"
+        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            first = "make it writable"
+        return cls(f"cannot write {e.filename or 'a file'}: {what}",
+                   f"{first}, then {then}" if first else then[0].upper() + then[1:])
+
+
+def fault(point: str) -> None:
+    """The test-only fault hook described in the module docstring."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    action, _, rest = spec.partition(":")
+    where, _, nth = rest.rpartition(":")
+    if where != point:
+        return
+    with _fault_lock:
+        _fault_hits[point] += 1
+        if str(_fault_hits[point]) != nth:
+            return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "interrupt":
+        signal.raise_signal(signal.SIGINT)
+    elif action == "enospc":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _write_all(fd: int, data: bytes, name: str) -> None:
+    """All of `data` (os.write may write less); the fault hook fires halfway through."""
+    view = memoryview(data)
+    half = len(view) // 2 if os.environ.get(FAULT_ENV) else len(view)
+    _write_fully(fd, view[:half])
+    fault(name)
+    _write_fully(fd, view[half:])
+
+
+def _write_fully(fd: int, part: memoryview) -> None:
+    while part:
+        part = part[os.write(fd, part):]
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to a temp file beside `path`, fsync it and rename it over `path`: a
+    reader sees the old file or the new one, never half of one."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp",
+                               dir=path.parent or ".")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            _write_all(fd, text.encode("utf-8"), path.name)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def append_line(path: str | os.PathLike[str], line: str, fsync: bool = True) -> None:
+    """Append one line (`line` ends with a newline) as a single locked `write()`.
+
+    Safe for several processes appending to one file (a device's sentinel history): the
+    file is opened O_APPEND and held under `flock` for the write, so lines never interleave.
+    A line a crash left half-written (no newline at the end of the file) is cut off first,
+    with a warning: readers skip a torn last line, and the next line must not glue onto it.
+    A write that fails (ENOSPC) is undone the same way, so the file stays whole lines.
+    """
+    path = Path(path)
+    data = line.encode("utf-8")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size, dropped = _cut_torn_tail(fd)
+        if dropped:
+            warnings.warn(f"{path}: dropped a torn last line ({dropped} bytes) that an "
+                          "interrupted write left", stacklevel=3)
+        try:
+            _write_all(fd, data, path.name)
+            if fsync:
+                os.fsync(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)  # back to whole lines
+            raise OSError(e.errno, e.strerror, str(path)) from e
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def cut_torn_tail(path: str | os.PathLike[str]) -> int:
+    """Cut a half-written last line (no newline after it) off a lines file, under the same
+    lock appenders take; the bytes dropped (0: none, or no file)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _cut_torn_tail(fd)[1]
+    finally:
+        os.close(fd)
+
+
+def _cut_torn_tail(fd: int) -> tuple[int, int]:
+    """Truncate the open file after its last newline: (size afterwards, bytes dropped).
+
+    A last line without its newline that still parses as a JSON object was written whole
+    (readers count it): it keeps its line and gets the newline instead."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return size, 0
+    keep = size
+    while keep > 0:
+        start = max(0, keep - 65536)
+        nl = os.pread(fd, keep - start, start).rfind(b"\n")
+        if nl >= 0:
+            keep = start + nl + 1
+            break
+        keep = start
+    try:
+        whole = isinstance(json.loads(os.pread(fd, size - keep, keep)), dict)
+    except (ValueError, RecursionError):
+        whole = False
+    if whole:
+        _write_fully(fd, memoryview(b"\n"))
+        return size + 1, 0
+    os.ftruncate(fd, keep)
+    return keep, size - keep

@@ -13,18 +13,25 @@ RUN/
 ```
 
 Everything here is a frozen dataclass with `to_json()` / `from_json()`; unknown keys in a
-file are ignored on read (newer writers), missing optional keys take their defaults.
+file are ignored on read (newer writers), missing optional keys take their defaults, and
+every other key is checked against its annotation: a value of the wrong type, a number
+that is not finite or beyond `LIMIT`, or a label that is not a folder name is a
+`RecordError` naming the file, the line and the key.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, field, fields
+import math
+import re
+import types
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from abbench.errors import AbbenchError
+from abbench.fsutil import append_line
 
 FORMAT = "abbench-run v1"
 
@@ -35,9 +42,101 @@ class RecordError(AbbenchError):
     """A run folder file that cannot be read."""
 
 
-def _from_dict(cls: type[T], d: dict[str, Any]) -> T:
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in d.items() if k in names})
+# -- reading: every field checked against its annotation ---------------------------------
+
+
+# No number a run folder records comes near this (Unix times ~2e9, bytes per token ~1e10);
+# beyond it sums, spans and plot ranges overflow to infinity.
+LIMIT = 1e18
+
+
+def _number(value: Any) -> bool:
+    """A finite JSON number within LIMIT (not a boolean)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= LIMIT  # False for NaN; never converts a huge int to a float
+
+
+class _BadField(ValueError):
+    """A record field of the wrong type or shape; `key` names it (`entry.cpu_temp_c`)."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"`{key}` {problem}" if key else problem)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"a {len(str(abs(value)))}-digit number" if abs(value) < 10**4000 else \
+            "a number of thousands of digits"
+    try:
+        text = json.dumps(value, allow_nan=True, default=str)
+    except (ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _typed(value: Any, hint: Any, key: str) -> Any:
+    """`value` as the annotation `hint` asks (lists become tuples, whole numbers become
+    floats where a float is asked); anything else raises `_BadField` naming `key`."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _typed(value, inner[0], key)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _BadField(key, f"is {_shown(value)}, expected true or false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _BadField(key, f"is {_shown(value)}, expected a whole number")
+        if not _number(value):
+            raise _BadField(key, f"is {_shown(value)}, out of range (at most {LIMIT:g})")
+        return value
+    if hint is float:
+        if not _number(value):
+            raise _BadField(key, f"is {_shown(value)}, expected a finite number "
+                            f"(at most {LIMIT:g})")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise _BadField(key, f"is {_shown(value)}, expected a string")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _BadField(key, f"is {_shown(value)}, expected an object")
+        return {k: _typed(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise _BadField(key, f"is {_shown(value)}, expected a list")
+        return tuple(_typed(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if is_dataclass(hint):
+        return _from_dict(hint, value, key)  # type: ignore[arg-type]
+    raise TypeError(f"records: no reader for the annotation {hint!r}")  # a bug here
+
+
+def _from_dict(cls: type[T], d: Any, key: str = "") -> T:
+    """A record from a JSON object: known keys checked against their annotations, unknown
+    keys ignored (newer writers), missing keys with a default take it."""
+    if not isinstance(d, dict):
+        raise _BadField(key, f"is {_shown(d)}, expected an object")
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        at = f"{key}.{f.name}" if key else f.name
+        if f.name in d:
+            values[f.name] = _typed(d[f.name], hints[f.name], at)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise _BadField(at, "is missing")
+    return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -81,8 +180,6 @@ class GateWait:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GateWait:
-        d = dict(d)
-        d["reasons"] = tuple(d.get("reasons", ()))
         return _from_dict(cls, d)
 
 
@@ -122,9 +219,6 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Plan:
-        d = dict(d)
-        d["cells"] = tuple(PlannedCell.from_json(c) for c in d.get("cells", ()))
-        d["decisions"] = tuple(d.get("decisions", ()))
         return _from_dict(cls, d)
 
 
@@ -157,9 +251,8 @@ class CellRecord:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CellRecord:
-        d = dict(d)
-        d["entry"] = EntryState.from_json(d.get("entry") or {"t_wall": 0.0})
-        d["gate"] = GateWait.from_json(d.get("gate") or {})
+        if isinstance(d, dict):  # older journals: no entry state or gate recorded
+            d = {**d, "entry": d.get("entry") or {"t_wall": 0.0}, "gate": d.get("gate") or {}}
         return _from_dict(cls, d)
 
 
@@ -184,22 +277,21 @@ class Sample:
 
 
 def append_jsonl(path: Path, obj: dict[str, Any], fsync: bool = True) -> None:
-    """Append one JSON line; flushed and (by default) fsync'd before returning."""
-    line = json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
+    """Append one JSON line, written whole or not at all (`fsutil.append_line`: one locked
+    write, a torn tail cut first, undone on failure) and by default fsync'd."""
+    append_line(path, json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n", fsync)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line of a JSON-lines file; a torn last line (a crash mid-write) is
-    ignored, any other bad line is an error naming the file and line."""
-    if not path.exists():
+def _jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every complete line of a JSON-lines file."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
         return []
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read ({e.strerror or e})") from None
     out = []
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    lines = text.split("\n")
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -209,31 +301,162 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             if n == len(lines):  # no newline after it: torn by a crash
                 continue
             raise RecordError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+        except ValueError:  # a number of thousands of digits
+            raise RecordError(f"{path}:{n}: not a JSON line (a number too long)") from None
+        except RecursionError:
+            raise RecordError(f"{path}:{n}: not a JSON line (nested too deeply)") from None
         if not isinstance(obj, dict):
             raise RecordError(f"{path}:{n}: expected a JSON object")
-        out.append(obj)
+        out.append((n, obj))
     return out
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a JSON-lines file; a torn last line (a crash mid-write) is
+    ignored, any other bad line is an error naming the file and line."""
+    return [obj for _, obj in _jsonl(path)]
+
+
+# A cell's folder name: at most one path component, so that `cells/LABEL` stays inside
+# the run folder.
+_LABEL = re.compile(r"[^/\\\x00]*")
+
+
+def _label(label: str, key: str) -> None:
+    if not _LABEL.fullmatch(label) or label in (".", ".."):
+        raise _BadField(key, f"is {_shown(label)}, not a folder name (cells/NN-NAME)")
+
+
 def read_journal(run: Path) -> list[CellRecord]:
-    try:
-        return [CellRecord.from_json(d) for d in read_jsonl(run / "journal.jsonl")]
-    except (TypeError, KeyError, ValueError) as e:
-        raise RecordError(f"{run / 'journal.jsonl'}: malformed cell record ({e})") from None
+    path = run / "journal.jsonl"
+    out = []
+    for n, d in _jsonl(path):
+        try:
+            record = CellRecord.from_json(d)
+            _label(record.label, "label")
+        except _BadField as e:
+            raise RecordError(f"{path}:{n}: malformed cell record: {e}") from None
+        out.append(record)
+    return out
 
 
 def read_plan(run: Path) -> Plan:
     path = run / "plan.json"
     try:
-        return Plan.from_json(json.loads(path.read_text(encoding="utf-8")))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RecordError(f"{run}: not a run folder (no plan.json)") from None
-    except (json.JSONDecodeError, TypeError, KeyError, ValueError) as e:
-        raise RecordError(f"{path}: malformed plan ({e})") from None
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError) as e:  # not JSON, not UTF-8, a huge number
+        raise RecordError(f"{path}: malformed plan ({str(e)[:200]})") from None
+    except RecursionError:
+        raise RecordError(f"{path}: malformed plan (nested too deeply)") from None
+    try:
+        plan = Plan.from_json(doc)
+        _check_plan(plan)
+    except _BadField as e:
+        raise RecordError(f"{path}: malformed plan: {e}") from None
+    return plan
+
+
+def _check_plan(plan: Plan) -> None:
+    """What the analysis relies on beyond the types: cells in execution order, each in its
+    own folder, sentinels of earlier cells, decisions and tolerances that are numbers."""
+    for i, c in enumerate(plan.cells):
+        if c.index != i:
+            raise _BadField(f"cells[{i}].index", f"is {c.index}, expected {i} (execution "
+                            "order)")
+        _label(c.label, f"cells[{i}].label")
+        if c.sentinel_of is not None and not 0 <= c.sentinel_of < i:
+            raise _BadField(f"cells[{i}].sentinel_of", f"is {c.sentinel_of}, not an earlier "
+                            "cell")
+    for i, d in enumerate(plan.decisions):
+        for name in ("candidate", "baseline"):
+            _typed(d.get(name), str, f"decisions[{i}].{name}")
+        if d["candidate"] == d["baseline"]:
+            raise _BadField(f"decisions[{i}]", f"compares `{d['candidate']}` with itself")
+        if "min_effect" in d:
+            _typed(d["min_effect"], float, f"decisions[{i}].min_effect")
+    for k, v in plan.match.items():
+        _typed(v, float, f"match.{k}")
 
 
 def read_samples(run: Path) -> list[Sample]:
+    path = run / "samples.jsonl"
+    out = []
+    for n, d in _jsonl(path):
+        try:
+            sample = Sample.from_json(d)
+            for k, v in sample.values.items():
+                # Readings are numbers (frequencies always), strings, booleans or null.
+                if (k.endswith("_khz") and v is not None) or (
+                        isinstance(v, (int, float)) and not isinstance(v, bool)):
+                    _typed(v, float, f"values.{k}")
+        except _BadField as e:
+            raise RecordError(f"{path}:{n}: malformed sample: {e}") from None
+        out.append(sample)
+    return out
+
+
+# -- a cell's own files ----------------------------------------------------------------------
+
+
+def _column(values: Any) -> list[float] | None:
+    """A per-token column: a list of numbers (null: not measured), else None."""
+    if not isinstance(values, list) or not all(v is None or _number(v) for v in values):
+        return None
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def read_cell_files(cell_dir: Path) -> tuple[dict[str, list[float]], str, dict[str, Any]]:
+    """A cell's per-token columns, where they came from, and its `summary.json` document.
+
+    Columns come from `summary.json` `per_token` (the engine's --json), else `tokens.csv`
+    (a bmoe_metrics CSV); source is "per_token", "tokens.csv" or "none". Fail-soft like the
+    cell that wrote them (an external command's output may be anything): a document that is
+    not JSON counts as absent, a column that is not a list of numbers is left out, a CSV row
+    that does not parse ends the table (a torn file), and `summary`, `fingerprint` and
+    `resolved` of the wrong type are dropped."""
+    doc: dict[str, Any] = {}
+    path = cell_dir / "summary.json"
     try:
-        return [Sample.from_json(d) for d in read_jsonl(run / "samples.jsonl")]
-    except (TypeError, KeyError, ValueError) as e:
-        raise RecordError(f"{run / 'samples.jsonl'}: malformed sample ({e})") from None
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # absent, unreadable, not JSON
+        loaded = None
+    if isinstance(loaded, dict):
+        doc = {k: v for k, v in loaded.items() if not (
+            (k in ("summary", "resolved", "per_token") and not isinstance(v, dict))
+            or (k == "fingerprint" and not isinstance(v, str)))}
+    pt = doc.get("per_token", {})
+    cols = {k: c for k, c in ((k, _column(v)) for k, v in pt.items()) if c is not None}
+    if cols.get("wall_ms"):
+        return cols, "per_token", doc
+    cols = _tokens_csv(cell_dir / "tokens.csv")
+    if cols.get("wall_ms"):
+        return cols, "tokens.csv", doc
+    return {}, "none", doc
+
+
+def _tokens_csv(path: Path) -> dict[str, list[float]]:
+    """bmoe_metrics CSV: `#` lines, a header row, one row per token; every column optional,
+    a row that does not parse ends the table (a torn file)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    if not lines:
+        return {}
+    header = [h.strip() for h in lines[0].split(",")]
+    cols: dict[str, list[float]] = {h: [] for h in header}
+    for line in lines[1:]:
+        try:
+            vals = [float(v) for v in line.split(",")]
+        except ValueError:
+            break
+        if len(vals) != len(header) or not all(_number(v) for v in vals):
+            break
+        for h, v in zip(header, vals):
+            cols[h].append(v)
+    return cols

@@ -34,6 +34,10 @@ class DeviceDuring:
     battery_temp_c: tuple[float, float] | None
     mem_available_floor_mib: float | None
     samples: int
+    # Sensor gaps: reading key -> how many of the cell's samples lack it, for each key the
+    # sampler records in this run that the cell had (at entry or in a sample) and then lost
+    # in some sample (a sensor that vanished or read garbage mid-cell).
+    gaps: dict[str, int] = field(default_factory=dict)
 
     @property
     def caps_measured(self) -> bool:
@@ -174,7 +178,39 @@ def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
         cpu_temp_c=(min(cpu), max(cpu)) if cpu else None,
         battery_temp_c=(min(bat), max(bat)) if bat else None,
         mem_available_floor_mib=min(mem) if mem else None, samples=n,
+        gaps=sensor_gaps(record, samples),
     )
+
+
+def _matched_keys(values: dict[str, Any]) -> set[str]:
+    """The readings matching compares, present as numbers in one sample."""
+    return {k for k, v in values.items()
+            if (k in ("temp.cpu_c", "battery.temp_c", "mem.available_mib")
+                or (k.startswith("cpu.") and k.endswith(".cap_khz")))
+            and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def sensor_gaps(record: CellRecord, samples: list[Sample]) -> dict[str, int]:
+    """Per reading key, the number of the cell's samples that lack it, for the keys that
+    some sample of the run records and that this cell had (entry state or a sample).
+
+    A device without a sensor has no gap (never recorded); neither has a cell after the
+    sensor vanished for good (it never had it: its pairs read "not measured" or, against
+    a cell that had it, fail on the entry state)."""
+    recorded: set[str] = set()
+    mine: list[set[str]] = []
+    for s in samples:
+        keys = _matched_keys(s.values)
+        recorded |= keys
+        if s.cell == record.index:
+            mine.append(keys)
+    e = record.entry
+    had = {f"cpu.{p}.cap_khz" for p in e.caps_khz}
+    had |= {k for k, v in (("temp.cpu_c", e.cpu_temp_c), ("battery.temp_c", e.battery_temp_c),
+                           ("mem.available_mib", e.mem_available_mib)) if v is not None}
+    had = (had | set().union(*mine)) & recorded
+    gaps = {k: sum(k not in keys for keys in mine) for k in sorted(had)}
+    return {k: n for k, n in gaps.items() if n}
 
 
 def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
@@ -276,4 +312,4 @@ def steady_rate(c: CellStats) -> float | None:
 
 
 __all__ = ["CapsState", "CellStats", "DeviceDuring", "cell_stats", "device_during",
-           "steady_rate", "tokens_per_s"]
+           "sensor_gaps", "steady_rate", "tokens_per_s"]

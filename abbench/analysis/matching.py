@@ -1,9 +1,12 @@
 """Matched pairs (DESIGN section 1): two cells the campaign may compare.
 
 A pair is matched when every criterion below holds; a criterion whose sensor recorded
-nothing is "not measured" and neither holds nor fails. Where no device state was recorded
-anywhere in the run (imported runs), a pair that passes the rest is *unverified*, never
-matched.
+nothing for either cell is "not measured" and neither holds nor fails. A sensor gap fails
+its criterion: a reading present for one cell's entry and absent for the other's, or one
+that a cell had and then lost in some of its samples (a sensor that vanished or read
+garbage mid-cell: `DeviceDuring.gaps`) — nothing says the cells ran alike. Where no
+device state was recorded anywhere in the run (imported runs), a pair that passes the rest
+is *unverified*, never matched.
 
 | criterion | holds when | tolerance key ([match]) |
 |---|---|---|
@@ -21,6 +24,7 @@ matched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,10 +71,33 @@ def _fmt_caps(st: CapsState) -> str:
     return ", ".join(f"{p} {cap / 1e6:.2f} GHz" for p, cap in st) or "none"
 
 
+def _gap(what: str, keys: Callable[[str], bool], a: CellStats, b: CellStats) -> str | None:
+    """The detail of the worst sensor gap among `keys` during either cell; None if none."""
+    for c in (a, b):
+        lost = {k: n for k, n in c.during.gaps.items() if keys(k)}
+        if lost:
+            key, n = max(lost.items(), key=lambda kn: kn[1])
+            return (f"{what} sensor gap during cell {c.index + 1} ({c.label}): `{key}` "
+                    f"missing from {n} of {c.during.samples} samples")
+    return None
+
+
+def _one_sided(name: str, what: str, x: Any, y: Any, tol: Any, a: CellStats,
+               b: CellStats) -> Criterion:
+    only = a if y is None else b
+    other = b if y is None else a
+    return Criterion(name, "fail", x, y, tol,
+                     f"{what} measured for cell {only.index + 1} only: a sensor gap at "
+                     f"cell {other.index + 1}'s entry")
+
+
 def _caps(a: CellStats, b: CellStats) -> Criterion:
     sa, sb = a.during.caps_states, b.during.caps_states
     va = [_fmt_caps(s) for s in sa]
     vb = [_fmt_caps(s) for s in sb]
+    gap = _gap("caps", lambda k: k.endswith(".cap_khz"), a, b)
+    if gap:
+        return Criterion("caps", "fail", va, vb, "equal", gap)
     if not sa and not sb:
         return Criterion("caps", "not measured", None, None, "equal",
                          "no cpufreq caps recorded")
@@ -88,20 +115,32 @@ def _caps(a: CellStats, b: CellStats) -> Criterion:
     return Criterion("caps", "ok", va, vb, "equal", f"same caps: {va[0]}")
 
 
-def _abs(name: str, unit: str, x: float | None, y: float | None, tol: float) -> Criterion:
+def _abs(name: str, unit: str, x: float | None, y: float | None, tol: float,
+         a: CellStats, b: CellStats, key: str | None = None) -> Criterion:
+    what = name.replace("_", " ")
+    gap = _gap(what, lambda k: k == key, a, b) if key else None
+    if gap:
+        return Criterion(name, "fail", x, y, tol, gap)
+    if x is None and y is None:
+        return Criterion(name, "not measured", x, y, tol, f"{what} not measured")
     if x is None or y is None:
-        return Criterion(name, "not measured", x, y, tol,
-                         f"{name.replace('_', ' ')} not measured")
+        return _one_sided(name, what, x, y, tol, a, b)
     d = abs(x - y)
     return Criterion(name, "ok" if d <= tol else "fail", x, y, tol,
                      f"{name.replace('_', ' ')} {x:.2f} vs {y:.2f}{unit}: "
                      f"differ by {d:.2f}{unit} ({'<=' if d <= tol else '>'} {tol:g}{unit})")
 
 
-def _mem(x: float | None, y: float | None, frac: float) -> Criterion:
-    if x is None or y is None:
+def _mem(x: float | None, y: float | None, frac: float, a: CellStats,
+         b: CellStats) -> Criterion:
+    gap = _gap("MemAvailable", lambda k: k == "mem.available_mib", a, b)
+    if gap:
+        return Criterion("mem_available", "fail", x, y, frac, gap)
+    if x is None and y is None:
         return Criterion("mem_available", "not measured", x, y, frac,
                          "MemAvailable not measured")
+    if x is None or y is None:
+        return _one_sided("mem_available", "MemAvailable", x, y, frac, a, b)
     d = abs(x - y) / max(x, y, 1e-9)
     return Criterion("mem_available", "ok" if d <= frac else "fail", x, y, frac,
                      f"MemAvailable {x:.0f} vs {y:.0f} MiB: differ by {d:.1%} "
@@ -138,15 +177,18 @@ def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord
         ea, eb = ra.entry, rb.entry
         crit.append(_caps(a, b))
         crit.append(_abs("cpu_temp", " °C", ea.cpu_temp_c, eb.cpu_temp_c,
-                         tol["cpu_temp_tol_c"]))
+                         tol["cpu_temp_tol_c"], a, b, "temp.cpu_c"))
         crit.append(_abs("battery_temp", " °C", ea.battery_temp_c, eb.battery_temp_c,
-                         tol["battery_temp_tol_c"]))
+                         tol["battery_temp_tol_c"], a, b, "battery.temp_c"))
         crit.append(_mem(ea.mem_available_mib, eb.mem_available_mib,
-                         tol["mem_available_tol_frac"]))
-        crit.append(_abs("probe", "", ea.probe_index, eb.probe_index, tol["probe_tol"]))
-        if ea.thermal_status is None or eb.thermal_status is None:
+                         tol["mem_available_tol_frac"], a, b))
+        crit.append(_abs("probe", "", ea.probe_index, eb.probe_index, tol["probe_tol"], a, b))
+        if ea.thermal_status is None and eb.thermal_status is None:
             crit.append(Criterion("thermal_status", "not measured", ea.thermal_status,
                                   eb.thermal_status, "equal", "thermal status not measured"))
+        elif ea.thermal_status is None or eb.thermal_status is None:
+            crit.append(_one_sided("thermal_status", "thermal status", ea.thermal_status,
+                                   eb.thermal_status, "equal", a, b))
         else:
             same = ea.thermal_status == eb.thermal_status
             crit.append(Criterion("thermal_status", "ok" if same else "fail",

@@ -11,15 +11,15 @@ from abbench.campaign.gate import GateSpec
 from abbench.campaign.plan import describe_plan, plan_campaign
 from abbench.campaign.runner import (
     EXIT_INTERRUPTED,
-    EXIT_UNDECIDED,
     Interrupted,
     RunOptions,
     resume,
     start,
 )
 from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
-from abbench.errors import UsageError
-from abbench.records import read_journal, read_plan
+from abbench.errors import AbbenchError, UsageError
+from abbench.fsutil import WriteError
+from abbench.records import read_journal
 from abbench.report import print_report, write_reports
 
 
@@ -50,16 +50,27 @@ def gate_spec(spec: CampaignSpec) -> GateSpec | None:
 
 def _write_reports(folder: Path, interrupted: bool) -> int:
     """Write report.json/md/html (marked incomplete after Ctrl-C); the exit status is the
-    decisions'. A report that cannot be written must not lose the campaign: it warns, and
-    the decisions stay open (`abbench report RUN` retries)."""
+    decisions'. A report that cannot be written (a full disk) is an error naming the file,
+    exit status 2, except after Ctrl-C, where it warns and the exit status stays
+    "interrupted"; either way the journal is whole and `abbench report RUN` retries."""
+    retry = f"abbench report {folder}"
     try:
         return write_reports(folder)[1]
-    except Exception as e:  # noqa: BLE001 — the journal is safe
-        print(f"WARNING: the report could not be written ({e}); "
-              f"retry with: abbench report {folder}", file=sys.stderr)
-        if interrupted:
-            return EXIT_INTERRUPTED
-        return EXIT_UNDECIDED if read_plan(folder).decisions else 0
+    except WriteError as e:
+        error = e
+    except AbbenchError as e:
+        error = AbbenchError(f"the report could not be written: {e.message}", e.tip)
+    except Exception as e:  # noqa: BLE001 — a bug in the analysis must not hide the cells
+        error = AbbenchError(f"the report could not be written ({type(e).__name__}: {e})",
+                             f"retry with: {retry}")
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while writing the report; the journal in {folder} "
+                          "is whole", tip=f"write it with: {retry}", folder=folder) from None
+    if not interrupted:
+        raise error
+    print(f"WARNING: the report could not be written ({error.message}); retry with: {retry}",
+          file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def cmd_campaign(a: argparse.Namespace) -> int:
@@ -68,7 +79,10 @@ def cmd_campaign(a: argparse.Namespace) -> int:
     if a.resume:
         folder = Path(a.resume)
         if not (folder / "plan.json").is_file():
-            raise UsageError(f"{folder}: not a run folder (no plan.json)")
+            started = (folder / "campaign.toml").is_file()
+            raise UsageError(f"{folder}: not a run folder (no plan.json)",
+                             tip="the campaign stopped before its plan was written: nothing "
+                             "ran; start it again" if started else None)
         spec = load_campaign(folder / "campaign.toml")
         done = len(read_journal(folder))
         print(f"resuming {folder}: {done} cells already in the journal", file=sys.stderr)

@@ -6,11 +6,18 @@ starts, so an interrupted campaign loses at most the cell in flight: `--resume R
 the plan and the journal and runs only what the journal lacks. A cell that crashes, exits
 non-zero, writes garbage or outlives its timeout is recorded as failed with its stderr tail
 and the campaign goes on.
+
+Resuming first repairs what a crash left (`recovery.repair`) and appends the sentinel
+history lines a kill kept from being written. A file that cannot be written (a full disk)
+stops the campaign with one error naming it, `status.json` saying so, and the journal
+whole: `--resume` continues once there is room.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
 import shlex
@@ -28,18 +35,21 @@ from typing import Any
 
 from abbench.campaign.gate import GateSpec, wait_for_gate
 from abbench.campaign.output import read_cell_output
+from abbench.campaign.recovery import note_child, repair
 from abbench.campaign.view import CampaignView
 from abbench.errors import AbbenchError, UsageError
-from abbench.fsutil import atomic_write_text
+from abbench.fsutil import WriteError, atomic_write_text, fault
 from abbench.records import (
     CellRecord,
     EntryState,
     GateWait,
     Plan,
     PlannedCell,
+    RecordError,
     Sample,
     append_jsonl,
     read_journal,
+    read_jsonl,
     read_plan,
 )
 from abbench.sensors import Device, Sampler, open_device, speed_probe
@@ -68,14 +78,17 @@ class RunOptions:
 
 def new_run_folder(root: Path, name: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    root.mkdir(parents=True, exist_ok=True)
-    for n in range(1000):
-        folder = root / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
-        try:
-            folder.mkdir()  # atomic: two campaigns never share a folder
-            return folder
-        except FileExistsError:
-            continue
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for n in range(1000):
+            folder = root / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
+            try:
+                folder.mkdir()  # atomic: two campaigns never share a folder
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise WriteError.from_os(e) from None
     raise UsageError(f"{root}: cannot create a unique run folder for `{name}`")
 
 
@@ -175,8 +188,22 @@ class CampaignRun:
         return self.first_probe / t
 
     def run(self) -> int:
+        try:
+            return self._run()
+        except OSError as e:
+            self._kill_child()
+            error = WriteError.from_os(e, f"continue with: abbench campaign --resume "
+                                          f"{self.folder}")
+            with contextlib.suppress(OSError):  # the disk may be too full for this too
+                self._write_status("failed", error.message)
+            raise error from None
+
+    def _run(self) -> int:
         done = {r.index for r in read_journal(self.folder)}
         todo = [c for c in self.plan.cells if c.index not in done]
+        repair(self.folder, self.plan, done)  # what a crash left, if this is a resume
+        if done:
+            self._resend_sentinels()
         probe_file = self.folder / "probe.json"
         if probe_file.exists():
             self.first_probe = float(json.loads(probe_file.read_text())["first_probe_s"])
@@ -190,6 +217,7 @@ class CampaignRun:
             with Sampler(self.device, self.hz, self._sink) as sampler, view:
                 view.sampler = sampler
                 for cell in todo:
+                    fault("before-cell")
                     if last_end is not None and self.plan.spacing_s > 0:
                         view.phase(cell, f"spacing {self.plan.spacing_s:g} s"
                                    + (f" (simulated: {self.plan.spacing_s / scale:.3g} s)"
@@ -208,8 +236,10 @@ class CampaignRun:
                     view.finished(cell, record)
                     self._sentinel(cell, record)
                     last_end = time.monotonic()
-                # One last reading, so the timeline covers the campaign's end too.
-                self._sink(time.monotonic(), time.time(), self.device.sample())
+                # One last reading, so the timeline covers the campaign's end too (a
+                # sample that cannot be written is a gap, as in the sampler).
+                with contextlib.suppress(OSError):
+                    self._sink(time.monotonic(), time.time(), self.device.sample())
         except KeyboardInterrupt:
             self._kill_child()
             self._write_status("interrupted")
@@ -246,10 +276,12 @@ class CampaignRun:
             with open(stderr_path, "wb") as err, open(out / "stdout.txt", "wb") as so:
                 self._child = subprocess.Popen(argv, stdout=so, stderr=err,
                                                stdin=subprocess.DEVNULL)
-                attach = getattr(self.device, "attach", None)  # a simulated device throttles
-                if attach is not None:
-                    attach(self._child.pid)
                 try:
+                    # A simulated device throttles the child from its first instruction.
+                    attach = getattr(self.device, "attach", None)
+                    if attach is not None:
+                        attach(self._child.pid)
+                    note_child(out / "child.json", self._child.pid)
                     code = self._child.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
                     self._kill_child()
@@ -258,7 +290,7 @@ class CampaignRun:
                     self._kill_child()
                     raise
             if status == "ok" and code != 0:
-                status, error = "failed", f"exited with status {code}"
+                status, error = "failed", _exit_reason(code)
         except OSError as e:
             status, error = "failed", f"could not start: {e.strerror or e}"
         finally:
@@ -274,14 +306,21 @@ class CampaignRun:
                 summary, fingerprint = read_cell_output(cfg, out, self.device)
             except AbbenchError as e:
                 status, error = "failed", e.message
-        tail = _tail(stderr_path)
+            except Exception as e:  # noqa: BLE001 — garbage output must not end the campaign
+                status, error = "failed", (f"its output could not be read "
+                                           f"({type(e).__name__}: {e})")
         tps = summary.get("tok/s")
+        usable = (isinstance(tps, (int, float)) and not isinstance(tps, bool)
+                  and 0 < tps < math.inf)
+        if status == "ok" and "tok/s" in summary and not usable:
+            status, error = "failed", f"it reported no usable throughput (tok/s = {tps!r})"
         return CellRecord(
             index=cell.index, name=cell.name, label=cell.label, status=status,
             t_start_wall=t0w, t_end_wall=t1w, t_start_mono=t0m, t_end_mono=t1m,
-            entry=entry, gate=gate, summary=summary, fingerprint=fingerprint,
-            tokens_per_s=float(tps) if isinstance(tps, (int, float)) else None,
-            exit_code=code, error=error, stderr_tail=tail,
+            entry=entry, gate=gate,
+            summary=_finite(summary),  # NaN in a cell's output is garbage, and not JSON
+            fingerprint=fingerprint, tokens_per_s=float(tps) if usable else None,
+            exit_code=code, error=error, stderr_tail=_tail(stderr_path),
         )
 
     def _detach(self) -> None:
@@ -297,14 +336,31 @@ class CampaignRun:
             child.send_signal(signal.SIGKILL)
             child.wait()
 
+    def _sentinels_file(self) -> Path:
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", self.device.name) or "device"
+        return self.opts.sentinels_dir / f"{name}.jsonl"
+
+    def _resend_sentinels(self) -> None:
+        """Append the sentinel entries of journaled cells that the history lacks: a kill
+        between the journal line and the history line must not lose one (nor a re-run
+        duplicate one: the history is keyed by run folder and cell)."""
+        try:
+            sent = {(Path(str(d.get("run"))).name, d.get("cell"))
+                    for d in read_jsonl(self._sentinels_file())}
+        except RecordError:
+            return  # a history that does not parse is not ours to extend blindly
+        by_index = {c.index: c for c in self.plan.cells}
+        for record in read_journal(self.folder):
+            if (self.folder.name, record.label) not in sent and record.index in by_index:
+                self._sentinel(by_index[record.index], record)
+
     def _sentinel(self, cell: PlannedCell, record: CellRecord) -> None:
         """Append sentinel runs (and the runs they repeat) to the device's history."""
         is_twin = any(c.sentinel_of == cell.index for c in self.plan.cells)
         if (cell.sentinel_of is None and not is_twin) or record.status != "ok":
             return
         self.opts.sentinels_dir.mkdir(parents=True, exist_ok=True)
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", self.device.name) or "device"
-        append_jsonl(self.opts.sentinels_dir / f"{name}.jsonl", {
+        append_jsonl(self._sentinels_file(), {
             "device": self.device.name, "simulated": self.device.simulated,
             "campaign": self.plan.campaign, "run": str(self.folder), "cell": cell.label,
             "name": cell.name, "config_key": _config_key(cell.config),
@@ -312,14 +368,37 @@ class CampaignRun:
             "fingerprint": record.fingerprint, "entry": record.entry.to_json(),
         })
 
-    def _write_status(self, state: str) -> None:
-        atomic_write_text(self.folder / "status.json",
-                          json.dumps({"state": state, "t_wall": time.time()}) + "\n")
+    def _write_status(self, state: str, error: str | None = None) -> None:
+        doc: dict[str, Any] = {"state": state, "t_wall": time.time()}
+        if error is not None:
+            doc["error"] = error
+        atomic_write_text(self.folder / "status.json", json.dumps(doc) + "\n")
 
 
 def _config_key(cfg: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in sorted(cfg.items()) if k != "timeout_s"},
                       sort_keys=True, separators=(",", ":"))
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, inf) replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _exit_reason(code: int) -> str:
+    """`exited with status 3`, or for a negative Popen status `killed by SIGSEGV`."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def _tail(path: Path) -> str:
@@ -343,8 +422,12 @@ def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
     device = open_device(plan.device, root)
     try:
         folder = new_run_folder(opts.out_root, plan.campaign)
-        atomic_write_text(folder / "campaign.toml", resolved_toml)
-        atomic_write_text(folder / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")
+        try:
+            atomic_write_text(folder / "campaign.toml", resolved_toml)
+            atomic_write_text(folder / "plan.json",
+                              json.dumps(plan.to_json(), indent=1) + "\n")
+        except OSError as e:
+            raise WriteError.from_os(e) from None
         return folder, CampaignRun(folder, plan, device, opts, hz, gate).run()
     finally:
         _close(device)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from abbench.analysis.campaign import CampaignAnalysis, analyze
-from abbench.fsutil import atomic_write_text
+from abbench.fsutil import WriteError, atomic_write_text
 from abbench.report import json_report, markdown
 from abbench.report.terminal import print_report
 
@@ -16,13 +16,20 @@ from abbench.report.terminal import print_report
 def write_reports(run: Path) -> tuple[CampaignAnalysis, int]:
     """Analyze a run folder, write report.json, report.md and report.html into it (temp
     file and rename), and return the analysis and the exit status its decisions give (0 all
-    GO or none asked, 1 some NO-GO, 3 some INCONCLUSIVE / OWED / UNVERIFIED)."""
-    a = analyze(run)
-    atomic_write_text(run / "report.json", json_report.dumps(a))
-    atomic_write_text(run / "report.md", markdown.render(a))
-    from abbench.report.html import render_html  # matplotlib: only where a page is drawn
+    GO or none asked, 1 some NO-GO, 3 some INCONCLUSIVE / OWED / UNVERIFIED).
 
-    atomic_write_text(run / "report.html", render_html(a, run))
+    A file that cannot be written (a full disk) raises `WriteError` naming it; each report
+    file is then the old one or none, never half of one."""
+    a = analyze(run)
+    try:
+        atomic_write_text(run / "report.json", json_report.dumps(a))
+        atomic_write_text(run / "report.md", markdown.render(a))
+        from abbench.report.html import render_html  # matplotlib: only where a page is drawn
+
+        atomic_write_text(run / "report.html", render_html(a, run))
+    except OSError as e:
+        raise WriteError.from_os(e, f"retry with: abbench report {run} (the run folder's "
+                                    "records are whole)") from None
     return a, a.exit_status
 
 

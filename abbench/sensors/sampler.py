@@ -8,8 +8,10 @@ owned by a context manager that stops and joins it on the way out, whatever happ
 
 Every tick calls `sink(t_monotonic, t_wall, values)`. A tick whose `device.sample()` or
 `sink` raises is a gap (counted in `gaps`, the error kept in `last_error`), never the end
-of the thread. Ticks keep to a fixed schedule; a tick that overruns (a slow adb round
-trip) is not made up with a burst, the schedule restarts from now.
+of the thread; a value that is not a JSON scalar or not a finite number (a reader handing
+back garbage) is left out of its tick, a gap for that key alone. Ticks keep to a fixed
+schedule; a tick that overruns (a slow adb round trip) is not made up with a burst, the
+schedule restarts from now.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class Sampler:
         self.ticks += 1
         t0, wall0 = time.monotonic(), time.time()
         try:
-            values = self.device.sample()
+            values = _scalars(self.device.sample())
         except Exception as e:
             self._gap(e)
             return
@@ -101,3 +103,9 @@ class Sampler:
     def _gap(self, error: Exception) -> None:
         self.gaps += 1
         self.last_error = f"{type(error).__name__}: {error}"
+
+
+def _scalars(values: dict[str, Any]) -> dict[str, Any]:
+    """The readings a timeline can hold: strings, booleans and finite numbers."""
+    return {k: v for k, v in values.items() if isinstance(k, str) and (
+        isinstance(v, (str, bool)) or (isinstance(v, (int, float)) and math.isfinite(v)))}
