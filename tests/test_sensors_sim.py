@@ -214,6 +214,8 @@ def test_campaign_on_a_simulated_device(tiny_model: Path, tmp_path: Path) -> Non
     later = [s for s in read_samples(folder) if s.cell in (1, 2)]
     assert any(s.values.get("cpu.policy4.capped") for s in later)
     assert "SIMULATED" in (folder / "report.md").read_text()
+    # The run keeps the profile it ran on: `abbench sim fit` reads it, not today's file.
+    assert (folder / "device-profile.toml").read_text() == HOT.read_text()
 
 
 def test_profile_is_frozen() -> None:

@@ -44,7 +44,7 @@ from abbench.analysis.simthermal import (
 from abbench.analysis.simtrips import TripFit, find_trips
 from abbench.errors import AbbenchError
 from abbench.records import read_journal, read_plan, read_samples
-from abbench.sensors.sim import Cluster, Profile, Trip, load_profile
+from abbench.sensors.sim import Cluster, Profile, Trip, load_profile, profile_from_text
 
 __all__ = ["THERMAL", "Estimate", "FitError", "SimFit", "fit_run"]
 
@@ -261,7 +261,10 @@ def source_profile(run: Path, device: str, required: bool = True) -> Profile | N
     kind, _, arg = device.partition(":")
     if kind != "sim":
         return None
+    kept = run / "device-profile.toml"  # written by the campaign: the profile as it ran
     try:
+        if kept.is_file():
+            return profile_from_text(kept.read_text(encoding="utf-8"), str(kept))
         return load_profile(arg)
     except AbbenchError as e:
         if not required:

@@ -54,6 +54,7 @@ from abbench.records import (
 )
 from abbench.sensors import Device, Sampler, open_device, speed_probe
 
+PROFILE_FILE = "device-profile.toml"  # a simulated device's profile, as the run used it
 EXIT_OK, EXIT_NO_GO, EXIT_BAD, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 STDERR_TAIL = 4000
 
@@ -426,6 +427,9 @@ def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
             atomic_write_text(folder / "campaign.toml", resolved_toml)
             atomic_write_text(folder / "plan.json",
                               json.dumps(plan.to_json(), indent=1) + "\n")
+            profile = getattr(device, "profile_toml", None)
+            if profile is not None:  # a simulated device: the run keeps the model it ran on
+                atomic_write_text(folder / PROFILE_FILE, profile)
         except OSError as e:
             raise WriteError.from_os(e) from None
         return folder, CampaignRun(folder, plan, device, opts, hz, gate).run()

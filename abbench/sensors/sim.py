@@ -184,6 +184,20 @@ def idle_equilibrium(ambient_c: float, heat_c_per_s: float, soc_tau_s: float,
 
 def load_profile(spec: str) -> Profile:
     """A shipped profile by name (`phone`), or a TOML file (`path/to/x.toml`)."""
+    return profile_from_text(*profile_text(spec))
+
+
+def profile_from_text(text: str, source: str) -> Profile:
+    """A profile from its TOML text; `source` names it in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"simulated device profile {source}: {e}") from None
+    return Profile.from_dict(data, source)
+
+
+def profile_text(spec: str) -> tuple[str, str]:
+    """(TOML text, source name) of a shipped profile or a profile file."""
     if spec.endswith(".toml"):
         path = Path(spec).expanduser()
         try:
@@ -201,11 +215,7 @@ def load_profile(spec: str) -> Profile:
         text = (resources.files("abbench.sensors") / "profiles" / f"{spec}.toml").read_text(
             encoding="utf-8")
         source = f"`{spec}`"
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"simulated device profile {source}: {e}") from None
-    return Profile.from_dict(data, source)
+    return text, source
 
 
 class ThermalModel:
@@ -263,6 +273,7 @@ class SimulatedDevice(Device):
     def __init__(self, profile: Profile, spec: str | None = None, *,
                  clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
         self.profile = profile
+        self.profile_toml: str | None = None  # the profile's text, kept with a run
         self.model = ThermalModel(profile)
         self.root = Path(tempfile.mkdtemp(prefix=f"abbench-sim-{profile.name}-"))
         # removed by close(), or at exit by a caller that never closes (`abbench sensors`)
@@ -437,4 +448,7 @@ def open_simulated(spec: str) -> SimulatedDevice:
         raise UsageError("`sim:` needs a profile",
                          tip="shipped profiles: " + ", ".join(
                              f"sim:{n}" for n in shipped_profiles()))
-    return SimulatedDevice(load_profile(arg), spec)
+    text, source = profile_text(arg)
+    device = SimulatedDevice(profile_from_text(text, source), spec)
+    device.profile_toml = text
+    return device
