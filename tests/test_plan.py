@@ -228,3 +228,13 @@ def test_the_reference_shows_the_real_printed_plan() -> None:
     shown = doc.split("--dry-run` prints:\n\n```\n", 1)[1].split("```", 1)[0]
     plan = plan_campaign(load_campaign(ROOT / "cells" / "predict-4cell.toml"))
     assert shown.rstrip("\n").split("\n") == describe_plan(plan)
+
+
+def test_describe_plan_on_a_simulated_device_counts_simulated_seconds(tmp_path: Path) -> None:
+    """`sim:phone` runs 10 simulated seconds per wall second: 30 s of spacing is 3 s."""
+    plan = plan_of(tmp_path, "spacing_s = 30", "[device]\ntransport = \"sim:phone\"\n"
+                   "[gate]\ncaps_at_max = true\ntimeout_s = 900\n")
+    lines = describe_plan(plan, tok_per_s=10.0)
+    assert lines[0].endswith("30 s apart (simulated: 3 s of wall time)")
+    assert "(gives up after 900 s simulated)" in lines[-2]
+    assert "3 s spacing between cells" in lines[-1]

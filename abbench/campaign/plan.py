@@ -24,7 +24,9 @@ from typing import Any
 
 from abbench.campaign.schema import TOML_KEY, CampaignSpec
 from abbench.engine.config import EngineConfig
+from abbench.errors import AbbenchError
 from abbench.records import Plan, PlannedCell
+from abbench.sensors.sim import load_profile
 
 MAX_CELLS = 10_000
 # The duration estimate: a rough speed of the embedded engine on the synthetic `default`
@@ -146,13 +148,27 @@ def differences(first: dict[str, Any], config: dict[str, Any]) -> str:
     return _keys(config, keys)
 
 
+def device_time_scale(device: str) -> float:
+    """Simulated seconds per wall second of a `sim:` device (1 for a real one, and for a
+    profile that cannot be loaded: opening the device reports that)."""
+    kind, _, arg = device.partition(":")
+    if kind != "sim" or not arg:
+        return 1.0
+    try:
+        return load_profile(arg).time_scale
+    except AbbenchError:
+        return 1.0
+
+
 def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]:
     """The printed plan: one line per cell (label, estimated run time, sentinel twin, what it
     changes from the first cell), the decisions, the gate, and the expected duration."""
     n = len(plan.cells)
-    lines = [f"plan {plan.campaign}: {n} cells on {plan.device}, {plan.spacing_s:g} s apart"]
+    scale = device_time_scale(plan.device)
+    sim = f" (simulated: {plan.spacing_s / scale:.3g} s of wall time)" if scale != 1.0 else ""
+    lines = [f"plan {plan.campaign}: {n} cells on {plan.device}, {plan.spacing_s:g} s apart{sim}"]
     width = max((len(c.label) for c in plan.cells), default=0)
-    total, unknown = plan.spacing_s * max(0, n - 1), 0
+    total, unknown = plan.spacing_s / scale * max(0, n - 1), 0
     for c in plan.cells:
         est = estimate_s(c.config, tok_per_s)
         if est is None:
@@ -173,9 +189,10 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
         conditions = {k: v for k, v in plan.gate.items()
                       if k not in ("poll_s", "timeout_s") and v not in (None, False)}
         lines.append(f"gate before each cell: {_keys(conditions, list(conditions))} "
-                     f"(gives up after {plan.gate['timeout_s']:g} s)")
-    note = (f"{plan.spacing_s:g} s spacing between cells + per cell (prompt + tokens) / "
-            f"{tok_per_s:g} tok/s + {START_S:g} s start")
+                     f"(gives up after {plan.gate['timeout_s']:g} s"
+                     + (" simulated" if scale != 1.0 else "") + ")")
+    note = (f"{plan.spacing_s / scale:.3g} s spacing between cells + per cell (prompt + "
+            f"tokens) / {tok_per_s:g} tok/s + {START_S:g} s start")
     if unknown:
         note += f"; {unknown} external cell{'s' if unknown > 1 else ''} not counted"
     if plan.gate is not None:
