@@ -72,3 +72,20 @@ def test_order_warning_names_the_reversed_pair(tmp_path: Path) -> None:
 
 def test_exit_status_no_go_wins() -> None:
     assert exit_status([]) == 0
+
+
+def test_owed_by_a_sensor_gap_asks_for_the_sensor_not_a_gate() -> None:
+    from abbench.analysis.decide import Comparison, _settle_owed
+    from abbench.analysis.matching import Criterion, PairMatch
+
+    gap = Criterion("cpu_temp", "fail", 40.0, None, 3.0,
+                    "cpu temp sensor gap during cell 2 (02-C): `temp.cpu_c` missing from 4 "
+                    "of 20 samples")
+    ok = Criterion("caps", "ok", [], [], None, "caps equal")
+    pair = PairMatch(0, 1, "unmatched", (gap, ok), (gap.detail,))
+    advice = _settle_owed("C", "B", [Comparison(1, 0, pair, None)])
+    assert "cpu_temp sensor readable throughout" in advice and "gated" not in advice
+    heat = Criterion("battery_temp", "fail", 30.0, 31.0, 0.5, "battery 30.0 vs 31.0 °C")
+    pair = PairMatch(0, 1, "unmatched", (gap, heat), (gap.detail, heat.detail))
+    advice = _settle_owed("C", "B", [Comparison(1, 0, pair, None)])
+    assert "sensor readable throughout" in advice and "a gated re-run" in advice

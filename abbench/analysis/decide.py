@@ -76,7 +76,13 @@ def _settle_owed(cand: str, base: str, comps: list[Comparison]) -> str:
     failed = {cr.name for c in adjacent for cr in c.match.criteria if cr.status == "fail"}
     measured = {cr.name for c in adjacent for cr in c.match.criteria
                 if cr.status != "not measured"}
+    gaps = {cr.name for c in adjacent for cr in c.match.criteria
+            if cr.status == "fail" and "sensor gap" in (cr.detail or "")}
     hints: list[str] = []
+    if gaps:
+        hints.append(f"a re-run with the {', '.join(sorted(gaps))} sensor readable throughout "
+                     "(it vanished during a cell: check `abbench sensors` on the device)")
+        failed -= gaps
     if failed == {"probe"} and not measured & {"caps", "cpu_temp", "battery_temp"}:
         # No thermal sensor: the probe is the only signal, and it moved. On a shared
         # machine that is a noisy neighbour as often as heat.

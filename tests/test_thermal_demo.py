@@ -1,0 +1,123 @@
+"""cells/thermal-demo*.toml tell the seed's story on the simulated phone (DESIGN 8).
+
+The shipped campaign files run as they are, but on the small model and on a copy of the
+`phone` profile whose time scale is set so that one cell lasts ~50 simulated seconds on
+the machine running the test (the length the profile is calibrated for: a cell's heat
+depends on its simulated length, and cells here take however long this machine takes).
+That keeps each campaign under a minute and the story independent of the machine's speed.
+
+With fixed 30 s spacing: the closing sentinel is more than 10% slower than the opening one
+with an equal fingerprint, the report attributes it to caps engaged from the second cell,
+and at most one adjacent pair is matched. Gated: every adjacent pair is matched and the
+sentinels agree within 3%.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from abbench.campaign.plan import plan_campaign
+from abbench.campaign.runner import engine_argv
+from abbench.campaign.schema import load_campaign
+from abbench.sensors.sim import load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXED = ROOT / "cells" / "thermal-demo.toml"
+GATED = ROOT / "cells" / "thermal-demo-gated.toml"
+PHONE = ROOT / "abbench" / "sensors" / "profiles" / "phone.toml"
+CELL_SIM_S = 50.0  # simulated seconds one cell should last (the profile's calibration)
+
+
+def _copy_campaign(src: Path, dst: Path, model: Path, profile: Path) -> Path:
+    text = src.read_text()
+    text = text.replace('"synthetic:default"', json.dumps(str(model)))
+    text = text.replace('"sim:phone"', json.dumps(f"sim:{profile}"))
+    text = re.sub(r"sample_hz = \d+", "sample_hz = 10", text)
+    # The small model decodes ~5x faster than the default one: more tokens keep the cell's
+    # mean speed as well measured as the demo's.
+    text = re.sub(r"\ntokens = \d+", "\ntokens = 384", text)
+    dst.write_text(text)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def scaled_phone(small_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`phone` with a time scale that makes one B cell last CELL_SIM_S simulated seconds."""
+    folder = tmp_path_factory.mktemp("thermal-demo")
+    spec = load_campaign(_copy_campaign(FIXED, folder / "probe.toml", small_model, PHONE))
+    b = next(c.config for c in plan_campaign(spec).cells if c.name == "B")
+    argv = engine_argv(sys.executable, b, folder)
+    walls = []
+    for _ in range(2):  # the first run also warms the page cache
+        t0 = time.monotonic()
+        subprocess.run(argv, check=True, capture_output=True)
+        walls.append(time.monotonic() - t0)
+    scale = CELL_SIM_S / walls[-1]
+    profile = folder / "phone.toml"
+    profile.write_text(re.sub(r"time_scale = [\d.]+", f"time_scale = {scale:.3f}",
+                              PHONE.read_text()))
+    assert load_profile(str(profile)).time_scale == pytest.approx(scale, abs=1e-3)
+    return profile
+
+
+def _run(src: Path, model: Path, profile: Path, tmp: Path) -> dict[str, Any]:
+    cells = _copy_campaign(src, tmp / src.name, model, profile)
+    p = subprocess.run([sys.executable, "-m", "abbench", "campaign", str(cells), "--out",
+                        str(tmp / "reports"), "--sentinels", str(tmp / "sentinels"),
+                        "--no-live"], capture_output=True, text=True, timeout=300)
+    assert p.returncode in (0, 1, 3), p.stdout + p.stderr
+    (folder,) = (tmp / "reports").iterdir()
+    report: dict[str, Any] = json.loads((folder / "report.json").read_text())
+    assert report["simulated"] is True
+    assert [c["status"] for c in report["cells"]] == ["ok"] * 4, p.stderr
+    return report
+
+
+def test_fixed_spacing_tells_the_seed_story(small_model: Path, scaled_phone: Path,
+                                            tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    r = _run(FIXED, small_model, scaled_phone, tmp_path)
+    (drift,) = r["drift"]
+    assert drift["fingerprints"] == "equal"
+    assert drift["verdict"] == "drift"
+    assert drift["ratio"]["estimate"] < 0.90, drift
+    # The caps engaged from the second cell on, and the report says so.
+    first_capped = [c["index"] for c in r["cells"] if c["during"]["capped"]]
+    assert first_capped and first_capped[0] == 1, r["caps_timeline"]
+    assert all(c["during"]["capped"] for c in r["cells"][1:])
+    assert any("capped from cell 2" in a for a in drift["attribution"]), drift
+    assert sum(p["state"] == "matched" for p in r["pairs"]) <= 1, r["pairs"]
+    assert time.monotonic() - t0 < 60
+
+
+def test_gated_every_pair_matched_sentinels_agree(small_model: Path, scaled_phone: Path,
+                                                  tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    r = _run(GATED, small_model, scaled_phone, tmp_path)
+    assert [p["state"] for p in r["pairs"]] == ["matched"] * 3, r["pairs"]
+    (drift,) = r["drift"]
+    assert drift["fingerprints"] == "equal"
+    assert abs(drift["ratio"]["estimate"] - 1) < 0.03, drift
+    assert not r["cells"][0]["during"]["capped"]
+    assert all(not c["gate"]["gave_up"] for c in r["cells"])
+    assert r["decisions"][0]["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
+    assert time.monotonic() - t0 < 60
+
+
+def test_the_two_files_differ_only_in_name_and_gate() -> None:
+    fixed, gated = load_campaign(FIXED), load_campaign(GATED)
+    assert fixed.gate is None and gated.gate is not None
+    assert gated.gate.caps_at_max
+    body = re.sub(r"(?sm)\A.*?^\[campaign\]", "", FIXED.read_text())
+    gbody = re.sub(r"(?sm)\A.*?^\[campaign\]", "", GATED.read_text())
+    gbody = re.sub(r"(?s)\[gate\].*?\n\n", "", gbody).replace("thermal-demo-gated",
+                                                               "thermal-demo")
+    assert gbody == body
