@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import REFERENCE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,6 @@ from abbench.importers import (
     parse_state,
 )
 from abbench.records import read_journal, read_plan, read_samples
-from tests.conftest import REFERENCE
 
 HEADERLESS = REFERENCE / "headerless-2026-07-12"
 DESKTOP = REFERENCE / "v1-desktop-2026-07-24"

@@ -8,8 +8,6 @@ Per-token times come from `cells/NN-NAME/summary.json` (`per_token`), else from
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from abbench.analysis.stats import Interval, percentile, rate_interval, seed_for, tokens_per_s
-from abbench.records import CellRecord, PlannedCell, Sample
+from abbench.records import CellRecord, PlannedCell, Sample, read_cell_files
 
 CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
 
@@ -84,48 +82,6 @@ class CellStats:
 
     def window(self) -> np.ndarray:
         return np.asarray(self.wall_ms, dtype=float)
-
-
-def _read_per_token(cell_dir: Path) -> tuple[dict[str, list[float]], str, dict[str, Any]]:
-    """(columns, source, engine summary.json) — columns empty when nothing per token."""
-    doc: dict[str, Any] = {}
-    path = cell_dir / "summary.json"
-    if path.is_file():
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            doc = {}
-        pt = doc.get("per_token") if isinstance(doc, dict) else None
-        if isinstance(pt, dict) and isinstance(pt.get("wall_ms"), list) and pt["wall_ms"]:
-            return pt, "per_token", doc
-    csv_path = cell_dir / "tokens.csv"
-    if csv_path.is_file():
-        cols = _read_tokens_csv(csv_path)
-        if cols.get("wall_ms"):
-            return cols, "tokens.csv", doc if isinstance(doc, dict) else {}
-    return {}, "none", doc if isinstance(doc, dict) else {}
-
-
-def _read_tokens_csv(path: Path) -> dict[str, list[float]]:
-    """bmoe_metrics CSV: `#` lines, a header row, one row per token; every column optional,
-    a row that does not parse ends the table (a torn file)."""
-    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines()
-             if ln.strip() and not ln.startswith("#")]
-    if not lines:
-        return {}
-    rows = list(csv.reader(lines))
-    header = [h.strip() for h in rows[0]]
-    cols: dict[str, list[float]] = {h: [] for h in header}
-    for row in rows[1:]:
-        try:
-            vals = [float(v) for v in row]
-        except ValueError:
-            break
-        if len(vals) != len(header):
-            break
-        for h, v in zip(header, vals, strict=True):
-            cols[h].append(v)
-    return cols
 
 
 def _per_token_mean(cols: dict[str, list[float]], key: str, start: int) -> float | None:
@@ -223,7 +179,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
             None, None, None, None,
             DeviceDuring((), {}, (), None, None, None, 0), ("not in the journal",))
     notes: list[str] = []
-    cols, source, doc = _read_per_token(run / "cells" / record.label)
+    cols, source, doc = read_cell_files(run / "cells" / record.label)
     summary = record.summary or (doc.get("summary") if isinstance(doc.get("summary"), dict)
                                  else {}) or {}
     wall = np.asarray(cols.get("wall_ms", []), dtype=float)

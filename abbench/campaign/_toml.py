@@ -54,13 +54,15 @@ def error_position(e: TOMLDecodeError, text: str) -> tuple[str, int | None, int 
 
 
 def format_key(key: Key) -> str:
-    """`cells."B.v2".cache_mib`, `decision[0].baseline` — how messages name a key."""
+    """`cells."B.v2".cache_mib`, `decision[0].baseline` — how messages name a key (a part
+    longer than 60 characters is shortened: the message stays one readable line)."""
     out = ""
     for part in key:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
             text = part if _BARE.match(part) else json.dumps(part, ensure_ascii=False)
+            text = text if len(text) <= 60 else text[:57] + "..."
             out += ("." if out else "") + text
     return out
 

@@ -13,6 +13,7 @@ import contextlib
 import math
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +109,7 @@ class ModelFile:
             reader = GGUFReader(self.path, "r")
         except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
             raise ModelFileError(
-                f"{self.path}: unreadable GGUF header or tensor table ({e})"
+                f"{self.path}: unreadable GGUF header or tensor table ({_show(str(e), 200)})"
             ) from e
         except MemoryError as e:
             raise ModelFileError(f"{self.path}: corrupt GGUF header (absurd sizes)") from e
@@ -131,6 +132,22 @@ class ModelFile:
             )
         # The reader's memmap stays open for `--dense mmap` views.
         self._reader = reader
+        self._check_block_count()
+
+    def _check_block_count(self) -> None:
+        """A layer count the tensor table cannot back is corrupt: every llama.cpp
+        architecture names layer tensors `blk.N.`, and an architecture's checks walk every
+        claimed layer (2**31 of them would not end)."""
+        arch = self.metadata.get("general.architecture")
+        n = self.metadata.get(f"{arch}.block_count") if isinstance(arch, str) else None
+        if not isinstance(n, int) or n < 1:
+            return  # absent or below 1: the architecture's own check names it
+        layers = {m[1] for name in self.tensors if (m := _LAYER.match(name))}
+        if n > len(layers):
+            raise ModelFileError(
+                f"{self.path}: metadata `{_show(arch)}.block_count` is {n}, but the tensor "
+                f"table has `blk.N.` tensors for {len(layers)} layers"
+            )
 
     # -- metadata ------------------------------------------------------------------
 
@@ -158,7 +175,7 @@ class ModelFile:
             return field.contents()
         except UnicodeDecodeError:
             raise ModelFileError(
-                f"{self.path}: corrupt metadata: `{key}` is not valid UTF-8"
+                f"{self.path}: corrupt metadata: `{_show(key)}` is not valid UTF-8"
             ) from None
 
     # -- tensors -------------------------------------------------------------------
@@ -220,6 +237,17 @@ _SCALAR_BYTES = {
 }
 GGUF_VERSIONS = (2, GGUF_VERSION)  # what `GGUFReader` reads
 _MAX_DIMS = 8  # ggml uses 4; anything far above is a corrupt count
+# The fewest bytes an entry can take: a metadata pair (key length u64, value type u32, a
+# one-byte value) and a tensor entry (name length u64, n_dims u32, type u32, offset u64).
+_MIN_KV_BYTES, _MIN_TENSOR_BYTES = 8 + 4 + 1, 8 + 4 + 4 + 8
+_LAYER = re.compile(r"blk\.(\d+)\.")
+
+
+def _show(text: str, n: int = 60) -> str:
+    """A key or tensor name from the file, safe inside one message line: control
+    characters escaped, clipped to `n` characters."""
+    shown = text.encode("unicode_escape").decode("ascii")
+    return shown if len(shown) <= n else shown[: n - 3] + "..."
 
 
 class _Cursor:
@@ -293,14 +321,20 @@ def check_layout(path: Path) -> None:
             )
         n_tensors = cur.u64("the header (tensor count)")
         n_kv = cur.u64("the header (metadata count)")
+        # A corrupt count fails here, before a walk through garbage or a huge allocation.
+        if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_BYTES > size - cur.pos:
+            raise ModelFileError(
+                f"{path}: truncated or corrupt header: it claims {n_kv} metadata entries and "
+                f"{n_tensors} tensors, more than its {size} bytes can hold"
+            )
         alignment = GGUF_DEFAULT_ALIGNMENT
         keys: set[str] = set()
         for i in range(n_kv):
             key = cur.string(f"the metadata (key {i + 1} of {n_kv})")
             if key in keys:
-                raise ModelFileError(f"{path}: duplicate metadata key `{key}`")
+                raise ModelFileError(f"{path}: duplicate metadata key `{_show(key)}`")
             keys.add(key)
-            what = f"the metadata (value of `{key}`)"
+            what = f"the metadata (value of `{_show(key)}`)"
             vtype = cur.u32(what)
             if key == "general.alignment" and vtype == GGUFValueType.UINT32:
                 alignment = cur.u32(what)
@@ -313,11 +347,12 @@ def check_layout(path: Path) -> None:
         tensors: dict[str, tuple[int, int]] = {}  # name: (offset from data start, nbytes)
         for i in range(n_tensors):
             name = cur.string(f"the tensor table (entry {i + 1} of {n_tensors})")
-            where = f"the tensor table (entry for `{name}`)"
+            shown = _show(name)
+            where = f"the tensor table (entry for `{shown}`)"
             n_dims = cur.u32(where)
             if n_dims > _MAX_DIMS:
                 raise ModelFileError(
-                    f"{path}: corrupt tensor table: `{name}` has {n_dims} dimensions"
+                    f"{path}: corrupt tensor table: `{shown}` has {n_dims} dimensions"
                 )
             dims = [cur.u64(where) for _ in range(n_dims)]  # innermost first
             type_id = cur.u32(where)
@@ -326,14 +361,14 @@ def check_layout(path: Path) -> None:
                 ggml_type = GGMLQuantizationType(type_id)
             except ValueError:
                 raise ModelFileError(
-                    f"{path}: tensor `{name}` has unknown type id {type_id}"
+                    f"{path}: tensor `{shown}` has unknown type id {type_id}"
                 ) from None
             if name in tensors:
-                raise ModelFileError(f"{path}: duplicate tensor `{name}`")
+                raise ModelFileError(f"{path}: duplicate tensor `{shown}`")
             block, type_bytes = GGML_QUANT_SIZES[ggml_type]
             if dims and dims[0] % block:
                 raise ModelFileError(
-                    f"{path}: tensor `{name}`: rows of {dims[0]} elements are not a whole "
+                    f"{path}: tensor `{shown}`: rows of {dims[0]} elements are not a whole "
                     f"number of {ggml_type.name} blocks of {block}"
                 )
             tensors[name] = (offset, math.prod(dims) // block * type_bytes)
@@ -342,6 +377,6 @@ def check_layout(path: Path) -> None:
             end = data_start + offset + nbytes
             if end > size:
                 raise ModelFileError(
-                    f"{path}: truncated: tensor `{name}` ends at byte {end} but the file "
-                    f"has {size} bytes"
+                    f"{path}: truncated: tensor `{_show(name)}` ends at byte {end} but the "
+                    f"file has {size} bytes"
                 )

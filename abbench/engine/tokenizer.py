@@ -12,7 +12,8 @@ from abbench.errors import ModelFileError, UsageError
 
 
 class ByteTokenizer:
-    def __init__(self, tokens: list[str], bos_id: int | None, add_bos: bool) -> None:
+    def __init__(self, tokens: list[str], bos_id: int | None, add_bos: bool,
+                 source: str = "the model") -> None:
         self.tokens = tokens
         self.byte_ids: list[int] = []
         index = {t: i for i, t in enumerate(tokens)}
@@ -20,8 +21,8 @@ class ByteTokenizer:
             i = index.get(f"<0x{b:02X}>")
             if i is None:
                 raise UsageError(
-                    "this model's vocabulary has no byte tokens, so text prompts cannot be "
-                    "encoded yet",
+                    f"{source}: this model's vocabulary has no byte tokens (<0x{b:02X}> is "
+                    "missing), so text prompts cannot be encoded yet",
                     tip="give the prompt as token ids: --prompt-tokens 1,2,3",
                 )
             self.byte_ids.append(i)
@@ -43,7 +44,8 @@ class ByteTokenizer:
                 f"vocabulary of {len(tokens)} tokens"
             )
         add_bos = bool(mf.get("tokenizer.ggml.add_bos_token", bos is not None))
-        return cls([str(t) for t in tokens], None if bos is None else int(bos), add_bos)
+        return cls([str(t) for t in tokens], None if bos is None else int(bos), add_bos,
+                   str(mf.path))
 
     def encode(self, text: str) -> list[int]:
         ids = [self.byte_ids[b] for b in text.encode("utf-8")]

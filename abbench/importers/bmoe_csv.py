@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abbench.importers.errors import ForeignRunError, number, read_text
+from abbench.importers.errors import ForeignRunError, clip, number, quote, read_text
 
 VERSION = re.compile(r"#\s*bmoe_metrics\s+(v\S+)\s*$")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./%-]*$")
@@ -66,9 +66,9 @@ def parse_summary(body: str, source: str | Path, line: int) -> dict[str, Any]:
     for pair in body.split():
         key, eq, value = pair.partition("=")
         if not eq or not key:
-            raise ForeignRunError(source, f"`# summary`: {pair!r} is not key=value", line)
+            raise ForeignRunError(source, f"`# summary`: {quote(pair)} is not key=value", line)
         try:
-            out[key] = number(value, source, line, f"`# summary` {key}")
+            out[key] = number(value, source, line, f"`# summary` {clip(key)}")
         except ForeignRunError:
             if key in ("tokens", "s/tok", "tok/s"):  # the numbers an import rests on
                 raise
@@ -81,6 +81,7 @@ def parse_bmoe_csv(text: str, source: str | Path = "<text>") -> BmoeRun:
     version: str | None = None
     preamble: dict[str, str] = {}
     header: list[str] | None = None
+    whats: list[str] = []  # each column as messages name it
     columns: dict[str, list[float | None]] = {}
     summary: dict[str, Any] = {}
     summary_line: int | None = None
@@ -106,12 +107,13 @@ def parse_bmoe_csv(text: str, source: str | Path = "<text>") -> BmoeRun:
         if header is None:
             for name in fields:
                 if not NAME.match(name):
-                    raise ForeignRunError(source, f"header: {name!r} is not a column name "
+                    raise ForeignRunError(source, f"header: {quote(name)} is not a column name "
                                           "(a bmoe_metrics CSV starts with a header row)", n)
             if len(set(fields)) != len(fields):
                 dup = next(f for f in fields if fields.count(f) > 1)
-                raise ForeignRunError(source, f"header: column `{dup}` appears twice", n)
+                raise ForeignRunError(source, f"header: column `{clip(dup)}` appears twice", n)
             header = fields
+            whats = [f"`{clip(name)}`" for name in header]
             columns = {name: [] for name in header}
             continue
         if summary_line is not None:
@@ -119,8 +121,8 @@ def parse_bmoe_csv(text: str, source: str | Path = "<text>") -> BmoeRun:
         if len(fields) != len(header):
             raise ForeignRunError(source, f"{len(fields)} fields, the header has {len(header)}",
                                   n)
-        for name, value in zip(header, fields):
-            columns[name].append(None if value == "" else number(value, source, n, f"`{name}`"))
+        for name, what, value in zip(header, whats, fields):
+            columns[name].append(None if value == "" else number(value, source, n, what))
     if header is None and summary_line is None:
         raise ForeignRunError(source, "no header row, no token rows and no `# summary` line"
                               " (empty, or not a bmoe_metrics CSV)")

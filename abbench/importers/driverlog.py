@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from abbench.importers.errors import ForeignRunError, number, read_text
+from abbench.importers.errors import ForeignRunError, number, quote, read_text
 
 MARK = "ENTRY STATE:"
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -50,7 +50,7 @@ def _caps(body: str, source: str | Path, n: int) -> tuple[dict[str, int], dict[s
         policy, colon, freqs = item.partition(":")
         cap, slash, top = freqs.partition("/")
         if not colon or not policy:
-            raise ForeignRunError(source, f"caps: {item!r} is not POLICY:CAP[/HW_MAX]", n)
+            raise ForeignRunError(source, f"caps: {quote(item)} is not POLICY:CAP[/HW_MAX]", n)
         caps[policy] = _khz(cap, source, n)
         if slash:
             hw[policy] = _khz(top, source, n)
@@ -60,7 +60,7 @@ def _caps(body: str, source: str | Path, n: int) -> tuple[dict[str, int], dict[s
 def _khz(text: str, source: str | Path, n: int) -> int:
     value = number(text, source, n, "caps")
     if value != int(value) or value < 0:
-        raise ForeignRunError(source, f"caps: {text!r} is not a frequency in kHz", n)
+        raise ForeignRunError(source, f"caps: {quote(text)} is not a frequency in kHz", n)
     return int(value)
 
 
@@ -73,12 +73,12 @@ def parse_driver_log(text: str, source: str | Path = "<text>") -> list[DriverEnt
         for pair in raw.split(MARK, 1)[1].split():
             key, eq, value = pair.partition("=")
             if not eq or not key:
-                raise ForeignRunError(source, f"`{MARK}` {pair!r} is not key=value", n)
+                raise ForeignRunError(source, f"`{MARK}` {quote(pair)} is not key=value", n)
             kv[key] = value
         cell = kv.get("cell", "")
         if not SAFE_NAME.match(cell) or cell in (".", ".."):
             raise ForeignRunError(source, f"`{MARK}` needs cell=NAME (letters, digits, . _ + -),"
-                                  f" got {cell!r}", n)
+                                  f" got {quote(cell)}", n)
         values = {k: number(kv[k], source, n, k) for k in FLOATS if kv.get(k)}
         caps, hw = _caps(kv.get("caps", ""), source, n)
         status = None

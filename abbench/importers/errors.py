@@ -12,10 +12,24 @@ class ForeignRunError(AbbenchError):
 
     def __init__(self, source: str | Path, message: str, line: int | None = None,
                  tip: str | None = None) -> None:
-        where = f"{source}:{line}" if line is not None else str(source)
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(source))
+        where = f"{shown}:{line}" if line is not None else shown
         super().__init__(f"{where}: {message}", tip=tip)
         self.source = str(source)
         self.line = line
+
+
+def quote(text: str, n: int = 40) -> str:
+    """`repr(text)` for a message, shortened to about `n` characters: a hostile file's
+    line can be a megabyte long, and the message must stay one readable line."""
+    return repr(text if len(text) <= n else text[: n - 3] + "...")
+
+
+def clip(text: str, n: int = 40) -> str:
+    """A name from a file for a backticked message: control characters escaped, shortened
+    to `n` characters."""
+    shown = repr(text)[1:-1]
+    return shown if len(shown) <= n else shown[: n - 3] + "..."
 
 
 def read_text(path: Path) -> str:
@@ -36,7 +50,7 @@ def number(text: str, source: str | Path, line: int | None, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ForeignRunError(source, f"{what}: {text!r} is not a number", line) from None
+        raise ForeignRunError(source, f"{what}: {quote(text)} is not a number", line) from None
     if value != value or value in (float("inf"), float("-inf")):
-        raise ForeignRunError(source, f"{what}: {text!r} is not a finite number", line)
+        raise ForeignRunError(source, f"{what}: {quote(text)} is not a finite number", line)
     return value

@@ -39,7 +39,7 @@ from abbench.fsutil import atomic_write_text
 from abbench.importers.bmoe_csv import BmoeRun, looks_like_bmoe_csv, parse_bmoe_csv
 from abbench.importers.driverlog import DriverEntry, is_driver_log, parse_driver_log
 from abbench.importers.enginelog import parse_engine_log
-from abbench.importers.errors import ForeignRunError, read_text
+from abbench.importers.errors import ForeignRunError, clip, read_text
 from abbench.importers.metrics import parse_metrics
 from abbench.importers.state import DeviceState, Snapshot, parse_state
 from abbench.records import (
@@ -104,8 +104,8 @@ def _discover(src: Path) -> tuple[dict[str, _Run], list[tuple[Path, list[DriverE
         run = runs.setdefault(stem, _Run(stem))
         if ext == "csv" or (ext == "metrics" and looks_like_bmoe_csv(text)):
             if run.table_file is not None:
-                raise ForeignRunError(path, f"a second per-token table for run `{stem}` "
-                                      f"(the first is {run.table_file.name})")
+                raise ForeignRunError(path, f"a second per-token table for run `{clip(stem)}` "
+                                      f"(the first is {clip(run.table_file.name)})")
             run.table, run.table_file = parse_bmoe_csv(text, path), path
         elif ext == "metrics":
             run.metrics, run.metrics_file = parse_metrics(text, path), path
@@ -116,7 +116,7 @@ def _discover(src: Path) -> tuple[dict[str, _Run], list[tuple[Path, list[DriverE
     for name, run in list(runs.items()):
         if run.table is None and not run.log_summary:
             del runs[name]
-            warnings.warn(f"{', '.join(p.name for p in run.files())}: no per-token CSV and "
+            warnings.warn(f"{_names([p.name for p in run.files()])}: no per-token CSV and "
                           "no `generation:` line for this run: skipped", OrderWarning,
                           stacklevel=3)
     if not runs:
@@ -135,10 +135,16 @@ def _resolve(item: str, names: list[str], what: str) -> str:
     if len(hits) == 1:
         return hits[0]
     if hits:
-        raise UsageError(f"{what}: `{item}` matches several runs: {', '.join(hits)}")
-    close = difflib.get_close_matches(item, names, n=1)
-    raise UsageError(f"{what}: no run `{item}` (runs: {', '.join(names)})",
+        raise UsageError(f"{what}: `{clip(item)}` matches several runs: {_names(hits)}")
+    close = difflib.get_close_matches(item, names, n=1) if len(item) <= 200 else []
+    raise UsageError(f"{what}: no run `{clip(item)}` (runs: {_names(names)})",
                      tip=f"did you mean `{close[0]}`?" if close else None)
+
+
+def _names(names: list[str], n: int = 8) -> str:
+    """Run names for a message: the first `n`, then how many more."""
+    shown = ", ".join(clip(name) for name in names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _stamp(name: str) -> datetime | None:
@@ -159,11 +165,11 @@ def _order(runs: dict[str, _Run], order: list[str] | None,
         source = "--order"
     elif drivers:
         if len(drivers) > 1:
-            raise UsageError(f"two driver logs: {drivers[0][0].name}, {drivers[1][0].name}",
+            raise UsageError(f"two driver logs: {_names([d.name for d, _ in drivers])}",
                              tip="give the execution order with --order")
         path, entries = drivers[0]
-        chosen = [_resolve(e.cell, names, f"{path.name}:{e.line}") for e in entries]
-        source = f"driver log {path.name}"
+        chosen = [_resolve(e.cell, names, f"{clip(path.name)}:{e.line}") for e in entries]
+        source = f"driver log {clip(path.name)}"
     elif len(names) == 1:
         return names, "single run"
     else:
@@ -178,10 +184,10 @@ def _order(runs: dict[str, _Run], order: list[str] | None,
         return names, UNKNOWN
     dup = next((n for n in chosen if chosen.count(n) > 1), None)
     if dup:
-        raise UsageError(f"{source}: run `{dup}` appears twice")
+        raise UsageError(f"{source}: run `{clip(dup)}` appears twice")
     missing = [n for n in names if n not in chosen]
     if missing:
-        raise UsageError(f"{source} leaves out {', '.join(missing)}",
+        raise UsageError(f"{source} leaves out {_names(missing)}",
                          tip="list every run, in the order they ran")
     return chosen, source
 
@@ -291,7 +297,7 @@ def import_folder(src: Path, dest: Path, order: list[str] | None = None,
     for cand, base, effect in decisions or ():
         c, b = _resolve(cand, names, "--decision"), _resolve(base, names, "--decision")
         if c == b:
-            raise UsageError(f"--decision: `{c}` against itself")
+            raise UsageError(f"--decision: `{clip(c)}` against itself")
         if not effect >= 0:
             raise UsageError(f"--decision: min_effect {effect} is not >= 0")
         plan_decisions.append({"candidate": c, "baseline": b, "min_effect": effect})

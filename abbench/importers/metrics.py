@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from abbench.importers.errors import ForeignRunError, number, read_text
+from abbench.importers.errors import ForeignRunError, clip, number, quote, read_text
 
 
 def parse_metrics(text: str, source: str | Path = "<text>") -> dict[str, float | None]:
@@ -30,8 +30,8 @@ def parse_metrics(text: str, source: str | Path = "<text>") -> dict[str, float |
         key, eq, value = line.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or not key or any(c.isspace() for c in key):
-            raise ForeignRunError(source, f"{line[:60]!r} is not key=value", n)
-        parsed = None if value == "" else number(value, source, n, f"`{key}`")
+            raise ForeignRunError(source, f"{quote(line, 60)} is not key=value", n)
+        parsed = None if value == "" else number(value, source, n, f"`{clip(key)}`")
         out.setdefault(key, parsed)
     return out
 

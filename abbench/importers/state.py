@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from abbench.importers.errors import ForeignRunError, number, read_text
+from abbench.importers.errors import ForeignRunError, clip, number, quote, read_text
 
 SECTION = re.compile(r"---\s*([A-Za-z_ ]+?)\s*---$")
 POLICY = re.compile(r"(policy\d+):\s*(.*)$")
@@ -109,7 +109,7 @@ def parse_date(text: str) -> float | None:
 def _int(text: str, source: str | Path, n: int, what: str) -> int:
     value = number(text, source, n, what)
     if value != int(value) or value < 0:
-        raise ForeignRunError(source, f"{what}: {text!r} is not a whole number >= 0", n)
+        raise ForeignRunError(source, f"{what}: {quote(text)} is not a whole number >= 0", n)
     return int(value)
 
 
@@ -118,7 +118,7 @@ def _pairs(body: str, source: str | Path, n: int, what: str) -> dict[str, str]:
     for pair in body.replace(",", " ").split():
         key, eq, value = pair.partition("=")
         if not eq or not key:
-            raise ForeignRunError(source, f"{what}: {pair!r} is not key=value", n)
+            raise ForeignRunError(source, f"{what}: {quote(pair)} is not key=value", n)
         out[key] = value
     return out
 
@@ -139,8 +139,8 @@ def _meminfo(body: str, source: str | Path, n: int) -> dict[str, int]:
     while i < len(tokens):  # `Name: value kB` triples
         key = tokens[i]
         if not key.endswith(":") or i + 1 >= len(tokens):
-            raise ForeignRunError(source, f"meminfo: expected `Name: value kB` at {key!r}", n)
-        out[key[:-1]] = _int(tokens[i + 1], source, n, f"meminfo {key[:-1]}")
+            raise ForeignRunError(source, f"meminfo: expected `Name: value kB` at {quote(key)}", n)
+        out[key[:-1]] = _int(tokens[i + 1], source, n, f"meminfo {clip(key[:-1])}")
         i += 3 if i + 2 < len(tokens) and tokens[i + 2] == "kB" else 2
     return out
 
@@ -171,7 +171,7 @@ def parse_state(text: str, source: str | Path = "<text>") -> DeviceState:
         if key == "date":
             cur["date"], cur["t_wall"] = body, parse_date(body)
         elif m := POLICY.match(line):
-            cur.setdefault("policies", {})[m[1]] = _policy(m[2], source, n, m[1])
+            cur.setdefault("policies", {})[m[1]] = _policy(m[2], source, n, clip(m[1]))
         elif key == "meminfo":
             cur["meminfo_kb"] = _meminfo(body, source, n)
         elif key == "battery_temp_dC":
@@ -184,7 +184,8 @@ def parse_state(text: str, source: str | Path = "<text>") -> DeviceState:
                 raise ForeignRunError(source, "Temperature{...} without mValue or mName", n)
             kind = number(kv.get("mType", "-1"), source, n, "mType")
             if kind != int(kind):
-                raise ForeignRunError(source, f"mType: {kv['mType']!r} is not a whole number", n)
+                raise ForeignRunError(
+                    source, f"mType: {quote(kv['mType'])} is not a whole number", n)
             cur.setdefault("temperatures", {})[kv["mName"]] = (
                 number(kv["mValue"], source, n, "mValue"), int(kind))
     close()
