@@ -142,13 +142,13 @@ def test_readers_see_the_tree(sim) -> None:
     dev, clock = sim("phone")
     assert dev.simulated and dev.name == "sim-phone" and dev.transport == "sim:phone"
     dev.model.soc_c = 52.0
-    dev.model.case_c = 30.5  # the phone's trips read the case: one trip engaged
+    dev.model.case_c = 31.5  # the phone's trips read the case: one trip engaged
     dev.model._update_level()
     v = dev.sample()
     assert v["cpu.policy0.cap_khz"] == 1804800 and v["cpu.policy0.capped"] is False
     assert v["cpu.policy7.capped"] is True
     assert v["temp.cpu_c"] == pytest.approx(52.0, abs=0.01)
-    assert v["battery.temp_c"] == pytest.approx(30.5, abs=0.1)
+    assert v["battery.temp_c"] == pytest.approx(31.5, abs=0.1)
     assert v["mem.available_mib"] == 6000
 
 
