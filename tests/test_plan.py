@@ -231,10 +231,10 @@ def test_the_reference_shows_the_real_printed_plan() -> None:
 
 
 def test_describe_plan_on_a_simulated_device_counts_simulated_seconds(tmp_path: Path) -> None:
-    """`sim:phone` runs 10 simulated seconds per wall second: 30 s of spacing is 3 s."""
+    """`sim:phone` runs 8 simulated seconds per wall second: 30 s of spacing is 3.75 s."""
     plan = plan_of(tmp_path, "spacing_s = 30", "[device]\ntransport = \"sim:phone\"\n"
                    "[gate]\ncaps_at_max = true\ntimeout_s = 900\n")
     lines = describe_plan(plan, tok_per_s=10.0)
-    assert lines[0].endswith("30 s apart (simulated: 3 s of wall time)")
+    assert lines[0].endswith("30 s apart (simulated: 3.75 s of wall time)")
     assert "(gives up after 900 s simulated)" in lines[-2]
-    assert "3 s spacing between cells" in lines[-1]
+    assert "3.75 s spacing between cells" in lines[-1]

@@ -19,6 +19,8 @@ from rich.table import Table
 from abbench.records import CellRecord, Plan, PlannedCell
 from abbench.sensors import Device
 
+PLAIN_GATE_EVERY_S = 10.0  # wall seconds between repeated plain-text gate lines
+
 
 class CampaignView:
     def __init__(self, plan: Plan, device: Device, live: bool = True) -> None:
@@ -30,6 +32,8 @@ class CampaignView:
         self.status: dict[int, str] = {}
         self.results: dict[int, CellRecord] = {}
         self.now = ""
+        self._gate_kinds: tuple[str, ...] = ()
+        self._gate_said = 0.0
         self._t0 = time.monotonic()
         self._live: Live | None = None
 
@@ -52,8 +56,20 @@ class CampaignView:
     def phase(self, cell: PlannedCell, what: str) -> None:
         self.status[cell.index] = what
         self.now = f"cell {cell.index + 1}/{len(self.plan.cells)} {cell.name}: {what}"
-        if not self.live:
+        if not self.live and not self._repeats_gate(what):
             self._say(self.now)
+
+    def _repeats_gate(self, what: str) -> bool:
+        """Plain lines: a gate poll is printed when the set of reasons changes, and at
+        most every PLAIN_GATE_EVERY_S otherwise (the live view shows every poll)."""
+        if not what.startswith("gate: waiting"):
+            return False
+        kinds = tuple(r.split(" ", 1)[0] for r in what.split(" — ", 1)[-1].split("; "))
+        now = time.monotonic()
+        if kinds == self._gate_kinds and now - self._gate_said < PLAIN_GATE_EVERY_S:
+            return True
+        self._gate_kinds, self._gate_said = kinds, now
+        return False
 
     def finished(self, cell: PlannedCell, record: CellRecord) -> None:
         self.results[cell.index] = record
