@@ -3,7 +3,8 @@
 Every expert resident (`--resident`), so a token does no I/O. The roofline of a token is the
 weight bytes it touches — its routed experts plus the dense weights (the embedding counts as
 one row) — streamed through one large F32 GEMV in the same process, with every BLAS thread
-(the engine itself runs BLAS single-threaded and parallelises over experts).
+(the engine itself runs BLAS single-threaded, and with every expert resident splits each
+layer's GEMVs and experts between the caller and a partner process: see engine/partner.py).
 
 The two are measured side by side: decode runs in blocks of `--block` tokens, and between
 blocks the roofline GEMV is timed (best of 3). Each block's ratio is the mean of the
@@ -27,6 +28,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from abbench.engine.config import EngineConfig
 from abbench.engine.models import resolve_model
+from abbench.engine.partner import Partner
 from abbench.engine.session import Engine, TokenRecord
 
 MIB = 2**20
@@ -56,6 +58,7 @@ def main() -> None:
     blas = max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
     with Engine(cfg, resolve_model(a.model)) as engine:
         info = engine.info
+        partnered = isinstance(engine.runner.team, Partner)
         nbytes = touched_bytes(info)
         d = info["d_model"]
         big = np.full((nbytes // 4 // d, d), 0.01, np.float32)  # (rows, d) the roofline GEMV
@@ -100,8 +103,9 @@ def main() -> None:
         med = statistics.median(toks)
         medians.append(med)
         ratios.append((roofs[k] + roofs[k + 1]) / 2 / med)
-    print(f"model: {a.model}, {result.threads} compute threads (BLAS 1 in the engine, "
-          f"{blas} for the roofline), {len(ratios)} blocks of {a.block} tokens")
+    team = "the caller + a partner process" if partnered else f"{result.threads} compute threads"
+    print(f"model: {a.model}, {team} (BLAS 1 in the engine, {blas} for the roofline), "
+          f"{len(ratios)} blocks of {a.block} tokens")
     experts = info["n_layer"] * info["n_expert_used"] * info["expert_f32_bytes"]
     print(f"bytes touched per token: {nbytes / MIB:.1f} MiB (experts {info['n_layer']}x"
           f"{info['n_expert_used']}x{info['expert_f32_bytes'] / MIB:.2f} MiB + dense "

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from abbench.engine.compute import ComputeTeam, Job, starved_seconds
+from abbench.engine.compute import ComputeTeam, Job, matvec, split_rows, starved_seconds
 from abbench.engine.streamer import ExpertBuffer, ReadTicket
 from abbench.errors import EngineError
 
@@ -104,18 +104,34 @@ def test_run_with_no_jobs_returns_zero(team: ComputeTeam) -> None:
     assert team.run([], np.zeros(D, np.float32), out) == 0.0
 
 
-def test_run_with_warm_matrices_gives_the_same_result(team: ComputeTeam) -> None:
+def test_team_reused_across_layers_gives_the_same_bits(team: ComputeTeam) -> None:
     rng = np.random.default_rng(2)
     bufs = make_buffers(rng, 4)
     x = rng.standard_normal(D).astype(np.float32)
-    warm = (rng.standard_normal((32, D)).astype(np.float32),)
     outs = []
     for _ in range(3):
         out = np.zeros((6, D), np.float32)
-        team.run([Job(i, b, None) for i, b in enumerate(bufs)], x, out, warm)
+        team.run([Job(i, b, None) for i, b in enumerate(bufs)], x, out)
         outs.append(out.copy())
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
+
+
+def test_split_rows_halves_large_matrices_on_a_16_row_boundary() -> None:
+    assert split_rows(np.zeros((768, 512), np.float32)) == 384
+    assert split_rows(np.zeros((259, 512), np.float32)) == 128
+    assert split_rows(np.zeros((64, 64), np.float32)) == 0  # 16 KiB: one GEMV
+
+
+@pytest.mark.parametrize("rows", [768, 259, 40])
+def test_matvec_is_the_product(rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal((rows, 512)).astype(np.float32)
+    x = rng.standard_normal(512).astype(np.float32)
+    np.testing.assert_allclose(matvec(w, x), w.astype(np.float64) @ x, rtol=1e-4, atol=1e-4)
+    out = np.full(rows, np.nan, np.float32)
+    assert matvec(w, x, out) is out
+    np.testing.assert_array_equal(out, matvec(w, x))
 
 
 def late_tickets(

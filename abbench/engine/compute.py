@@ -2,9 +2,24 @@
 
 numpy runs a small GEMV on one core, so one thread cannot reach the memory bandwidth a
 large GEMV gets from BLAS's own threads; splitting a layer's experts over the cores can.
-Each thread takes the next job from a shared counter; a job whose bytes are still being
-read waits for them first, and that wait is recorded so the *stall* — time during which
-every compute thread was waiting on a read or had nothing left to do — can be measured.
+
+A layer's work is a list of tasks taken from one shared counter: an expert's *up* task (its
+gate/up GEMV and SwiGLU) and its *down* task (the down GEMV). Resident experts' up tasks
+come first, then their down tasks, then each missing expert's up and down in routing order:
+the resident work is done while reads are in flight, and the layer ends one expert after
+its last read. Down tasks are small and taken by whichever thread is free, so the threads
+finish within one down GEMV of each other. A down task whose up task another thread is
+still running waits for it; an up task whose bytes are still being read waits for them.
+Those waits are recorded so the *stall* — time during which every compute thread was
+waiting or had nothing left to do — can be measured.
+
+Waking a sleeping thread costs tens of microseconds here (a futex wake, and on a virtual
+machine an interrupt to a halted CPU), as does every hand-over of the GIL between threads.
+So the team avoids them where it can: the caller never waits for a helper that has not
+started (it runs what is left itself), the last task is always the caller's (so the helper
+is usually done before the caller needs it), the SwiGLU of one expert is small enough that
+numpy runs it without releasing the GIL, and completion is counted without locks. Where
+every expert is resident, the partner process (`partner.py`) replaces the helpers.
 """
 
 from __future__ import annotations
@@ -13,38 +28,99 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from abbench.engine.streamer import ExpertBuffer, ReadTicket
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     slot: int  # row of the output matrix (routing order)
     buffer: ExpertBuffer
     ticket: ReadTicket | None  # None when the expert is already resident
 
 
-class _Scratch:
-    def __init__(self, k: int, ff: int) -> None:
-        self.h = np.empty((k, 2 * ff), np.float32)  # (k, 2ff) gate and up projections
-        self.act = np.empty((k, ff), np.float32)  # (k, ff)
+Task = tuple[bool, int]  # (is a down task, index into the batch's jobs)
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # one job's scratch, see below
+MatVec = Callable[..., np.ndarray]  # (w, x, out=None) → w @ x, as `matvec`
+SPLIT_MIN_BYTES = 64 * 1024  # smaller matrices are one GEMV: not worth a second core
+
+
+def scratch_rows(max_k: int, ff: int) -> list[Rows]:
+    """Per job: (2ff,) gate|up, (ff,) gate, (ff,) up, (ff,) act — views made once."""
+    h = np.empty((max_k, 2 * ff), np.float32)  # (k, 2ff) gate and up projections
+    act = np.empty((max_k, ff), np.float32)  # (k, ff) silu(gate) * up
+    return [(h[j], h[j, :ff], h[j, ff:], act[j]) for j in range(max_k)]
+
+
+# An expert is computed by these two functions wherever it runs (a team thread, the caller,
+# the partner process), so its output is bit-identical whoever computes it.
+
+
+def expert_up(
+    buf: ExpertBuffer, x: np.ndarray, rows: Rows, expit: Callable[..., Any]
+) -> None:
+    """The gate/up GEMV and SwiGLU of one expert into `rows` (x: (d,))."""
+    h, gate, up, act = rows
+    np.matmul(buf.gate_up, x, out=h)  # (2ff,)
+    expit(gate, out=act)  # silu(gate) * up; one expert's (ff,) is small enough that
+    act *= gate  # numpy keeps the GIL through these three: no hand-over between threads
+    act *= up
+
+
+def expert_down(buf: ExpertBuffer, act: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(buf.down, act, out=out)  # (d, ff) @ (ff,) → (d,)
+
+
+def split_rows(w: np.ndarray) -> int:
+    """Where a large GEMV is split in two (half the rows, on a 16-row boundary), 0 if not.
+
+    The split depends on the matrix alone and is made whether or not a second core takes
+    the second half, so the result is the same bits either way.
+    """
+    return 0 if w.nbytes < SPLIT_MIN_BYTES else w.shape[0] // 32 * 16
+
+
+def matvec(w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """w @ x on the calling thread, split as `split_rows` says (w: (m, n), x: (n,)) → (m,)."""
+    if out is None:
+        out = np.empty(w.shape[0], np.float32)
+    s = split_rows(w)
+    if s:
+        np.matmul(w[:s], x, out=out[:s])  # (s,)
+        np.matmul(w[s:], x, out=out[s:])  # (m - s,)
+    else:
+        np.matmul(w, x, out=out)
+    return out
+
+
+def task_order(jobs: list[Job]) -> list[Task]:
+    """Resident up tasks, resident down tasks, then each late expert's up and down."""
+    resident = [j for j, job in enumerate(jobs) if job.ticket is None]
+    late = [j for j, job in enumerate(jobs) if job.ticket is not None]
+    tasks = [(False, j) for j in resident] + [(True, j) for j in resident]
+    return tasks + [t for j in late for t in ((False, j), (True, j))]
 
 
 class _Batch:
-    """One layer's jobs, shared by the team for one `run` call."""
+    """One layer's tasks, shared by the team for one `run` call."""
 
     def __init__(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, n: int) -> None:
         self.jobs = jobs
         self.x = x
         self.out = out
-        self.next = itertools.count()
-        self.waits: list[list[tuple[float, float]]] = [[] for _ in range(n)]
-        self.finished = [0.0] * n
+        self.tasks = task_order(jobs)
+        self.taken = itertools.count()  # next() is atomic: the claim of a task
+        self.completed = itertools.count()  # next() after each task, done or failed
+        self.up_done = [False] * len(jobs)
         self.error: BaseException | None = None
-        self.warm: tuple[np.ndarray, ...] = ()
+        self.waits: list[list[tuple[float, float]]] = [[] for _ in range(n)]
+        self.finished = [0.0] * n  # per thread: when its last task ended (0: it ran none)
+        self.t_start = time.perf_counter()
 
 
 class ComputeTeam:
@@ -53,12 +129,15 @@ class ComputeTeam:
 
         self._expit = expit
         self.threads = max(1, threads)
-        self.ff = ff
-        self._scratch = [_Scratch(max_k, ff) for _ in range(self.threads)]
+        # Shared by the team: a job's rows are written by its up task and read by its
+        # down task, whichever threads take them.
+        self._rows = scratch_rows(max_k, ff)
         self._inboxes: list[queue.SimpleQueue[_Batch | None]] = []
-        self._done: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._warm_x = np.zeros(1 << 16, np.float32)
-        self._warm_out: dict[int, np.ndarray] = {}
+        self._last_done: queue.SimpleQueue[None] = queue.SimpleQueue()  # helper did the last
+        # A down task whose up task another thread is still running waits here (rare: the
+        # up tasks are all taken before the first down task).
+        self._dep = threading.Condition(threading.Lock())
+        self._dep_waiters = 0
         for i in range(1, self.threads):
             inbox: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
             t = threading.Thread(target=self._helper, args=(i, inbox), daemon=True,
@@ -66,30 +145,28 @@ class ComputeTeam:
             t.start()
             self._inboxes.append(inbox)
 
-    def run(
-        self, jobs: list[Job], x: np.ndarray, out: np.ndarray, warm: tuple[np.ndarray, ...] = ()
-    ) -> float:
-        """Compute every job into `out[slot]` (x: (d,), out: (k, d)); returns stall seconds.
-
-        `warm`: matrices (d columns) the caller will need next. A helper streams them through
-        the CPU caches after reporting done, while the caller finishes this layer and runs
-        the next one's small ops — so the caller's next GEMVs read from cache, not DRAM.
-        """
-        t_start = time.perf_counter()
-        helpers = min(len(self._inboxes), max(0, len(jobs) - 1))
+    def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> float:
+        """Compute every job into `out[slot]` (x: (d,), out: (k, d)); returns stall seconds."""
+        if not jobs:
+            return 0.0
+        helpers = min(len(self._inboxes), len(jobs) - 1)
         batch = _Batch(jobs, x, out, helpers + 1)
-        batch.warm = warm
+        t_start = batch.t_start
         for inbox in self._inboxes[:helpers]:
             inbox.put(batch)
-        self._work(0, batch)
-        for _ in range(helpers):
-            self._done.get()
+        n = len(batch.tasks)
+        self._work(0, batch, n - 1)  # every task but the last, shared with the helpers
+        self._task(0, batch, n - 1)  # the last one is the caller's
+        batch.finished[0] = time.perf_counter()
+        if next(batch.completed) != n - 1:
+            self._last_done.get()  # a helper's task is still running: it signals its end
         if batch.error is not None:
             raise batch.error
         if not any(j.ticket for j in jobs):
             return 0.0
-        return starved_seconds(batch.waits[: helpers + 1], batch.finished[: helpers + 1],
-                               t_start, time.perf_counter())
+        return starved_seconds(batch.waits, batch.finished, t_start, time.perf_counter())
+
+    matvec = staticmethod(matvec)
 
     def close(self) -> None:
         for inbox in self._inboxes:
@@ -97,63 +174,59 @@ class ComputeTeam:
 
     def _helper(self, index: int, inbox: queue.SimpleQueue[_Batch | None]) -> None:
         while (batch := inbox.get()) is not None:
-            self._work(index, batch)
-            self._done.put(index)
-            if index == 1 and batch.warm:
-                self._warm(batch.warm)
+            # Until it starts, a helper computes nothing: for the stall it was waiting.
+            batch.waits[index].append((batch.t_start, time.perf_counter()))
+            n = len(batch.tasks)
+            if self._work(index, batch, n - 1) == n - 1:
+                self._last_done.put(None)  # the caller is waiting for this thread's task
 
-    def _work(self, index: int, batch: _Batch) -> None:
-        # The small elementwise ops hold the GIL, and every hand-over of the GIL between
-        # threads costs a wake-up; so a thread runs the gate/up GEMVs of the resident
-        # experts it takes back to back, then one vectorised SwiGLU and their down GEMVs.
-        # An expert whose bytes are still being read is computed whole as soon as they
-        # land, so the layer ends one expert after its last read. Jobs come from a shared
-        # counter, so the caller — which starts first — takes more.
-        s = self._scratch[index]
+    def _work(self, index: int, batch: _Batch, stop: int) -> int:
+        """Run tasks taken from the batch's counter while it is below `stop`; returns the
+        completion number of this thread's last task (-1 if it ran none)."""
+        completion = -1
+        while (i := next(batch.taken)) < stop:
+            self._task(index, batch, i)
+            batch.finished[index] = time.perf_counter()  # written before it is counted
+            completion = next(batch.completed)
+        return completion
+
+    def _task(self, index: int, batch: _Batch, i: int) -> None:
+        down, j = batch.tasks[i]
+        job = batch.jobs[j]
         waits = batch.waits[index]
-        jobs = batch.jobs
-        held: list[Job] = []  # resident experts whose gate/up is done, down pending
         try:
-            take = batch.next
-            while (i := next(take)) < len(jobs):
-                job = jobs[i]
-                if job.ticket is None:
-                    np.matmul(job.buffer.gate_up, batch.x, out=s.h[len(held)])  # (2ff,)
-                    held.append(job)
-                    continue
-                self._finish(held, s, batch.out)
-                held.clear()
+            if batch.error is not None:
+                return  # the layer has failed: finish counting, compute nothing
+            if down:
+                if not batch.up_done[j]:  # another thread is running the up task
+                    w0 = time.perf_counter()
+                    with self._dep:
+                        self._dep_waiters += 1
+                        while not batch.up_done[j] and batch.error is None:
+                            self._dep.wait()
+                        self._dep_waiters -= 1
+                    waits.append((w0, time.perf_counter()))
+                    if batch.error is not None:
+                        return
+                expert_down(job.buffer, self._rows[j][3], batch.out[job.slot])
+                return
+            if job.ticket is not None:
                 if not job.ticket.event.is_set():
                     w0 = time.perf_counter()
                     job.ticket.event.wait()
                     waits.append((w0, time.perf_counter()))
                 job.ticket.wait()  # raises if the read failed
-                np.matmul(job.buffer.gate_up, batch.x, out=s.h[0])
-                self._finish([job], s, batch.out)
-            self._finish(held, s, batch.out)
+            expert_up(job.buffer, batch.x, self._rows[j], self._expit)
+            batch.up_done[j] = True
         except BaseException as e:  # re-raised by `run` in the calling thread
-            batch.error = e
-        batch.finished[index] = time.perf_counter()
-
-    def _finish(self, done: list[Job], s: _Scratch, out: np.ndarray) -> None:
-        """SwiGLU and down projection of experts whose gate/up rows are in s.h[:n]."""
-        n = len(done)
-        if not n:
+            if batch.error is None:
+                batch.error = e
+            with self._dep:
+                self._dep.notify_all()
             return
-        ff = self.ff
-        gate, up, act = s.h[:n, :ff], s.h[:n, ff:], s.act[:n]  # (n, ff) each
-        self._expit(gate, out=act)  # silu(gate) * up
-        act *= gate
-        act *= up
-        for j, job in enumerate(done):
-            np.matmul(job.buffer.down, act[j], out=out[job.slot])  # (d,)
-
-    def _warm(self, matrices: tuple[np.ndarray, ...]) -> None:
-        for m in matrices:
-            y = self._warm_out.get(m.shape[0])
-            if y is None:
-                y = self._warm_out[m.shape[0]] = np.empty(m.shape[0], np.float32)
-            np.matmul(m, self._warm_x[: m.shape[1]], out=y)  # BLAS: the GIL is released
+        if self._dep_waiters:
+            with self._dep:
+                self._dep.notify_all()
 
 
 def starved_seconds(

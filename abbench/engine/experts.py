@@ -13,19 +13,22 @@ block with the final routing. In order:
    token's routing; `--predict-prefetch`: the stale-gate prediction), and predicted
    experts already resident are refreshed so they are not evicted before use (retention);
 5. the experts run on the compute team — with `--overlap`, resident ones while the reads
-   run and each missing one as it lands — and their outputs are summed in routing order,
-   so the result is bit-identical whatever was resident or when reads finished.
+   run and each missing one as it lands; with every expert resident, on the caller and a
+   partner process (`partner.py`) — and their outputs are summed in routing order, so the
+   result is bit-identical whatever was resident, when reads finished, or who computed.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from abbench.engine import partner
 from abbench.engine.cache import ExpertCache
 from abbench.engine.compute import ComputeTeam, Job
 from abbench.engine.gguf_file import ModelFile
@@ -100,7 +103,7 @@ class ExpertRunner:
         self.cache = ExpertCache(total if resident else int(cache_mib * MIB))
         ff = max((le.ff for le in layout), default=1)
         d = max((le.d for le in layout), default=1)
-        self.team = ComputeTeam(threads, ff, max_k)
+        self.team: ComputeTeam | partner.Partner = ComputeTeam(threads, ff, max_k)
         self.out = np.zeros((max_k, d), np.float32)  # (k, d) expert outputs, routing order
         self.tok = TokenCounters()
         self.load_read_bytes = 0
@@ -119,6 +122,24 @@ class ExpertRunner:
             )
         if resident:
             self._preload()
+
+    def start_partner(self, matrices: Sequence[np.ndarray]) -> bool:
+        """With every expert resident and more than one thread, hand half of each layer's
+        work to a partner process instead of the thread team (see `partner.py`);
+        `matrices` are the dense ones the model multiplies through `team.matvec`."""
+        if not (self.resident and self.team.threads > 1 and partner.supported()):
+            return False
+        max_k, d = self.out.shape
+        ff = max((le.ff for le in self.layout), default=1)
+        team = partner.Partner(matrices, self.cache.entries.values(), d, ff, max_k)
+        self.team.close()
+        self.team = team
+        return True
+
+    def partner_cpu_s(self) -> float:
+        """CPU seconds the partner process has used (0 without one): `getrusage` of this
+        process does not see a child until it is reaped."""
+        return self.team.cpu_seconds() if isinstance(self.team, partner.Partner) else 0.0
 
     @property
     def o_direct(self) -> bool:
@@ -146,8 +167,7 @@ class ExpertRunner:
     # -- one layer -------------------------------------------------------------------
 
     def forward(
-        self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
-        warm: tuple[np.ndarray, ...] = (),
+        self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int
     ) -> np.ndarray:
         """x: (d,), ids/weights: (k,) → (d,) the weighted sum of the routed experts."""
         le = self.layout[layer]
@@ -188,9 +208,10 @@ class ExpertRunner:
         evictions_before = cache.counters.evictions
         useful_before = cache.counters.spec_useful
         batch: set[tuple[int, int]] | None = None  # this layer's keys: never evicted by it
-        for slot, e in enumerate(ids.tolist()):
+        speculative = cache.speculative
+        for slot, e in enumerate(routed if keep is None else ids.tolist()):
             key = (layer, e)
-            was_spec = key in cache.speculative
+            was_spec = key in speculative
             buf = cache.lookup(key)
             if buf is not None:
                 resident.append(Job(slot, buf, None))
@@ -231,7 +252,7 @@ class ExpertRunner:
                     t.wait()
                 stall = time.perf_counter() - w0
                 jobs += [Job(slot, buf, None) for slot, _, buf, _ in missing]
-            stall += self.team.run(jobs, x, self.out, warm)
+            stall += self.team.run(jobs, x, self.out)
         except BaseException:
             # Every read ends (done or failed) before its buffer is reused; then the
             # entries whose contents are not trustworthy leave the cache.

@@ -195,6 +195,8 @@ class Engine:
             ),
         )
         self.model = arch.Model(self.mf, args, self.runner, config.dense == "pinned", n_ctx, k)
+        self.runner.start_partner(self.model.gemv_matrices())
+        self.model.matvec = self.runner.team.matvec
         self.predictor: RoutePredictor | None = None
         if config.predict_log or config.predict_prefetch:
             self.predictor = RoutePredictor(
@@ -315,6 +317,7 @@ class Engine:
         tok = self.runner.tok
         self.runner.begin_pass(phase, step - 1)
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        partner0 = self.runner.partner_cpu_s()
         t0 = time.perf_counter()
         logits = self.model.forward(token, pos, phase)
         if sample is not None:
@@ -322,6 +325,7 @@ class Engine:
         wall = time.perf_counter() - t0
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
+        cpu += self.runner.partner_cpu_s() - partner0
         return TokenRecord(
             step=step,
             phase=phase,

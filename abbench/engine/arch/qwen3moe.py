@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from abbench.engine.arch.common import RoutingHook, rms_norm, rms_norm_rows, rope_tables
+from abbench.engine.compute import MatVec, matvec
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from abbench.engine.gguf_file import ModelFile
 
 ARCH = "qwen3moe"
+SAFE_EXP = 60.0  # |score| up to this: exp() stays finite and positive in F32 over 2^20 terms
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,11 @@ class Attention:
             wq, wk, wv = np.split(self.wqkv, [self.q_rows, self.q_rows + self.k_rows])
         self.wq, self.wk, self.wv = wq, wk, wv
         self.wo = mf.read_dense(b + "attn_output.weight", pinned)  # (d, n_head*hd)
+        qk_rows = self.q_rows + self.k_rows
+        self._qkv = np.empty(qk_rows + wv.shape[0], np.float32)  # (q+k+v rows,)
+        self._qk = self._qkv[:qk_rows].reshape(self.n_head + self.n_kv, self.hd)  # views
+        self._v = self._qkv[qk_rows:].reshape(self.n_kv, self.hd)
+        self._out = np.empty(self.wo.shape[0], np.float32)  # (d,)
         q_norm = mf.read_dense(b + "attn_q_norm.weight", True)  # (hd,)
         k_norm = mf.read_dense(b + "attn_k_norm.weight", True)  # (hd,)
         # q and k heads are normalised and rotated together: one norm weight row per head.
@@ -164,29 +171,40 @@ class Attention:
         self.qk_norm = np.concatenate(  # (n_head + n_kv, hd)
             [np.tile(q_norm * scale, (self.n_head, 1)), np.tile(k_norm, (self.n_kv, 1))]
         ).astype(np.float32)
+        # The rows are RMS-normalised and RoPE turns them without stretching them, so
+        # |q.k| <= sqrt(hd) max|q_norm| max|k_norm|. When that is small, exp(scores) can
+        # neither overflow nor vanish, and softmax needs no shift by the maximum.
+        bound = np.sqrt(self.hd) * np.abs(q_norm).max() * np.abs(k_norm).max()
+        self._shift = not bound <= SAFE_EXP
         self.k_cache = np.zeros((self.n_kv, n_ctx, self.hd), np.float32)  # (n_kv, T_max, hd)
         self.v_cache = np.zeros((self.n_kv, n_ctx, self.hd), np.float32)  # (n_kv, T_max, hd)
 
-    def __call__(self, x: np.ndarray, pos: int, rope: np.ndarray) -> np.ndarray:
-        """x: (d,) normalised input; rope: (hd, hd) this position's rotation → (d,)."""
+    def matrices(self) -> tuple[np.ndarray, ...]:
+        """The matrices a call multiplies through `mv`."""
+        qkv = (self.wqkv,) if self.wqkv is not None else (self.wq, self.wk, self.wv)
+        return (*qkv, self.wo)
+
+    def __call__(self, x: np.ndarray, pos: int, rope: np.ndarray, mv: MatVec) -> np.ndarray:
+        """x: (d,) normalised input; rope: (hd, hd) this position's rotation → (d,), valid
+        until the next call. `mv(w, x, out)` is w @ x (it may use a second core)."""
         nq, nkv, hd = self.n_head, self.n_kv, self.hd
         if self.wqkv is not None:
-            qkv = self.wqkv @ x  # (q+k+v rows,)
+            mv(self.wqkv, x, self._qkv)  # (q+k+v rows,) seen as _qk and _v
         else:
-            qkv = np.concatenate([self.wq @ x, self.wk @ x, self.wv @ x])
-        qk = qkv[: self.q_rows + self.k_rows].reshape(nq + nkv, hd)  # (n_head + n_kv, hd)
-        qk = rms_norm_rows(qk, self.qk_norm, self.eps) @ rope  # (n_head + n_kv, hd)
+            np.concatenate([mv(self.wq, x), mv(self.wk, x), mv(self.wv, x)], out=self._qkv)
+        qk = rms_norm_rows(self._qk, self.qk_norm, self.eps) @ rope  # (n_head + n_kv, hd)
         self.k_cache[:, pos] = qk[nq:]
-        self.v_cache[:, pos] = qkv[self.q_rows + self.k_rows :].reshape(nkv, hd)
+        self.v_cache[:, pos] = self._v
         keys = self.k_cache[:, : pos + 1]  # (n_kv, T, hd)
         values = self.v_cache[:, : pos + 1]  # (n_kv, T, hd)
         qg = qk[:nq].reshape(nkv, nq // nkv, hd)  # (n_kv, g, hd), already scaled
         scores = qg @ keys.transpose(0, 2, 1)  # (n_kv, g, T)
-        scores -= scores.max(axis=-1, keepdims=True)
+        if self._shift:
+            scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)  # unnormalised softmax
         out = scores @ values  # (n_kv, g, hd)
         out /= scores.sum(axis=-1, keepdims=True)
-        return self.wo @ out.reshape(-1)  # (d,)
+        return mv(self.wo, out.reshape(-1), self._out)  # (d,)
 
 
 def rope_matrix(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -255,10 +273,11 @@ class Model:
         self.output = mf.read_dense(name, pinned)  # (vocab, d)
         self.cos, self.sin = rope_tables(args.key_length, n_ctx, args.rope_freq_base)  # (T, hd/2)
         self.routing_hook: RoutingHook | None = None
-        # The dense weights the forward pass reads after each layer's experts, in order.
-        nxt = [(a.wqkv if a.wqkv is not None else a.wq, a.wo, lay.moe.router)
-               for lay in self.layers[1:] for a in (lay.attention,)]
-        self._warm: list[tuple[np.ndarray, ...]] = [*nxt, (self.output,)]
+        self.matvec: MatVec = matvec  # the session may hand the large GEMVs to a partner
+
+    def gemv_matrices(self) -> list[np.ndarray]:
+        """The dense matrices `forward` multiplies through `self.matvec`."""
+        return [*(m for lay in self.layers for m in lay.attention.matrices()), self.output]
 
     def router_matrix(self, layer: int) -> np.ndarray:
         return self.layers[layer].moe.router  # (n_expert, d)
@@ -267,10 +286,10 @@ class Model:
         h = self.token_embd[token].astype(np.float32, copy=True)  # (d,)
         rope = rope_matrix(self.cos[pos], self.sin[pos])  # (hd, hd)
         for i, layer in enumerate(self.layers):
-            h += layer.attention(rms_norm(h, layer.attn_norm, self.eps), pos, rope)
+            h += layer.attention(rms_norm(h, layer.attn_norm, self.eps), pos, rope, self.matvec)
             x = rms_norm(h, layer.ffn_norm, self.eps)  # (d,) the router's input
             ids, weights = layer.moe.route(x, self.k)
             if self.routing_hook is not None:
                 self.routing_hook(i, x, ids, weights, phase)
-            h += self.experts.forward(i, x, ids, weights, phase, self._warm[i])
-        return self.output @ rms_norm(h, self.output_norm, self.eps)  # (vocab,)
+            h += self.experts.forward(i, x, ids, weights, phase)
+        return self.matvec(self.output, rms_norm(h, self.output_norm, self.eps))  # (vocab,)

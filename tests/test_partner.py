@@ -1,0 +1,136 @@
+"""The compute partner process: the same bits as the thread team, and it ends with its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from abbench.engine import partner
+from abbench.engine.compute import ComputeTeam, Job, matvec
+from abbench.engine.partner import SPIN_S, Partner
+from abbench.engine.streamer import ExpertBuffer
+from abbench.errors import EngineError
+
+FF, D, K = 32, 48, 6
+
+pytestmark = pytest.mark.skipif(not partner.supported(), reason="x86-64 with 2 CPUs only")
+
+
+def buffers(rng: np.random.Generator, n: int) -> list[ExpertBuffer]:
+    bufs = []
+    for _ in range(n):
+        b = ExpertBuffer(FF, D)
+        b.floats[:] = rng.standard_normal(b.floats.size).astype(np.float32) / np.sqrt(D)
+        bufs.append(b)
+    return bufs
+
+
+@pytest.fixture
+def setup() -> Iterator[tuple[Partner, list[ExpertBuffer], list[np.ndarray]]]:
+    rng = np.random.default_rng(0)
+    bufs = buffers(rng, 8)
+    mats = [rng.standard_normal((r, D)).astype(np.float32) for r in (768, 259, 40)]
+    p = Partner(mats, bufs, D, FF, K)
+    yield p, bufs, mats
+    p.close()
+
+
+def test_experts_are_the_same_bits_as_the_thread_team(setup) -> None:
+    p, bufs, _ = setup
+    team = ComputeTeam(2, FF, K)
+    rng = np.random.default_rng(1)
+    try:
+        for k in (6, 5, 1):
+            x = rng.standard_normal(D).astype(np.float32)
+            slots = rng.permutation(k)
+            jobs = [Job(int(s), b, None) for s, b in zip(slots, bufs[:k])]
+            ours, theirs = np.full((K, D), np.nan, np.float32), np.full((K, D), np.nan, np.float32)
+            assert p.run(jobs, x, ours) == 0.0
+            team.run(jobs, x, theirs)
+            np.testing.assert_array_equal(ours, theirs)  # NaN rows (past k) included
+    finally:
+        team.close()
+
+
+def test_an_unknown_buffer_is_computed_by_the_caller(setup) -> None:
+    p, bufs, _ = setup
+    stranger = buffers(np.random.default_rng(2), 1)[0]  # made after the fork
+    x = np.ones(D, np.float32)
+    jobs = [Job(0, bufs[0], None), Job(1, stranger, None)]
+    out, ref = np.zeros((K, D), np.float32), np.zeros((K, D), np.float32)
+    p.run(jobs, x, out)
+    ComputeTeam(1, FF, K).run(jobs, x, ref)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_matvec_is_the_same_bits_as_the_callers_split(setup) -> None:
+    p, _, mats = setup
+    rng = np.random.default_rng(3)
+    for w in mats:
+        x = rng.standard_normal(D).astype(np.float32)
+        np.testing.assert_array_equal(p.matvec(w, x), matvec(w, x))
+    unregistered = rng.standard_normal((512, D)).astype(np.float32)
+    np.testing.assert_array_equal(p.matvec(unregistered, x), matvec(unregistered, x))
+
+
+def test_a_sleeping_partner_wakes_for_the_next_request(setup) -> None:
+    p, _, mats = setup
+    x = np.ones(D, np.float32)
+    p.matvec(mats[0], x)
+    time.sleep(SPIN_S * 20)  # long past its spin: asleep on the pipe
+    assert p._ctl[partner.SLEEPING] == 1
+    np.testing.assert_array_equal(p.matvec(mats[0], x), matvec(mats[0], x))
+
+
+def test_close_ends_the_child(setup) -> None:
+    p, _, _ = setup
+    pid = p._pid
+    p.close()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no such child any more
+    p.close()  # twice is harmless
+
+
+@pytest.mark.parametrize("asleep", [False, True])
+def test_a_dead_child_is_an_engine_error(setup, asleep: bool) -> None:
+    p, _, mats = setup
+    x = np.ones(D, np.float32)
+    p.matvec(mats[0], x)
+    if asleep:
+        time.sleep(SPIN_S * 20)
+    os.kill(p._pid, signal.SIGKILL)
+    time.sleep(0.05)
+    with pytest.raises(EngineError, match="partner process died"):
+        p.matvec(mats[0], x)
+
+
+CHILD_OF_A_DEAD_PARENT = """
+import os, sys
+import numpy as np
+from abbench.engine.partner import Partner
+p = Partner([np.ones((768, 48), np.float32)], [], 48, 32, 4)
+print(p._pid, flush=True)
+os._exit(0)  # dies without closing the partner
+"""
+
+
+def test_the_child_ends_when_its_parent_dies() -> None:
+    out = subprocess.run([sys.executable, "-c", CHILD_OF_A_DEAD_PARENT], capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    pid = int(out.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"the partner {pid} outlived its parent")
