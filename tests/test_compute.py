@@ -68,11 +68,13 @@ def reference(buf: ExpertBuffer, x: np.ndarray) -> np.ndarray:
     return down @ (silu(gate @ xx) * (up @ xx))
 
 
-def make_buffers(rng: np.random.Generator, n: int) -> list[ExpertBuffer]:
+def make_buffers(rng: np.random.Generator, n: int, ff: int = FF,
+                 d: int = D) -> list[ExpertBuffer]:
+    """`n` resident experts of random weights (gate, up, down), scaled like a model's."""
     bufs = []
     for _ in range(n):
-        b = ExpertBuffer(FF, D)
-        b.floats[:] = rng.standard_normal(b.floats.size).astype(np.float32) / np.sqrt(D)
+        b = ExpertBuffer(ff, d)
+        b.floats[:] = rng.standard_normal(b.floats.size).astype(np.float32) / np.sqrt(d)
         bufs.append(b)
     return bufs
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from test_compute import make_buffers
 
 from abbench.engine import partner
 from abbench.engine.compute import ComputeTeam, Job, matvec
@@ -24,12 +25,7 @@ pytestmark = pytest.mark.skipif(not partner.supported(), reason="x86-64 with 2 C
 
 
 def buffers(rng: np.random.Generator, n: int) -> list[ExpertBuffer]:
-    bufs = []
-    for _ in range(n):
-        b = ExpertBuffer(FF, D)
-        b.floats[:] = rng.standard_normal(b.floats.size).astype(np.float32) / np.sqrt(D)
-        bufs.append(b)
-    return bufs
+    return make_buffers(rng, n, FF, D)
 
 
 @pytest.fixture
