@@ -17,6 +17,7 @@ from typing import Any
 
 from abbench import __version__
 from abbench.analysis.simfit import THERMAL, Estimate, FitError, SimFit, fit_run
+from abbench.campaign._toml import dump_value
 from abbench.errors import UsageError
 from abbench.fsutil import atomic_write_text
 from abbench.sensors.sim import Profile, tomllib
@@ -110,22 +111,6 @@ def run_sim_fit(args: argparse.Namespace) -> int:
 # -- TOML ------------------------------------------------------------------------------------
 
 
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return repr(v)
-    if isinstance(v, float):
-        return repr(float(v))  # a finite float's literal is TOML's (numpy's repr is not)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # JSON string escapes are TOML's
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_value(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    raise TypeError(f"no TOML form for {v!r}")
-
-
 def render_toml(profile: dict[str, Any], header: list[str],
                 fitted: dict[str, Estimate] | None = None) -> str:
     """A profile dict as `Profile.from_dict` takes it, as commented TOML."""
@@ -138,15 +123,15 @@ def render_toml(profile: dict[str, Any], header: list[str],
         est = (fitted or {}).get(key)
         if est is not None and est.sigma is not None:
             note += f" (± {_g(est.sigma)})"
-        line = f"{key} = {_value(v)}"
+        line = f"{key} = {dump_value(v)}"
         out.append(f"{line:<27} # {note}" if note else line)
     for c in profile.get("clusters", []):
-        out += ["", "[[clusters]]", f"policy = {_value(c['policy'])}",
-                f"{'hw_max_khz = ' + _value(c['hw_max_khz']):<27} # kHz, hardware max"]
+        out += ["", "[[clusters]]", f"policy = {dump_value(c['policy'])}",
+                f"{'hw_max_khz = ' + dump_value(c['hw_max_khz']):<27} # kHz, hardware max"]
     node = NODES.get(profile.get("trip_sensor", "soc"), "SoC")
     for t in profile.get("trips", []):
-        out += ["", "[[trips]]", f"{'temp_c = ' + _value(t['temp_c']):<27} # °C on the {node}",
-                f"caps_khz = {_value(t['caps_khz'])}"]
+        out += ["", "[[trips]]", f"{'temp_c = ' + dump_value(t['temp_c']):<27} # °C on the {node}",
+                f"caps_khz = {dump_value(t['caps_khz'])}"]
     return "\n".join(out) + "\n"
 
 

@@ -157,7 +157,7 @@ def dump_value(value: Any) -> str:
             return "nan"
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
-        return repr(value)  # always has a `.` or an exponent: reads back as a float
+        return repr(float(value))  # a `.` or an exponent: a float (numpy's repr is not TOML)
     if isinstance(value, str):
         return '"' + "".join(
             _ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c)
@@ -165,6 +165,9 @@ def dump_value(value: Any) -> str:
         ) + '"'
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(dump_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{dump_key(k)} = {dump_value(v)}"
+                                for k, v in value.items()) + " }"
     raise TypeError(f"cannot write {type(value).__name__} as TOML")
 
 
