@@ -152,13 +152,18 @@ def test_readers_see_the_tree(sim) -> None:
     assert v["mem.available_mib"] == 6000
 
 
+# Spins for `seconds` of wall time and prints the CPU seconds it got: the share of the
+# wall time it was allowed to run. Unlike a count of loop iterations, that share does not
+# move with the host's own speed (which drifts by 10-40% on shared machines).
 BUSY = ("import sys, time\n"
-        "n = 0\nend = time.monotonic() + float(sys.argv[1])\n"
-        "while time.monotonic() < end:\n    n += 1\n"
-        "print(n)\n")
+        "end = time.monotonic() + float(sys.argv[1])\n"
+        "c0 = time.process_time()\n"
+        "while time.monotonic() < end:\n    pass\n"
+        "print(time.process_time() - c0)\n")
 
 
-def _busy(seconds: float, dev: SimulatedDevice | None) -> int:
+def _busy(seconds: float, dev: SimulatedDevice | None) -> float:
+    """CPU seconds a child spinning for `seconds` of wall time got."""
     child = subprocess.Popen([sys.executable, "-c", BUSY, str(seconds)],
                              stdout=subprocess.PIPE, text=True)
     if dev is not None:
@@ -168,7 +173,7 @@ def _busy(seconds: float, dev: SimulatedDevice | None) -> int:
     finally:
         if dev is not None:
             dev.detach()
-    return int(out)
+    return float(out)
 
 
 def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> None:
@@ -176,7 +181,9 @@ def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> No
     dev.force_clock_fraction(0.5)
     free = _busy(1.0, None)
     throttled = _busy(1.0, dev)
-    assert 0.25 * free < throttled < 0.8 * free, (free, throttled)
+    # Half the wall time stopped: about half the CPU time (timer slack on a busy host
+    # moves it by a few percent).
+    assert 0.35 * free < throttled < 0.65 * free, (free, throttled)
     # detach leaves a still-running process continued
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
