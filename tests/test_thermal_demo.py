@@ -118,6 +118,9 @@ def _gated_story(r: dict[str, Any]) -> None:
     b1, b4 = r["cells"][0], r["cells"][3]
     assert b1["entry"]["probe_index"] == b4["entry"]["probe_index"] == 1.0
     assert b1["entry"]["caps_khz"] == b4["entry"]["caps_khz"]
+    # Whatever the host did, the report never blames the (simulated) device's thermals for
+    # a gated sentinel: no cap engaged, no entry temperature beyond the match tolerance.
+    assert not any("capped" in a or "temperature" in a for a in drift["attribution"]), drift
 
 
 def _story(src: Path, check: Callable[[dict[str, Any]], None], model: Path, profile: Path,
