@@ -28,6 +28,9 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"io_lanes": 65}, "--io-lanes"),
     ({"dense": "foo"}, "--dense"),
     ({"temp": -1.0}, "--temp"),
+    ({"repeat_penalty": 0.0}, "--repeat-penalty"),
+    ({"repeat_penalty": math.nan}, "--repeat-penalty"),
+    ({"repeat_last_n": -1}, "--repeat-last-n"),
     ({"threads": -1}, "--threads"),
     ({"threads": 257}, "--threads"),
     ({"n_ctx": 1}, "--n-ctx"),
@@ -51,6 +54,7 @@ def test_out_of_range_value_names_the_flag(overrides: dict[str, Any], flag: str)
 
 @pytest.mark.parametrize("edge", [
     {"n_tokens": 1}, {"cache_mib": 0}, {"io_lanes": 1}, {"io_lanes": 64}, {"temp": 0.0},
+    {"repeat_penalty": 1.0}, {"repeat_penalty": 100.0}, {"repeat_last_n": 0},
     {"threads": 0}, {"threads": 256}, {"n_ctx": 2}, {"dense": "mmap"},
     {"prompt": "", "prompt_tokens": (1,)},
 ])
@@ -91,6 +95,8 @@ CLI_BAD: list[tuple[list[str], str]] = [
     (["--cache-mib", "-1"], "--cache-mib"),
     (["--io-lanes", "0"], "--io-lanes"),
     (["--temp", "-1"], "--temp"),
+    (["--repeat-penalty", "0"], "--repeat-penalty"),
+    (["--repeat-last-n", "-3"], "--repeat-last-n"),
     (["--dense", "foo"], "--dense"),  # argparse's choices
     (["--threads", "300"], "--threads"),
     (["-n", "two"], "--n-tokens"),  # argparse's type

@@ -257,7 +257,7 @@ def test_greedy_run_matches_reference(model: Path) -> None:
     prompt = sequence(ref, 8)
     n = 12
     cfg = EngineConfig(model=str(model), prompt_tokens=tuple(prompt), n_tokens=n, temp=0.0,
-                       cache_mib=0.1)
+                       repeat_penalty=1.0, cache_mib=0.1)  # plain argmax: no penalty
     with Engine(cfg, model) as engine:
         result = engine.run()
     assert sum(r.evictions for r in result.records) > 0

@@ -74,3 +74,50 @@ def test_draws_follow_softmax_of_logits_over_temperature(temp: float) -> None:
 def test_large_logits_do_not_overflow() -> None:
     s = Sampler(0.01, 0)
     assert s(np.array([1e4, 1e4 - 1.0, -1e4])) == 0
+
+
+def test_repeat_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    s = Sampler(0.0, 0, repeat_penalty=2.0, last_n=8)
+    s.accept(0)
+    assert s(np.array([3.0, 2.0, -5.0])) == 1  # 3 / 2 = 1.5 < 2
+    s = Sampler(0.0, 0, repeat_penalty=2.0, last_n=8)
+    s.accept(0)
+    assert s(np.array([-1.0, -1.5, -5.0])) == 1  # -1 * 2 = -2 < -1.5
+    # without the penalty the same logits give the recent token
+    assert Sampler(0.0, 0, repeat_penalty=1.0, last_n=8)(np.array([3.0, 2.0, -5.0])) == 0
+
+
+def test_repeat_penalty_covers_only_the_last_n_tokens_and_its_own_choices() -> None:
+    logits = np.array([3.0, 2.0, 1.0, 0.5])
+    s = Sampler(0.0, 0, repeat_penalty=10.0, last_n=2)
+    s.accept(0)
+    assert s(logits) == 1  # 0 is recent: 1 wins, and is now recent too
+    assert s(logits) == 2  # 0 and 1 recent
+    assert s(logits) == 0  # the window holds 1 and 2: 0 is back
+    # the caller's logits are untouched
+    assert logits.tolist() == [3.0, 2.0, 1.0, 0.5]
+
+
+def test_repeat_penalty_keeps_one_draw_per_token_and_masked_tokens_masked() -> None:
+    a, b = Sampler(1.0, 5, repeat_penalty=1.3, last_n=4), Sampler(1.0, 5)
+    a.accept(1)
+    a(np.array([-np.inf, 2.0, 0.0]))
+    b(np.array([-np.inf, 2.0, 0.0]))
+    assert a.rng.random() == b.rng.random()
+    s = Sampler(1.0, 3, repeat_penalty=1.5, last_n=16)
+    assert {s(np.array([-np.inf, 0.0, -np.inf, 1.0])) for _ in range(500)} <= {1, 3}
+
+
+def test_a_penalised_token_is_drawn_less_often() -> None:
+    logits = np.array([2.0, 1.0, 1.0, 1.0])
+    n = 4000
+    plain, penalised = Sampler(1.0, 11), Sampler(1.0, 11, repeat_penalty=2.0, last_n=1)
+    free = sum(plain(logits) == 0 for _ in range(n)) / n
+    counts = 0
+    for _ in range(n):
+        penalised.recent.clear()
+        penalised.accept(0)
+        counts += penalised(logits) == 0
+    expected = softmax(np.array([1.0, 1.0, 1.0, 1.0]))[0]  # 2 / 2 = 1: token 0 like the rest
+    assert free == pytest.approx(softmax(logits)[0], abs=0.03)
+    assert counts / n == pytest.approx(expected, abs=0.03)

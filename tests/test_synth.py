@@ -78,6 +78,7 @@ def test_model_info_prints_sizes(synth_cli: SynthRun) -> None:
         f"gate {slice_bytes}, up {slice_bytes}, down {slice_bytes}")
     dense = json.loads(runs["json"].stdout)["dense_bytes"]
     assert rows["dense bytes"] == f"{dense / 2**20:.2f} MiB"
+    assert rows["sampling defaults"] == "temp 1, repeat penalty 1.1 over the last 64 tokens"
 
 
 def test_model_info_json(synth_cli: SynthRun) -> None:
@@ -123,6 +124,8 @@ def test_written_gguf_is_standard(tiny_model: Path) -> None:
     assert field(r, "tokenizer.ggml.bos_token_id") == synth.BOS_ID
     assert field(r, "tokenizer.ggml.eos_token_id") == synth.EOS_ID
     assert field(r, "general.sampling.temp") == pytest.approx(1.0)
+    assert field(r, "general.sampling.penalty_repeat") == pytest.approx(1.1)
+    assert field(r, "general.sampling.penalty_last_n") == 64
 
 
 def test_written_tensors_shapes_and_alignment(tiny_model: Path) -> None:

@@ -208,6 +208,8 @@ def test_json_doc(result: RunResult, tmp_path: Path) -> None:
         assert all(isinstance(v, float) and math.isfinite(v) for v in values)
     assert doc["per_token"]["wall_ms"] == [r.wall_ms for r in result.decode]
     assert doc["resolved"]["o_direct"] is result.o_direct
+    # the synthetic model's sampling defaults, as the engine resolved them
+    assert doc["resolved"]["repeat_penalty"] == 1.1 and doc["resolved"]["repeat_last_n"] == 64
     assert doc["summary"]["tokens"] == N
     assert doc["lines"] == telemetry.summary_lines(result)
     assert doc["output_ids"] == list(result.output_ids) and len(doc["output_ids"]) == N

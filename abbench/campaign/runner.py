@@ -100,6 +100,7 @@ def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
             "-q"]
     flags = {
         "prompt": "--prompt", "n_tokens": "--n-tokens", "temp": "--temp", "seed": "--seed",
+        "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
         "n_expert_used": "--n-expert-used", "n_ctx": "--n-ctx", "dense": "--dense",
         "cache_mib": "--cache-mib", "io_lanes": "--io-lanes", "threads": "--threads",
         "drop_cold_experts": "--drop-cold-experts", "prefetch": "--prefetch",

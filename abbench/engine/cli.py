@@ -55,6 +55,13 @@ def add_engine_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="sampling temperature; 0 = greedy (default: the model's "
                    "general.sampling.temp, 1.0 on synthetic models, else greedy)")
     m.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    m.add_argument("--repeat-penalty", type=float, default=None, metavar="P",
+                   help="divide the positive logits (multiply the negative ones) of tokens "
+                   "among the last --repeat-last-n by P; 1 = off (default: the model's "
+                   "general.sampling.penalty_repeat, 1.1 on synthetic models, else 1)")
+    m.add_argument("--repeat-last-n", type=int, default=None, metavar="N",
+                   help="how many of the context's last tokens the penalty covers, prompt "
+                   "included (default: the model's general.sampling.penalty_last_n, else 64)")
     m.add_argument("--n-expert-used", type=int, metavar="K",
                    help="override the model's top-k")
     m.add_argument("--n-ctx", type=int, help="KV cache length (default: prompt + N)")
@@ -143,7 +150,8 @@ def add_model_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 def config_from_args(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=a.model, prompt=a.prompt, prompt_tokens=a.prompt_tokens, n_tokens=a.n_tokens,
-        temp=a.temp, seed=a.seed, n_expert_used=a.n_expert_used, n_ctx=a.n_ctx,
+        temp=a.temp, seed=a.seed, repeat_penalty=a.repeat_penalty,
+        repeat_last_n=a.repeat_last_n, n_expert_used=a.n_expert_used, n_ctx=a.n_ctx,
         stop_at_eos=a.stop_at_eos, dense=a.dense, resident=a.resident, cache_mib=a.cache_mib,
         io_lanes=a.io_lanes, o_direct=a.o_direct, overlap=a.overlap, threads=a.threads,
         drop_cold_experts=a.drop_cold_experts, drop_in_prefill=a.drop_in_prefill,
@@ -230,6 +238,16 @@ def cmd_model_info(a: argparse.Namespace) -> int:
         ("all experts", f"{info['expert_file_bytes'] / mib:.1f} MiB"),
         ("routed per token", f"{info['routed_bytes_per_token'] / mib:.1f} MiB"),
     ]
+    number = (int, float)
+    stored = []
+    if isinstance(info["sampling_temp"], number):
+        stored.append(f"temp {info['sampling_temp']:.7g}")
+    if isinstance(info["sampling_penalty_repeat"], number):
+        last_n = info["sampling_penalty_last_n"]
+        stored.append(f"repeat penalty {info['sampling_penalty_repeat']:.7g}"
+                      + (f" over the last {last_n} tokens" if isinstance(last_n, int) else ""))
+    if stored:
+        rows.append(("sampling defaults", ", ".join(stored)))
     if info["synthetic"]:
         rows.append(("synthetic", ", ".join(f"{k}={v}" for k, v in info["synthetic"].items())))
     width = max(len(k) for k, _ in rows)

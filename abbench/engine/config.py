@@ -27,6 +27,9 @@ class EngineConfig:
     n_tokens: int = 64
     temp: float | None = None  # None: the model's `general.sampling.temp`, else greedy
     seed: int = 0
+    # None: the model's `general.sampling.penalty_repeat` / `penalty_last_n`, else 1.0 / 64
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     n_expert_used: int | None = None
     n_ctx: int | None = None
     stop_at_eos: bool = False
@@ -57,6 +60,10 @@ class EngineConfig:
             raise bad("n_tokens", f"must be at least 1 (got {self.n_tokens})")
         if self.temp is not None and self.temp < 0:
             raise bad("temp", f"must be >= 0 (got {self.temp})")
+        if self.repeat_penalty is not None and not 0 < self.repeat_penalty <= 100:
+            raise bad("repeat_penalty", f"must be in (0, 100] (got {self.repeat_penalty})")
+        if self.repeat_last_n is not None and not 0 <= self.repeat_last_n <= 1_000_000:
+            raise bad("repeat_last_n", f"must be between 0 and 1000000 (got {self.repeat_last_n})")
         if self.n_expert_used is not None and self.n_expert_used < 1:
             raise bad("n_expert_used", f"must be at least 1 (got {self.n_expert_used})")
         if self.n_ctx is not None and self.n_ctx < 2:

@@ -1,17 +1,44 @@
-"""Greedy and seeded temperature sampling, deterministic for a given seed."""
+"""Greedy and seeded temperature sampling with a repetition penalty, deterministic for a
+given seed.
+
+The repetition penalty is llama.cpp's: the logit of every token among the last `last_n`
+tokens of the context (prompt included) is divided by the penalty when positive and
+multiplied by it when negative, before greedy choice or sampling. 1.0 turns it off.
+"""
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
 
 class Sampler:
-    def __init__(self, temp: float, seed: int) -> None:
+    def __init__(self, temp: float, seed: int, repeat_penalty: float = 1.0,
+                 last_n: int = 0) -> None:
         self.temp = temp
         self.rng = np.random.default_rng(seed)
+        self.repeat_penalty = repeat_penalty
+        self.recent: deque[int] = deque(maxlen=last_n if repeat_penalty != 1.0 else 0)
+
+    def accept(self, token: int) -> None:
+        """A token entered the context (a prompt token, or one this sampler chose)."""
+        if self.recent.maxlen:
+            self.recent.append(token)
 
     def __call__(self, logits: np.ndarray) -> int:
         """logits: (vocab,) → token id. One uniform draw per token whatever the logits."""
+        if self.recent:
+            logits = logits.astype(np.float64)  # (vocab,) a copy: the caller's stays intact
+            ids = np.unique(np.fromiter(self.recent, dtype=np.int64))
+            seen = logits[ids]
+            logits[ids] = np.where(seen > 0, seen / self.repeat_penalty,
+                                   seen * self.repeat_penalty)
+        token = self._choose(logits)
+        self.accept(token)
+        return token
+
+    def _choose(self, logits: np.ndarray) -> int:
         if self.temp <= 0.0:
             return int(np.argmax(logits))
         z = logits.astype(np.float64) / self.temp

@@ -69,6 +69,8 @@ class RunResult:
     o_direct: bool
     threads: int
     temp: float
+    repeat_penalty: float
+    repeat_last_n: int
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
     text: str
@@ -126,6 +128,8 @@ def model_info(mf: ModelFile) -> dict[str, Any]:
         "expert_f32_bytes": layout[0].buffer_bytes,
         "routed_bytes_per_token": sum(le.file_bytes for le in layout) * args.expert_used_count,
         "sampling_temp": mf.get("general.sampling.temp"),
+        "sampling_penalty_repeat": mf.get("general.sampling.penalty_repeat"),
+        "sampling_penalty_last_n": mf.get("general.sampling.penalty_last_n"),
         "synthetic": {k.split(".", 2)[2]: v for k, v in mf.metadata.items()
                       if k.startswith("abbench.synthetic.")} or None,
     }
@@ -170,6 +174,14 @@ class Engine:
         if temp is None:
             temp = float(self.mf.get("general.sampling.temp", 0.0) or 0.0)
         self.temp = temp
+        penalty = config.repeat_penalty
+        if penalty is None:
+            penalty = _positive(self.mf.get("general.sampling.penalty_repeat"), 1.0)
+        last_n = config.repeat_last_n
+        if last_n is None:
+            stored = self.mf.get("general.sampling.penalty_last_n")
+            last_n = stored if isinstance(stored, int) and 0 <= stored <= 1_000_000 else 64
+        self.repeat_penalty, self.repeat_last_n = float(penalty), int(last_n)
         eos = self.mf.get("tokenizer.ggml.eos_token_id")
         self.eos_id = eos if isinstance(eos, int) else None
         layout = expert_layout(self.mf, args.block_count, args.expert_count)
@@ -257,9 +269,11 @@ class Engine:
 
     def _run(self, on_token: Callable[[TokenRecord], None] | None) -> RunResult:
         cfg = self.config
-        sampler = Sampler(self.temp, cfg.seed)
+        sampler = Sampler(self.temp, cfg.seed, self.repeat_penalty, self.repeat_last_n)
         records: list[TokenRecord] = []
         prompt = self.prompt_ids
+        for tok in prompt:
+            sampler.accept(tok)
         output: list[int] = []
         pos = 0
         for i, tok in enumerate(prompt[:-1]):
@@ -298,6 +312,8 @@ class Engine:
             o_direct=self.runner.o_direct,
             threads=cfg.compute_threads,
             temp=self.temp,
+            repeat_penalty=self.repeat_penalty,
+            repeat_last_n=self.repeat_last_n,
             prompt_ids=tuple(prompt),
             output_ids=tuple(output),
             text=text,
@@ -361,3 +377,10 @@ def _rss_mib() -> float:
             return int(f.read().split()[1]) * _PAGE / MIB
     except (OSError, IndexError, ValueError):
         return float("nan")
+
+
+def _positive(value: object, default: float) -> float:
+    """A model's stored sampling number if it is a usable positive number, else `default`."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 100:
+        return float(f"{value:.7g}")  # stored as float32: 1.1, not 1.100000023841858
+    return default

@@ -16,8 +16,12 @@ the routing the shape the seed measured on real models:
 
 The file is a complete GGUF: architecture metadata under `qwen3moe.*`, a byte-fallback
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, then `<0x00>`..`<0xFF>`) with the
-standard `tokenizer.ggml.*` keys, and `general.sampling.temp = 1.0`, because a random model
-decoded greedily falls into a short loop (seeded sampling keeps synthetic text varied).
+standard `tokenizer.ggml.*` keys, and sampling defaults: `general.sampling.temp = 1.0`,
+because a random model decoded greedily falls into a short loop (seeded sampling keeps
+synthetic text varied), and llama.cpp's long-standing repetition penalty
+(`general.sampling.penalty_repeat = 1.1` over `penalty_last_n = 64` tokens), because without
+it a popular token repeats back to back, and a token following itself routes to the experts
+it just used, so a streaming decode reads nothing for it.
 Tensors are 4096-byte aligned and experts stored in F32, so O_DIRECT reads land straight in
 the buffer the GEMV uses.
 """
@@ -38,7 +42,9 @@ VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
 N_VOCAB = len(VOCAB_SPECIAL) + 256
 BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
 ALIGNMENT = 4096
-FORMAT_VERSION = 1  # bump when the generator's output changes for the same spec
+FORMAT_VERSION = 2  # bump when the generator's output changes for the same spec
+SAMPLING_PENALTY_REPEAT = 1.1  # the sampling defaults written into every synthetic model
+SAMPLING_PENALTY_LAST_N = 64
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,8 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
         w.add_expert_count(spec.n_expert)
         w.add_expert_used_count(spec.n_expert_used)
         w.add_sampling_temp(1.0)
+        w.add_sampling_penalty_repeat(SAMPLING_PENALTY_REPEAT)
+        w.add_sampling_penalty_last_n(SAMPLING_PENALTY_LAST_N)
         w.add_uint32("abbench.synthetic.format", FORMAT_VERSION)
         for key, value in asdict(spec).items():
             if isinstance(value, str):

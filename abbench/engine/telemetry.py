@@ -173,6 +173,8 @@ def _preamble(result: RunResult) -> list[str]:
         "drop_cold_frac": f"{c.drop_cold_experts:g}" if c.drop_cold_experts else 0,
         "temp": f"{result.temp:g}",
         "seed": c.seed,
+        "repeat_penalty": f"{result.repeat_penalty:g}",
+        "repeat_last_n": result.repeat_last_n,
     }
     pairs.update(result.extra.get("preamble", {}))
     return ["# bmoe_metrics v2", "# " + " ".join(f"{k}={str(v).replace(' ', '_')}"
@@ -224,7 +226,9 @@ def json_doc(result: RunResult) -> dict[str, Any]:
     return {
         "format": JSON_FORMAT,
         "config": result.config.to_dict(),
-        "resolved": {"temp": result.temp, "threads": result.threads, "o_direct": result.o_direct},
+        "resolved": {"temp": result.temp, "repeat_penalty": result.repeat_penalty,
+                     "repeat_last_n": result.repeat_last_n, "threads": result.threads,
+                     "o_direct": result.o_direct},
         "model": result.model,
         "fingerprint": fingerprint(result),
         "summary": {k: _num(v) for k, v in s.items()},
