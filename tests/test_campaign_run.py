@@ -271,3 +271,22 @@ def test_ctrl_c_leaves_the_finished_cells_and_says_interrupted(
     assert json.loads((folder / "status.json").read_text())["state"] == "interrupted"
     assert [r.name for r in read_journal(folder)] == ["A"]
     assert "INCOMPLETE" in (folder / "report.md").read_text()  # the partial report
+
+
+def test_a_synthetic_model_is_built_before_the_first_cell(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cell's time, memory or heat includes building its model: the campaign builds it
+    first, and says so."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ABBENCH_CACHE", str(cache))
+    cells = write_campaign(tmp_path, "synthetic:tiny@3", """
+        [cells.A]
+        """, head='order = ["A", "A"]')
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "building synthetic:tiny@3" in p.stderr
+    assert [f.name for f in cache.glob("*.gguf")] == ["synthetic-tiny-s3-v2.gguf"]
+    folder = run_folder(tmp_path / "r")
+    for cell in ("01-A", "02-A"):
+        assert "building" not in (folder / "cells" / cell / "stderr.txt").read_text()

@@ -245,3 +245,24 @@ def test_interrupted_tensor_data_write_keeps_the_old_file(
     assert reached  # it really died with tensor data half written
     assert target.read_bytes() == tiny_model.read_bytes()
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+
+
+def test_writing_a_model_holds_one_tensor_at_a_time(tmp_path: Path) -> None:
+    """The default preset is 1.6 GiB: the writer streams tensors instead of holding them
+    all (it once peaked at the whole file's size)."""
+    spec = synth.preset("small")
+    code = (
+        "import resource, sys\n"
+        "from abbench.engine import synth\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "synth.write_model(synth.preset('small'), sys.argv[1])\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n"
+    )
+    out = tmp_path / "small.gguf"
+    p = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    grown = int(p.stdout)
+    largest = spec.n_expert * spec.expert_ff * spec.d_model * 4  # one expert tensor, F32
+    assert out.stat().st_size > 8 * largest
+    assert grown < 2 * largest + 8 * 2**20, (grown, largest, out.stat().st_size)

@@ -37,6 +37,7 @@ from abbench.campaign.gate import GateSpec, wait_for_gate
 from abbench.campaign.output import read_cell_output
 from abbench.campaign.recovery import note_child, repair
 from abbench.campaign.view import CampaignView
+from abbench.engine.models import prepare_models
 from abbench.errors import AbbenchError, UsageError
 from abbench.fsutil import WriteError, atomic_write_text, fault
 from abbench.records import (
@@ -209,6 +210,13 @@ class CampaignRun:
         probe_file = self.folder / "probe.json"
         if probe_file.exists():
             self.first_probe = float(json.loads(probe_file.read_text())["first_probe_s"])
+        # A synthetic model not built yet is built now, not by the first cell using it.
+        try:
+            prepare_models([str(c.config["model"]) for c in todo
+                            if c.config.get("engine", "embedded") == "embedded"])
+        except AbbenchError as e:
+            self._write_status("failed", e.message)
+            raise
         self._write_status("running")
         view = CampaignView(self.plan, self.device, live=self.opts.live)
         # A simulated device runs its clock `time_scale` times faster than the wall: the

@@ -54,5 +54,16 @@ def resolve_model(spec: str, quiet: bool = False) -> Path:
                 size = spec_.expert_bytes * spec_.n_expert * spec_.n_layer / 2**20
                 print(f"building {spec} (~{size:.0f} MiB of experts) into {path} (once)",
                       file=sys.stderr, flush=True)
-            synth.write_model(spec_, path, name=f"abbench-synthetic-{name}")
+            try:
+                synth.write_model(spec_, path, name=f"abbench-synthetic-{name}")
+            except OSError as e:  # the half-written file is already gone (write_model)
+                raise UsageError(f"cannot build {spec} into {path}: {e.strerror or e}",
+                                 tip="free some space, or set ABBENCH_CACHE to another "
+                                 "folder") from e
     return path
+
+
+def prepare_models(specs: list[str]) -> list[Path]:
+    """Build every synthetic model in `specs` that is not built yet (a campaign does this
+    before its first cell, so that no cell's time, memory or heat includes a build)."""
+    return [resolve_model(s) for s in dict.fromkeys(specs) if s.startswith(PREFIX)]

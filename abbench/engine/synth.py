@@ -28,8 +28,10 @@ the buffer the GEMV uses.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -110,7 +112,7 @@ def layer_update_scale(spec: SynthSpec, layer: int) -> float:
 def _quantize(a: np.ndarray, type_name: str) -> tuple[np.ndarray, gguf.GGMLQuantizationType | None]:
     qtype = gguf.GGMLQuantizationType[type_name]
     if qtype == gguf.GGMLQuantizationType.F32:
-        return a.astype(np.float32), None
+        return a.astype(np.float32, copy=False), None
     if qtype == gguf.GGMLQuantizationType.F16:
         return a.astype(np.float16), None
     return gguf.quants.quantize(a.astype(np.float32), qtype), qtype
@@ -121,8 +123,6 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
     d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
-    q_rows, kv_rows = spec.n_head * hd, spec.n_head_kv * hd
-
     tmp_fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
     os.close(tmp_fd)
     try:
@@ -156,68 +156,108 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
                 w.add_float64(f"abbench.synthetic.{key}", float(value))
         _add_vocab(w)
 
-        def add(name_: str, a: np.ndarray, type_name: str) -> None:
-            data, raw = _quantize(a, type_name)
-            w.add_tensor(name_, data, raw_dtype=raw)
-
-        # The shared direction every token's residual stream carries (popularity skew).
-        common = rng.standard_normal(d).astype(np.float32)
-        common /= np.linalg.norm(common)
-        rho = 0.25  # share of an embedding's energy along `common`
-        embd = rng.standard_normal((N_VOCAB, d)).astype(np.float32) * np.sqrt(1 - rho)
-        embd += common * np.sqrt(rho * d)  # (vocab, d), rows of norm ~ sqrt(d)
-        add("token_embd.weight", embd, spec.dense_type)
-        add("output_norm.weight", np.ones(d, np.float32), "F32")
-        add("output.weight", rng.standard_normal((N_VOCAB, d)).astype(np.float32) / np.sqrt(d)
-            * 2.0, spec.dense_type)
-        ranks = np.arange(1, spec.n_expert + 1, dtype=np.float64)
-        ladder = -np.log(ranks)  # Zipf-like: logit bias ~ -log(rank)
-        ladder = (ladder - ladder.mean()) * spec.popularity_skew
-        for i in range(spec.n_layer):
-            b = f"blk.{i}."
-            upd = layer_update_scale(spec, i)
-            add(b + "attn_norm.weight", np.ones(d, np.float32), "F32")
-            add(b + "ffn_norm.weight", np.ones(d, np.float32), "F32")
-            add(b + "attn_q_norm.weight", np.ones(hd, np.float32), "F32")
-            add(b + "attn_k_norm.weight", np.ones(hd, np.float32), "F32")
-            add(b + "attn_q.weight", rng.standard_normal((q_rows, d)).astype(np.float32)
-                / np.sqrt(d), spec.dense_type)
-            add(b + "attn_k.weight", rng.standard_normal((kv_rows, d)).astype(np.float32)
-                / np.sqrt(d), spec.dense_type)
-            add(b + "attn_v.weight", rng.standard_normal((kv_rows, d)).astype(np.float32)
-                / np.sqrt(d), spec.dense_type)
-            # Attention outputs have unit-scale components, as does the residual stream:
-            # size the projection so the update is `upd` of the stream.
-            add(b + "attn_output.weight", rng.standard_normal((d, q_rows)).astype(np.float32)
-                * (upd / np.sqrt(q_rows)), spec.dense_type)
-            router = rng.standard_normal((spec.n_expert, d)).astype(np.float32)
-            router *= spec.router_scale / np.sqrt(d)
-            bias = ladder[rng.permutation(spec.n_expert)]  # (n_expert,) logit bias per expert
-            # x·common ≈ sqrt(rho*d) after RMSNorm, so this adds ~`bias` to each logit.
-            router += (bias[:, None] / np.sqrt(rho * d)).astype(np.float32) * common[None, :]
-            add(b + "ffn_gate_inp.weight", router, "F32")
-            gate = rng.standard_normal((spec.n_expert, ff, d), dtype=np.float32)
-            gate *= 1.0 / np.sqrt(d)
-            add(b + "ffn_gate_exps.weight", gate, spec.expert_type)
-            del gate
-            up = rng.standard_normal((spec.n_expert, ff, d), dtype=np.float32)
-            up *= 1.0 / np.sqrt(d)
-            add(b + "ffn_up_exps.weight", up, spec.expert_type)
-            del up
-            down = rng.standard_normal((spec.n_expert, d, ff), dtype=np.float32)
-            # silu(g)*u has rms ~0.6 for unit-variance g and u; scale the update to `upd`.
-            down *= upd / (0.6 * np.sqrt(ff))
-            add(b + "ffn_down_exps.weight", down, spec.expert_type)
-            del down
+        # One tensor in memory at a time: every tensor's info first (the header needs
+        # them), then each one generated, converted and written in the file's order.
+        plan = list(_tensors(spec, rng))
+        for name_, shape, type_name, _ in plan:
+            qtype = gguf.GGMLQuantizationType[type_name]
+            if qtype == gguf.GGMLQuantizationType.F32:
+                w.add_tensor_info(name_, shape, np.dtype(np.float32), 4 * math.prod(shape))
+            elif qtype == gguf.GGMLQuantizationType.F16:
+                w.add_tensor_info(name_, shape, np.dtype(np.float16), 2 * math.prod(shape))
+            else:
+                byte_shape = gguf.quants.quant_shape_to_byte_shape(shape, qtype)
+                w.add_tensor_info(name_, byte_shape, np.dtype(np.uint8), math.prod(byte_shape),
+                                  raw_dtype=qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        w.write_ti_data_to_file()
+        for name_, shape, type_name, make in plan:
+            a = make()
+            if a.shape != shape:
+                raise AssertionError(f"{name_}: generated {a.shape}, planned {shape}")
+            w.write_tensor_data(_quantize(a, type_name)[0])
+            del a
         w.close()
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
 
+
+Make = Callable[[], np.ndarray]
+
+
+def _tensors(spec: SynthSpec, rng: np.random.Generator
+             ) -> Iterator[tuple[str, tuple[int, ...], str, Make]]:
+    """(name, F32 shape, storage type, make) for every tensor in file order. `make()`
+    generates the tensor in F32; calling them in order draws `rng` in a fixed order, so a
+    spec and seed give the same bytes."""
+    d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
+    q_rows, kv_rows = spec.n_head * hd, spec.n_head_kv * hd
+    dense, experts = spec.dense_type, spec.expert_type
+
+    def projection(rows: int, cols: int, scale: float = 1.0, over: float = 1.0) -> Make:
+        """(rows, cols) unit normals * scale / over."""
+        return lambda: rng.standard_normal((rows, cols)).astype(np.float32) * scale / over
+
+    def experts_of(rows: int, cols: int, scale: float) -> Make:  # (n_expert, rows, cols)
+        def make() -> np.ndarray:
+            a = rng.standard_normal((spec.n_expert, rows, cols), dtype=np.float32)
+            a *= scale
+            return a
+        return make
+
+    def ones(n: int) -> Make:
+        return lambda: np.ones(n, np.float32)
+
+    # The shared direction every token's residual stream carries (popularity skew).
+    common = rng.standard_normal(d).astype(np.float32)
+    common /= np.linalg.norm(common)
+    rho = 0.25  # share of an embedding's energy along `common`
+
+    def embedding() -> np.ndarray:
+        embd = rng.standard_normal((N_VOCAB, d)).astype(np.float32) * np.sqrt(1 - rho)
+        return embd + common * np.sqrt(rho * d)  # (vocab, d), rows of norm ~ sqrt(d)
+
+    yield "token_embd.weight", (N_VOCAB, d), dense, embedding
+    yield "output_norm.weight", (d,), "F32", ones(d)
+    yield "output.weight", (N_VOCAB, d), dense, lambda: (
+        rng.standard_normal((N_VOCAB, d)).astype(np.float32) / np.sqrt(d) * 2.0)
+    ranks = np.arange(1, spec.n_expert + 1, dtype=np.float64)
+    ladder = -np.log(ranks)  # Zipf-like: logit bias ~ -log(rank)
+    ladder = (ladder - ladder.mean()) * spec.popularity_skew
+
+    def router() -> np.ndarray:
+        w = rng.standard_normal((spec.n_expert, d)).astype(np.float32)
+        w *= spec.router_scale / np.sqrt(d)
+        bias = ladder[rng.permutation(spec.n_expert)]  # (n_expert,) logit bias per expert
+        # x·common ≈ sqrt(rho*d) after RMSNorm, so this adds ~`bias` to each logit.
+        w += (bias[:, None] / np.sqrt(rho * d)).astype(np.float32) * common[None, :]
+        return w
+
+    for i in range(spec.n_layer):
+        b = f"blk.{i}."
+        upd = layer_update_scale(spec, i)
+        yield b + "attn_norm.weight", (d,), "F32", ones(d)
+        yield b + "ffn_norm.weight", (d,), "F32", ones(d)
+        yield b + "attn_q_norm.weight", (hd,), "F32", ones(hd)
+        yield b + "attn_k_norm.weight", (hd,), "F32", ones(hd)
+        yield b + "attn_q.weight", (q_rows, d), dense, projection(q_rows, d, over=np.sqrt(d))
+        yield b + "attn_k.weight", (kv_rows, d), dense, projection(kv_rows, d, over=np.sqrt(d))
+        yield b + "attn_v.weight", (kv_rows, d), dense, projection(kv_rows, d, over=np.sqrt(d))
+        # Attention outputs have unit-scale components, as does the residual stream: size
+        # the projection so the update is `upd` of the stream.
+        yield b + "attn_output.weight", (d, q_rows), dense, projection(
+            d, q_rows, upd / np.sqrt(q_rows))
+        yield b + "ffn_gate_inp.weight", (spec.n_expert, d), "F32", router
+        yield b + "ffn_gate_exps.weight", (spec.n_expert, ff, d), experts, experts_of(
+            ff, d, 1.0 / np.sqrt(d))
+        yield b + "ffn_up_exps.weight", (spec.n_expert, ff, d), experts, experts_of(
+            ff, d, 1.0 / np.sqrt(d))
+        # silu(g)*u has rms ~0.6 for unit-variance g and u; scale the update to `upd`.
+        yield b + "ffn_down_exps.weight", (spec.n_expert, d, ff), experts, experts_of(
+            d, ff, upd / (0.6 * np.sqrt(ff)))
 
 def _add_vocab(w: gguf.GGUFWriter) -> None:
     tokens = VOCAB_SPECIAL + [f"<0x{b:02X}>" for b in range(256)]
