@@ -18,6 +18,8 @@ from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.streamer import (
     ALIGN,
+    HUGE_PAGE,
+    BufferArena,
     ExpertBuffer,
     LayerExperts,
     Slice,
@@ -293,3 +295,42 @@ def test_read_past_the_end_is_an_engine_error(
     # The lane survives a failed read: an expert before the cut still reads.
     check_expert(read_expert(reader, le, 0), reference_expert(src, 3, 0), le.ff)
 
+
+
+def test_arena_buffers_are_page_aligned_disjoint_and_start_a_huge_page() -> None:
+    arena = BufferArena(chunk_bytes=1 << 20)
+    bufs = [ExpertBuffer(FF, D, arena) for _ in range(200)]  # 12 KiB each: several chunks
+    spans = sorted((b.floats.ctypes.data, b.floats.ctypes.data + b.nbytes) for b in bufs)
+    assert all(start % 4096 == 0 for start, _ in spans)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    assert bufs[0].floats.ctypes.data % HUGE_PAGE == 0
+    assert len({id(b.mm) for b in bufs}) > 1  # it moved on to new chunks
+    for i, b in enumerate(bufs):
+        b.floats[:] = i
+    assert all(float(b.floats[0]) == i and float(b.floats[-1]) == i for i, b in enumerate(bufs))
+
+
+def test_arena_gives_an_oversized_buffer_its_own_chunk() -> None:
+    arena = BufferArena(chunk_bytes=4096)
+    mm, offset = arena.take(3 * 4096 + 1)
+    assert len(mm) >= 4 * 4096 + offset
+    assert arena.take(10)[0] is not mm  # the chunk is full: the next take starts another
+
+
+def test_reads_land_in_arena_buffers(tmp_path: Path) -> None:
+    """O_DIRECT (where the filesystem allows it) into arena memory reads the right bytes."""
+    data = np.arange(3 * FF * D, dtype=np.float32)
+    path = tmp_path / "experts.bin"
+    path.write_bytes(data.tobytes())
+    reader = SliceReader(path, lanes=2, o_direct=True)
+    try:
+        arena = BufferArena()
+        bufs = [ExpertBuffer(FF, D, arena) for _ in range(3)]
+        per = FF * D * 4
+        for buf in bufs:
+            slices = tuple(Slice(k * per, per, T.F32, (FF, D) if k < 2 else (D, FF), k * per)
+                           for k in range(3))
+            reader.read_now(slices, buf)
+            np.testing.assert_array_equal(buf.floats, data)
+    finally:
+        reader.close()

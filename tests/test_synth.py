@@ -212,7 +212,8 @@ def _explode(*args: object, **kwargs: object) -> None:
     raise Boom
 
 
-@pytest.mark.parametrize("step", ["write_kv_data_to_file", "write_tensors_to_file", "add_tensor"])
+@pytest.mark.parametrize("step", ["write_kv_data_to_file", "write_ti_data_to_file",
+                                  "add_tensor_info", "write_tensor_data"])
 def test_interrupted_write_leaves_no_file(
     step: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from abbench.engine.streamer import ExpertBuffer
+from abbench.engine.streamer import BufferArena, ExpertBuffer
 
 Key = tuple[int, int]  # (layer, expert)
 
@@ -36,6 +36,7 @@ class ExpertCache:
     speculative: set[Key] = field(default_factory=set)  # filled by speculation, not yet hit
     _free: dict[tuple[int, int], list[ExpertBuffer]] = field(default_factory=dict)
     _evicted_once: set[Key] = field(default_factory=set)
+    arena: BufferArena = field(default_factory=BufferArena)  # where new buffers come from
 
     def lookup(self, key: Key) -> ExpertBuffer | None:
         """A hit refreshes recency and is counted; a miss is counted by `admit`."""
@@ -118,4 +119,4 @@ class ExpertCache:
 
     def _buffer(self, ff: int, d: int) -> ExpertBuffer:
         free = self._free.get((ff, d))
-        return free.pop() if free else ExpertBuffer(ff, d)
+        return free.pop() if free else ExpertBuffer(ff, d, self.arena)

@@ -149,7 +149,7 @@ class ExpertRunner:
         for layer, le in enumerate(self.layout):
             tickets = []
             for e in range(self.n_expert):
-                buf = ExpertBuffer(le.ff, le.d)
+                buf = ExpertBuffer(le.ff, le.d, self.cache.arena)
                 tickets.append((e, buf, self.reader.submit(le.slices(e), buf)))
             for e, buf, t in tickets:
                 t.wait()

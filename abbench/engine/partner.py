@@ -10,11 +10,11 @@ sides meet through counters in shared memory, a hand-over costs about a microsec
 the attention GEMVs, which the thread team leaves to the caller alone, are split in two as
 well (`split_rows`). Measured on a 2-core VM: a 1.5 MiB GEMV 138 us alone, 81 us split.
 
-What is shared: expert buffers are anonymous shared mappings (`mmap(-1)`) and the dense
-matrices are never written after load, so the child forked after loading sees the very
-same bytes (the child maps them all before it reports ready: see `_map`); requests name a
-matrix by its index in a table and an expert buffer by its `id()`, which a forked child
-shares with the parent. The inputs and outputs of a request go through one small shared
+What is shared: expert buffers (private anonymous memory, inherited copy-on-write) and the
+dense matrices are never written after load, so the child forked after loading sees the
+very same bytes and copies none (it maps them all before it reports ready: see `_map`);
+requests name a matrix by its index in a table and an expert buffer by its `id()`, which a
+forked child shares with the parent. The inputs and outputs of a request go through one small shared
 block. Only resident buffers are known to the child: a buffer made after the fork (a
 streaming cache's) could not be, hence `--resident` only.
 
@@ -268,11 +268,12 @@ class Partner:
 
 
 def _map(buf: ExpertBuffer) -> None:
-    """Map a buffer's pages into this process now. A fork copies no page-table entries of
-    a shared mapping: without this the child's first GEMV on each expert would take a
-    page fault per 4 KiB, and run slower than the parent's for the first hundred tokens."""
+    """Map a buffer's pages into this process now. A fork copies the page-table entries of
+    private anonymous memory but not those of a shared mapping: should a buffer ever live
+    in one, the child's first GEMV on each expert would take a page fault per 4 KiB and
+    run slower than the parent's for the first hundred tokens."""
     try:
-        buf.mm.madvise(MADV_POPULATE_READ)  # Linux >= 5.14: one call
+        buf.mm.madvise(MADV_POPULATE_READ, buf.offset, buf.nbytes)  # Linux >= 5.14
     except (OSError, ValueError):
         buf.floats[:: mmap.PAGESIZE // 4].max()  # one read per page
 

@@ -14,6 +14,7 @@ its own bounce buffer and converts from there.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -32,10 +33,53 @@ from abbench.errors import EngineError, ModelFileError
 ALIGN = 4096  # O_DIRECT alignment that every Linux block device accepts
 
 
+HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 and arm64 (4 KiB base pages)
+PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+
+
 def aligned_empty(nbytes: int) -> tuple[mmap.mmap, np.ndarray]:
     """Anonymous page-aligned memory (untouched until written) and a uint8 view of it."""
     mm = mmap.mmap(-1, max(nbytes, 1))
     return mm, np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+
+
+class BufferArena:
+    """Page-aligned expert buffers carved from large private anonymous mappings that ask
+    for transparent huge pages (`MADV_HUGEPAGE`, where the kernel offers them).
+
+    Why not one small mapping per buffer: an O_DIRECT read pins every destination page and
+    hands the device one segment per physically contiguous run, so where the bytes land
+    decides how fast they arrive. Measured on a 2-core VM, 4 lanes of 512 KiB reads: into
+    huge-page-backed arena memory 1436-1602 MiB/s, into one shared 1.5 MiB mapping per
+    buffer 820-1087 MiB/s (three processes; the latter also varied most from one process to
+    the next). GEMVs over the two ran at the same speed. Pages are touched only as buffers
+    are used, so memory held still follows the buffers handed out (plus at most the huge
+    page the newest buffer ends in). A forked process inherits the mappings (copy on
+    write, and buffers it only reads are never copied).
+    """
+
+    def __init__(self, chunk_bytes: int = 64 << 20) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._mm: mmap.mmap | None = None
+        self._next = 0
+        self._end = 0
+
+    def take(self, nbytes: int) -> tuple[mmap.mmap, int]:
+        """A mapping and the offset in it of `nbytes` bytes, page aligned, never handed out
+        before. The mapping stays alive as long as a buffer holds it."""
+        size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        if self._mm is None or self._next + size > self._end:
+            length = max(self.chunk_bytes, size)
+            mm = mmap.mmap(-1, length + HUGE_PAGE, flags=PRIVATE)
+            with contextlib.suppress(AttributeError, OSError):  # no THP here: plain pages
+                mm.madvise(mmap.MADV_HUGEPAGE)
+            probe = np.frombuffer(mm, dtype=np.uint8, count=1)
+            start = -probe.ctypes.data % HUGE_PAGE  # the first buffer starts a huge page
+            del probe
+            self._mm, self._next, self._end = mm, start, start + length
+        offset = self._next
+        self._next += size
+        return self._mm, offset
 
 
 @dataclass(frozen=True)
@@ -104,11 +148,15 @@ def expert_layout(mf: ModelFile, n_layer: int, n_expert: int) -> list[LayerExper
 class ExpertBuffer:
     """One expert's weights in F32: `gate_up` (2*ff, d) and `down` (d, ff)."""
 
-    __slots__ = ("mm", "floats", "gate_up", "down", "nbytes")
+    __slots__ = ("mm", "offset", "floats", "gate_up", "down", "nbytes")
 
-    def __init__(self, ff: int, d: int) -> None:
+    def __init__(self, ff: int, d: int, arena: BufferArena | None = None) -> None:
         self.nbytes = 3 * ff * d * 4
-        self.mm, raw = aligned_empty(self.nbytes)
+        if arena is None:
+            self.mm, self.offset = mmap.mmap(-1, max(self.nbytes, 1), flags=PRIVATE), 0
+        else:
+            self.mm, self.offset = arena.take(self.nbytes)
+        raw = np.frombuffer(self.mm, dtype=np.uint8, count=self.nbytes, offset=self.offset)
         self.floats = raw.view(np.float32)  # (3*ff*d,)
         self.gate_up = self.floats[: 2 * ff * d].reshape(2 * ff, d)  # (2ff, d)
         self.down = self.floats[2 * ff * d :].reshape(d, ff)  # (d, ff)
