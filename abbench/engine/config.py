@@ -13,6 +13,8 @@ from typing import Any
 from abbench.errors import ConfigError
 
 DEFAULT_PROMPT = "Explain how a mixture-of-experts model routes each token."
+MAX_REPEAT_PENALTY = 100.0
+MAX_REPEAT_LAST_N = 1_000_000
 
 
 def default_threads() -> int:
@@ -60,10 +62,12 @@ class EngineConfig:
             raise bad("n_tokens", f"must be at least 1 (got {self.n_tokens})")
         if self.temp is not None and self.temp < 0:
             raise bad("temp", f"must be >= 0 (got {self.temp})")
-        if self.repeat_penalty is not None and not 0 < self.repeat_penalty <= 100:
-            raise bad("repeat_penalty", f"must be in (0, 100] (got {self.repeat_penalty})")
-        if self.repeat_last_n is not None and not 0 <= self.repeat_last_n <= 1_000_000:
-            raise bad("repeat_last_n", f"must be between 0 and 1000000 (got {self.repeat_last_n})")
+        if self.repeat_penalty is not None and not 0 < self.repeat_penalty <= MAX_REPEAT_PENALTY:
+            raise bad("repeat_penalty", f"must be in (0, {MAX_REPEAT_PENALTY:g}] "
+                      f"(got {self.repeat_penalty})")
+        if self.repeat_last_n is not None and not 0 <= self.repeat_last_n <= MAX_REPEAT_LAST_N:
+            raise bad("repeat_last_n", f"must be between 0 and {MAX_REPEAT_LAST_N} "
+                      f"(got {self.repeat_last_n})")
         if self.n_expert_used is not None and self.n_expert_used < 1:
             raise bad("n_expert_used", f"must be at least 1 (got {self.n_expert_used})")
         if self.n_ctx is not None and self.n_ctx < 2:

@@ -14,9 +14,9 @@ What is shared: expert buffers (private anonymous memory, inherited copy-on-writ
 dense matrices are never written after load, so the child forked after loading sees the
 very same bytes and copies none (it maps them all before it reports ready: see `_map`);
 requests name a matrix by its index in a table and an expert buffer by its `id()`, which a
-forked child shares with the parent. The inputs and outputs of a request go through one small shared
-block. Only resident buffers are known to the child: a buffer made after the fork (a
-streaming cache's) could not be, hence `--resident` only.
+forked child shares with the parent. The inputs and outputs of a request go through one
+small shared block. Only resident buffers are known to the child: a buffer made after the
+fork (a streaming cache's) could not be, hence `--resident` only.
 
 The child spins only while requests keep coming: after SPIN_S without one it sleeps on a
 pipe, and the parent wakes it with a byte. A parent that dies closes the pipe (EOF) or

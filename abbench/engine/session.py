@@ -20,7 +20,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from abbench.engine.arch import architecture
-from abbench.engine.config import EngineConfig
+from abbench.engine.config import MAX_REPEAT_LAST_N, MAX_REPEAT_PENALTY, EngineConfig
 from abbench.engine.experts import MIB, ExpertRunner, Policies
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.predictor import RoutePredictor
@@ -174,14 +174,11 @@ class Engine:
         if temp is None:
             temp = float(self.mf.get("general.sampling.temp", 0.0) or 0.0)
         self.temp = temp
-        penalty = config.repeat_penalty
-        if penalty is None:
-            penalty = _positive(self.mf.get("general.sampling.penalty_repeat"), 1.0)
-        last_n = config.repeat_last_n
-        if last_n is None:
-            stored = self.mf.get("general.sampling.penalty_last_n")
-            last_n = stored if isinstance(stored, int) and 0 <= stored <= 1_000_000 else 64
-        self.repeat_penalty, self.repeat_last_n = float(penalty), int(last_n)
+        stored_penalty, stored_last_n = _stored_penalty(self.mf)
+        self.repeat_penalty = (stored_penalty if config.repeat_penalty is None
+                               else float(config.repeat_penalty))
+        self.repeat_last_n = (stored_last_n if config.repeat_last_n is None
+                              else int(config.repeat_last_n))
         eos = self.mf.get("tokenizer.ggml.eos_token_id")
         self.eos_id = eos if isinstance(eos, int) else None
         layout = expert_layout(self.mf, args.block_count, args.expert_count)
@@ -379,8 +376,15 @@ def _rss_mib() -> float:
         return float("nan")
 
 
-def _positive(value: object, default: float) -> float:
-    """A model's stored sampling number if it is a usable positive number, else `default`."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 100:
-        return float(f"{value:.7g}")  # stored as float32: 1.1, not 1.100000023841858
-    return default
+def _stored_penalty(mf: ModelFile) -> tuple[float, int]:
+    """The model's repetition penalty and window (`general.sampling.penalty_repeat`,
+    `penalty_last_n`) where they are usable values, else 1.0 (off) and 64."""
+    penalty, last_n = 1.0, 64
+    value = mf.get("general.sampling.penalty_repeat")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and 0 < value <= MAX_REPEAT_PENALTY:
+        penalty = float(f"{value:.7g}")  # stored as float32: 1.1, not 1.100000023841858
+    value = mf.get("general.sampling.penalty_last_n")
+    if isinstance(value, int) and 0 <= value <= MAX_REPEAT_LAST_N:
+        last_n = value
+    return penalty, last_n
