@@ -8,6 +8,7 @@ RUN/
   plan.json              Plan: the cells in execution order
   journal.jsonl          one CellRecord per finished cell (appended, flushed, fsync'd)
   samples.jsonl          one Sample per sampler tick
+  noise-floor.json       NoiseFloor: the device history's cell-to-cell noise when the run began
   cells/NN-NAME/         tokens.csv, summary.json (the engine's --json), stderr.txt
   report.md|json|html    rendered by `abbench report RUN`
 ```
@@ -34,6 +35,7 @@ from abbench.errors import AbbenchError
 from abbench.fsutil import append_line
 
 FORMAT = "abbench-run v1"
+EXPECT = ("faster", "not-slower")  # a decision's question (`[[decision]] expect`)
 
 T = TypeVar("T")
 
@@ -199,6 +201,40 @@ class PlannedCell:
         return _from_dict(cls, d)
 
 
+def config_key(config: dict[str, Any]) -> str:
+    """A configuration's identity: its resolved keys as canonical JSON, without the ones
+    that do not change the work (`timeout_s`). Cells with equal keys are one arm."""
+    return json.dumps({k: v for k, v in sorted(config.items()) if k != "timeout_s"},
+                      sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """`[campaign] until = "decided"`: rounds appended until every decision is decided or
+    the budget (cells, wall minutes; either may be absent) is spent."""
+
+    until: str = "decided"
+    max_cells: int | None = None
+    max_minutes: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look of a sequential campaign: the decisions are read on the first `cells`
+    cells at a two-sided level of 1 - `alpha` (the alpha spent at this look)."""
+
+    cells: int
+    fraction: float  # of the budget spent at this look (cells or minutes, whichever is more)
+    alpha: float
+    final: bool = False  # no further round fits the budget: the rest of the alpha is spent
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class Plan:
     campaign: str
@@ -210,11 +246,15 @@ class Plan:
     match: dict[str, Any] = field(default_factory=dict)
     gate: dict[str, Any] | None = None
     format: str = FORMAT
+    sequential: Sequential | None = None
+    looks: tuple[Look, ...] = ()  # taken so far (sequential campaigns)
+    planned_cells: int | None = None  # cells before any appended round (None: all of them)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["cells"] = [c.to_json() for c in self.cells]
         d["decisions"] = list(self.decisions)
+        d["looks"] = [x.to_json() for x in self.looks]
         return d
 
     @classmethod
@@ -271,6 +311,117 @@ class Sample:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Sample:
         return _from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """A device's cell-to-cell noise as its history gave it when a campaign began
+    (`noise-floor.json`): the pooled variance of repeats' log tokens/s with its degrees of
+    freedom, the mean token-level part, and what it was pooled from. `df` 0: no history."""
+
+    variance: float = 0.0
+    df: int = 0
+    token_variance: float = 0.0
+    repeats: int = 0  # cells behind it
+    campaigns: tuple[str, ...] = ()  # run folder names, newest first
+    history: str = ""  # the history file read (and the one the run's repeats go to)
+    t_wall: float = 0.0
+    device: str = ""
+    simulated: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "campaigns": list(self.campaigns)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NoiseFloor:
+        return _from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class RepeatRecord:
+    """One repeat a campaign made, as the device history (`sentinels/DEVICE.jsonl`, lines
+    with `kind` "repeat") keeps it: two cells of one configuration, the later one's log
+    tokens/s minus the earlier one's, and whether they may count as cell-to-cell noise.
+
+    Comparable repeats with equal work form groups (`group`, per run); consecutive members
+    of a group are one record each, so a group's cells can be rebuilt from its records."""
+
+    device: str
+    run: str  # the run folder's name
+    campaign: str
+    t_wall: float  # the later cell's start
+    config_key: str
+    name: str  # the later cell's name
+    first: str  # cell labels
+    second: str
+    log_ratio: float  # log(second tok/s) - log(first tok/s)
+    token_variance_first: float  # moving-block variance of each cell's log tok/s (0: none)
+    token_variance_second: float
+    fingerprints_equal: bool
+    matched: bool  # adjacent and thermally matched
+    comparable: bool  # every device criterion held (adjacency and gap aside)
+    group: int | None = None  # the repeat group within the run (None: not counted)
+    simulated: bool = False
+    kind: str = "repeat"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RepeatRecord:
+        return _from_dict(cls, d)
+
+
+def history_file(folder: Path, device: str) -> Path:
+    """The device history file for a device name (what a folder name cannot hold → `_`)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", device) or "device"
+    return folder / f"{name}.jsonl"
+
+
+def read_repeats(path: Path) -> list[RepeatRecord]:
+    """The repeat records of a device history; other lines (sentinel speeds) are skipped,
+    and so is a repeat line that does not parse (a history is appended to by many
+    campaigns and versions: one bad line must not hide the rest)."""
+    out = []
+    for _, d in _jsonl(path):
+        if d.get("kind") != "repeat":
+            continue
+        try:
+            out.append(RepeatRecord.from_json(d))
+        except _BadField:
+            continue
+    return out
+
+
+def append_repeats(path: Path, records: list[RepeatRecord]) -> int:
+    """Append the repeats the history lacks (keyed by run and cell pair, so a resumed or
+    re-reported campaign adds none twice); returns how many were appended."""
+    have = {(r.run, r.first, r.second) for r in read_repeats(path)}
+    new = [r for r in records if (r.run, r.first, r.second) not in have]
+    if new:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    for r in new:
+        append_jsonl(path, r.to_json())
+    return len(new)
+
+
+NOISE_FLOOR_FILE = "noise-floor.json"
+
+
+def read_noise_floor(run: Path) -> NoiseFloor | None:
+    """The run's snapshot of its device's noise floor; None when there is none (runs from
+    before it existed, imports). A snapshot that does not parse is an error."""
+    path = run / NOISE_FLOOR_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise RecordError(f"{path}: malformed noise floor ({str(e)[:200]})") from None
+    try:
+        return NoiseFloor.from_json(doc)
+    except _BadField as e:
+        raise RecordError(f"{path}: malformed noise floor: {e}") from None
 
 
 # -- files ---------------------------------------------------------------------------
@@ -376,8 +527,18 @@ def _check_plan(plan: Plan) -> None:
             _typed(d.get(name), str, f"decisions[{i}].{name}")
         if d["candidate"] == d["baseline"]:
             raise _BadField(f"decisions[{i}]", f"compares `{d['candidate']}` with itself")
-        if "min_effect" in d:
-            _typed(d["min_effect"], float, f"decisions[{i}].min_effect")
+        for key in ("min_effect", "max_regression"):
+            if key in d:
+                _typed(d[key], float, f"decisions[{i}].{key}")
+        if d.get("expect", "faster") not in EXPECT:
+            raise _BadField(f"decisions[{i}].expect", f"is {_shown(d.get('expect'))}, "
+                            f"expected one of {', '.join(EXPECT)}")
+    last = 0
+    for i, look in enumerate(plan.looks):
+        if not last < look.cells <= len(plan.cells) or not 0 < look.alpha < 1:
+            raise _BadField(f"looks[{i}]", "is not a look at more cells than the one before, "
+                            "within the plan, at an alpha in (0, 1)")
+        last = look.cells
     for k, v in plan.match.items():
         _typed(v, float, f"match.{k}")
 

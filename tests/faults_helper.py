@@ -124,7 +124,8 @@ def comparable_report(run: Path, scratch: Path) -> dict[str, Any]:
     are deterministic, the bootstrap seeded by label), fingerprints, entry caps,
     temperatures and memory (a static sensor tree), pairs, drift, tells and decisions.
     Timing-derived, so left out: wall and monotonic times, the sample count per cell, the
-    gap between cells (a resume adds the restart), the run folder's path, and the speed
+    gap between cells (a resume adds the restart), the run folder's path, when the
+    noise-floor snapshot was taken and the history file it names, and the speed
     probe — a timed loop on a shared machine, which `[match] probe_tol` would turn into
     matched or not at random — pinned to 1 in a copy of the journal before analysing.
     """
@@ -139,6 +140,9 @@ def comparable_report(run: Path, scratch: Path) -> dict[str, Any]:
     doc = json_report.build(analyze(copy_dir))
     doc = copy.deepcopy(doc)
     doc.pop("run")
+    if doc.get("noise_floor"):
+        for key in ("t_wall", "history"):
+            doc["noise_floor"].pop(key)
     for c in doc["cells"]:
         for key in ("t_start_wall", "t_end_wall"):
             c.pop(key)

@@ -13,9 +13,11 @@ from abbench.records import (
     CellRecord,
     EntryState,
     GateWait,
+    NoiseFloor,
     Plan,
     PlannedCell,
     Sample,
+    Sequential,
     append_jsonl,
 )
 
@@ -26,23 +28,33 @@ AT_MAX = dict(HW)
 def cell(name: str, rate: float, **kw: Any) -> dict[str, Any]:
     """A cell spec: name, steady tokens/s, and overrides (caps, cpu_temp, battery_temp, mem,
     probe, caps_during, fingerprint, sentinel_of, gave_up, status, n, noise, per_token,
-    dropped, compute_ms, read_bytes, majflt, cpu_ms, gap_s)."""
+    dropped, compute_ms, read_bytes, majflt, cpu_ms, gap_s, config: the configuration's
+    identity, by default the name)."""
     return {"name": name, "rate": rate, **kw}
 
 
 def make_run(tmp: Path, cells: list[dict[str, Any]], decisions: list[dict[str, Any]] = (),  # type: ignore[assignment]
              match: dict[str, Any] | None = None, warmup: int = 4, device: str = "local",
-             state: bool = True, simulated: bool = False, seed: int = 1) -> Path:
+             state: bool = True, simulated: bool = False, seed: int = 1,
+             floor: float | None = None, floor_df: int = 30, looks: tuple = (),
+             sequential: dict[str, Any] | None = None) -> Path:
+    """A run folder; `floor` writes a noise-floor snapshot of that relative spread per
+    cell (with `floor_df` degrees of freedom)."""
     run = tmp / "run"
     (run / "cells").mkdir(parents=True)
+    if floor is not None:
+        (run / "noise-floor.json").write_text(json.dumps(NoiseFloor(
+            variance=floor ** 2, df=floor_df, repeats=floor_df + 1).to_json()))
     rng = np.random.default_rng(seed)
     planned = []
     for i, c in enumerate(cells):
         label = f"{i + 1:02d}-{c['name']}"
-        planned.append(PlannedCell(i, c["name"], {"tokens": c.get("n", 64)},
+        planned.append(PlannedCell(i, c["name"], {"tokens": c.get("n", 64),
+                                                  "arm": c.get("config", c["name"])},
                                    c.get("sentinel_of"), label))
     plan = Plan(campaign="t", cells=tuple(planned), spacing_s=30, warmup_tokens=warmup,
-                device=device, decisions=tuple(decisions),
+                device=device, decisions=tuple(decisions), looks=tuple(looks),
+                sequential=Sequential(**sequential) if sequential else None,
                 match=match if match is not None else {
                     "cpu_temp_tol_c": 3.0, "battery_temp_tol_c": 0.5,
                     "mem_available_tol_frac": 0.15, "probe_tol": 0.03, "max_gap_s": 900.0})

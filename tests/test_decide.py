@@ -13,27 +13,75 @@ DECIDE = [{"candidate": "C", "baseline": "B", "min_effect": 0.03}]
 CAPPED = {"policy0": 2_000_000, "policy4": 2_200_000}
 
 
-def one(tmp: Path, cells, **kw):  # type: ignore[no-untyped-def]
-    a = analyze(make_run(tmp, cells, DECIDE, **kw))
+def one(tmp: Path, cells, decisions=DECIDE, **kw):  # type: ignore[no-untyped-def]
+    a = analyze(make_run(tmp, cells, decisions, **kw))
     (d,) = a.decisions
     return a, d
 
 
 def test_go_when_interval_above_min_effect(tmp_path: Path) -> None:
-    a, d = one(tmp_path, [cell("B", 40), cell("C", 48)])
+    a, d = one(tmp_path, [cell("B", 40), cell("C", 48)], floor=0.02)
     assert d.verdict == "GO" and a.exit_status == 0
     assert d.ratio.low > 1.03
+    assert d.noise.source == "device history" and d.noise.df == 30
+
+
+def test_no_noise_estimate_no_verdict(tmp_path: Path) -> None:
+    # A 20% speed-up and a tight token-level interval, but nothing says how far the next
+    # identical cell lands: no GO.
+    a, d = one(tmp_path, [cell("B", 40), cell("C", 48)])
+    assert d.verdict == "INCONCLUSIVE" and a.exit_status == 3
+    assert "noise is unknown" in d.reason
+    assert "abbench calibrate" in (d.settle or "") and "abba" in (d.settle or "")
+    assert not a.noise.known
+
+
+def test_repeats_in_the_campaign_give_the_noise(tmp_path: Path) -> None:
+    cells = [cell("B", 40), cell("C", 48), cell("C", 48.5), cell("B", 40.6), cell("B", 39.7)]
+    a, d = one(tmp_path, cells)
+    assert a.noise.source == "this campaign"
+    assert a.noise.df == 3 and a.groups == ((0, 3, 4), (1, 2))
+    assert d.verdict == "GO" and len(d.pairs) == 2
+    assert 0 < a.noise.sd < 0.03
+
+
+def test_cells_with_unequal_work_are_not_repeats(tmp_path: Path) -> None:
+    cells = [cell("B", 40), cell("C", 48), cell("B", 41, fingerprint="sha256:other")]
+    a, d = one(tmp_path, cells)
+    assert a.groups == () and not a.noise.known and d.verdict == "INCONCLUSIVE"
+
+
+def test_repeats_across_a_cap_are_not_noise(tmp_path: Path) -> None:
+    # The sentinel ran capped: its slow-down is explained by a sensor, not noise.
+    cells = [cell("B", 40), cell("C", 48), cell("B", 30, caps=CAPPED)]
+    a, _ = one(tmp_path, cells)
+    assert a.groups == () and not a.own_noise.known
 
 
 def test_no_go_when_interval_below_one(tmp_path: Path) -> None:
-    a, d = one(tmp_path, [cell("B", 40), cell("C", 32)])
+    a, d = one(tmp_path, [cell("B", 40), cell("C", 32)], floor=0.02)
     assert d.verdict == "NO-GO" and a.exit_status == 1
 
 
 def test_inconclusive_when_it_straddles(tmp_path: Path) -> None:
-    a, d = one(tmp_path, [cell("B", 40, noise=0.3), cell("C", 41, noise=0.3)])
+    a, d = one(tmp_path, [cell("B", 40), cell("C", 41)], floor=0.05)
     assert d.verdict == "INCONCLUSIVE" and a.exit_status == 3
-    assert d.settle
+    assert d.settle and "more matched pair" in d.settle
+    assert d.resolvable > 0.1  # one pair at ±5% per cell cannot resolve 3%
+
+
+def test_seed_decisive_pair_depends_on_the_noise_floor(tmp_path: Path) -> None:
+    # The seed's redo: B cool, then the device capped from cell 2; the one matched pair
+    # is spec-2 vs the closing B, -21%.
+    cells = [cell("B", 4.77), cell("retention-only", 3.5, caps=CAPPED),
+             cell("spec-2", 3.14, caps=CAPPED), cell("B", 3.96, caps=CAPPED, sentinel_of=0)]
+    spec = [{"candidate": "spec-2", "baseline": "B", "min_effect": 0.03}]
+    a, d = one(tmp_path / "4", cells, spec, floor=0.04)
+    assert d.verdict == "NO-GO" and [(p.candidate, p.baseline) for p in d.pairs] == [(2, 3)]
+    assert a.groups == ()  # the B twins differ by a cap: not a repeat
+    assert "device drift" in (d.consistency or "") and "3/4" in (d.consistency or "")
+    _, d = one(tmp_path / "25", cells, spec, floor=0.25)
+    assert d.verdict == "INCONCLUSIVE"
 
 
 def test_owed_when_caps_differ_with_no_number(tmp_path: Path) -> None:
@@ -55,19 +103,74 @@ def test_owed_when_a_cell_is_missing(tmp_path: Path) -> None:
 
 
 def test_unverified_never_plain_go(tmp_path: Path) -> None:
-    a, d = one(tmp_path, [cell("B", 40), cell("C", 48)], state=False)
+    a, d = one(tmp_path, [cell("B", 40), cell("C", 48)], state=False, floor=0.02)
     assert d.verdict == "UNVERIFIED" and d.unverified_verdict == "GO"
     assert d.pairs and d.pairs[0].ratio is not None
     assert a.exit_status == 3
 
 
 def test_order_warning_names_the_reversed_pair(tmp_path: Path) -> None:
-    _, d = one(tmp_path, [cell("B", 40), cell("C", 48)])
-    assert d.order_warning and "B ran first in every pair" in d.order_warning
+    _, d = one(tmp_path, [cell("B", 40), cell("C", 48)], floor=0.02)
+    assert d.order_warning and "B ran first in all 1 pair behind" in d.order_warning
     assert "(C then B)" in d.order_warning
+    assert d.order.candidate_first == 0 and d.order.baseline_first == 1
     _, d2 = one(tmp_path / "abba", [cell("B", 40), cell("C", 48), cell("C", 48),
-                                    cell("B", 40)])
+                                    cell("B", 40)], floor=0.02)
     assert d2.order_warning is None and len(d2.pairs) == 2
+    assert d2.order.position is not None and not d2.order.flagged
+
+
+def test_order_effect_is_estimated_and_flagged(tmp_path: Path) -> None:
+    # Whatever runs second in a pair runs 10% faster: B C C B B C ... in both orders.
+    rates = [40, 44 * 1.1, 44, 40 * 1.1, 40, 44 * 1.1, 44, 40 * 1.1]
+    names = ["B", "C", "C", "B", "B", "C", "C", "B"]
+    cells = [cell(n, r) for n, r in zip(names, rates)]
+    _, d = one(tmp_path, cells, floor=0.01)
+    assert d.order.candidate_first and d.order.baseline_first
+    assert abs(d.order.position.estimate - 1.1) < 0.03
+    assert d.order.flagged and "second cell of a pair" in (d.order_warning or "")
+    assert abs(d.ratio.estimate - 1.1) < 0.03  # balanced: the ratio is not biased
+
+
+def test_not_slower_decisions(tmp_path: Path) -> None:
+    spec = [{"candidate": "C", "baseline": "B", "expect": "not-slower",
+             "max_regression": 0.05}]
+    _, d = one(tmp_path / "same", [cell("B", 40), cell("C", 39.8)], spec, floor=0.01)
+    assert d.verdict == "GO" and "not slower" in d.reason and d.threshold == 0.95
+    _, d = one(tmp_path / "slow", [cell("B", 40), cell("C", 30)], spec, floor=0.01)
+    assert d.verdict == "NO-GO"
+    _, d = one(tmp_path / "noisy", [cell("B", 40), cell("C", 39)], spec, floor=0.1)
+    assert d.verdict == "INCONCLUSIVE"
+
+
+def test_an_a_a_comparison_is_named(tmp_path: Path) -> None:
+    same = {"config": "B", "fingerprint": "sha256:B"}
+    cells = [cell("B", 40), cell("C", 40.3, **same), cell("B", 40.1), cell("C", 39.9, **same)]
+    a, d = one(tmp_path, cells)
+    assert d.identical and a.groups == ((0, 1, 2, 3),)
+
+
+def test_drift_the_sensors_did_not_see_enters_the_noise(tmp_path: Path) -> None:
+    # The sentinel moved 25% with every sensor steady: a repeat, and the reason the
+    # interval is wide — the report says so beside the verdict.
+    cells = [cell("B", 40), cell("C", 40), cell("C", 40), cell("B", 50, sentinel_of=0)]
+    a, d = one(tmp_path, cells)
+    assert any(x.verdict == "drift" for x in a.drift)
+    assert a.noise.sd > 0.1 and d.verdict == "INCONCLUSIVE"
+    assert "every sensor held steady" in (d.consistency or "")
+
+
+def test_sequential_decision_freezes_at_the_look_that_decided_it(tmp_path: Path) -> None:
+    from abbench.records import Look
+
+    names = ["B", "C", "C", "B", "C", "C", "B"]
+    rates = [40, 48, 48, 40, 40, 40, 40]  # decided by cell 4; later cells say otherwise
+    looks = (Look(4, 4 / 7, 0.02), Look(7, 1.0, 0.03, True))
+    a, d = one(tmp_path, [cell(n, r) for n, r in zip(names, rates)],
+               floor=0.02, looks=looks, sequential={"max_cells": 7})
+    assert [lk.cells for lk in a.looks] == [4, 7]
+    assert d.verdict == "GO" and d.look == 1 and d.alpha == 0.02
+    assert a.looks[1].decisions[0].verdict != "GO"
 
 
 def test_exit_status_no_go_wins() -> None:

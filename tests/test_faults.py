@@ -103,7 +103,10 @@ def check_resumed(run: Path, tmp: Path, before: list[str], baseline: dict) -> No
     assert not list(run.glob(".*.tmp"))
     lines = sentinel_file(tmp / "s").read_text().splitlines()
     mine = [json.loads(x) for x in lines if json.loads(x)["run"].endswith(run.name)]
-    assert sorted(d["cell"] for d in mine) == ["01-A", "03-A"]
+    assert sorted(d["cell"] for d in mine if "kind" not in d) == ["01-A", "03-A"]
+    # ... and the run's one repeat, once, however often the run was resumed and reported
+    assert [(d["first"], d["second"]) for d in mine if d.get("kind") == "repeat"] == [
+        ("01-A", "03-A")]
 
 
 # -- kill -9 at chosen points, then --resume ------------------------------------------------

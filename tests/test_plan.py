@@ -76,8 +76,9 @@ def test_abba_uses_the_first_decisions_baseline(tmp_path: Path) -> None:
                  '[[decision]]\ncandidate = "B"\nbaseline = "A"\n')
     plan = plan_of(tmp_path, 'order = "abba"', decisions)
     assert names(plan) == ["C", "A", "A", "C", "B", "B", "C", "D", "D", "C"]
-    assert plan.decisions == ({"candidate": "A", "baseline": "C", "min_effect": 0.0},
-                              {"candidate": "B", "baseline": "A", "min_effect": 0.0})
+    assert plan.decisions == (
+        {"candidate": "A", "baseline": "C", "min_effect": 0.0, "expect": "faster"},
+        {"candidate": "B", "baseline": "A", "min_effect": 0.0, "expect": "faster"})
 
 
 @pytest.mark.parametrize(("every", "expected"), [
@@ -181,7 +182,7 @@ def test_describe_plan(tmp_path: Path) -> None:
     assert lines[3].split()[2:] == ["overlap=true"]
     assert lines[4].split()[1] == "?" and "external: sh -c true -> json:out.json" in lines[4]
     assert lines[5].split()[2:] == ["sentinel", "of", "01"]
-    assert lines[6] == "decision: C vs A, GO above 1.05x"
+    assert lines[6] == "decision: C vs A, GO above 1.05x, NO-GO below 1x"
     assert lines[7].startswith("expected duration ~2:48 (an estimate: 30 s spacing")
     assert "1 external cell not counted" in lines[7]
     # the estimate: (prompt bytes + tokens) / tok/s + start, per embedded cell
@@ -220,7 +221,8 @@ def test_predict_4cell_campaign() -> None:
         "predict_prefetch": True, "predict_spec_max": 0}
     assert {k: v for k, v in spec2.items() if b[k] != v} == {"predict_prefetch": True}
     assert spec2["predict_spec_max"] == 2
-    assert plan.decisions == ({"candidate": "spec-2", "baseline": "B", "min_effect": 0.03},)
+    assert plan.decisions == ({"candidate": "spec-2", "baseline": "B", "min_effect": 0.03,
+                               "expect": "faster"},)
 
 
 def test_the_reference_shows_the_real_printed_plan() -> None:

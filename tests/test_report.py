@@ -25,7 +25,7 @@ def verdict_table(md: str) -> str:
 
 
 def test_json_report_has_stable_keys_and_no_nan(tmp_path: Path) -> None:
-    run = make_run(tmp_path, [cell("B", 40, dropped=16), cell("C", 48)], DECIDE)
+    run = make_run(tmp_path, [cell("B", 40, dropped=16), cell("C", 48)], DECIDE, floor=0.02)
     _, rc = write_reports(run)
     doc = json.loads((run / "report.json").read_text())
     assert rc == 0
@@ -33,7 +33,11 @@ def test_json_report_has_stable_keys_and_no_nan(tmp_path: Path) -> None:
             "tells", "decisions", "exit_status", "method", "tolerances"} <= set(doc)
     c = doc["cells"][0]
     assert c["drop_rate"] == 0.125 and c["tokens_per_s"]["low"] < c["tokens_per_s"]["high"]
-    assert doc["decisions"][0]["verdict"] == "GO"
+    d = doc["decisions"][0]
+    assert d["verdict"] == "GO" and d["level"] == 0.95 and d["df"] == 30
+    assert d["noise"]["source"] == "device history" and abs(d["noise"]["sd"] - 0.02) < 1e-9
+    assert d["se"] > d["token_se"] > 0 and d["cell_se"] > 0
+    assert doc["noise"]["known"] and doc["noise_floor"]["df"] == 30
     assert doc["pairs"][0]["state"] == "matched"
 
 
@@ -49,7 +53,7 @@ def test_unmatched_ratio_never_in_the_verdict_table(tmp_path: Path) -> None:
 
 
 def test_matched_pair_comparison_reads_times_slower(tmp_path: Path) -> None:
-    run = make_run(tmp_path, [cell("B", 40), cell("C", 32)], DECIDE)
+    run = make_run(tmp_path, [cell("B", 40), cell("C", 32)], DECIDE, floor=0.02)
     p = abbench("report", run, "--style", "plain")
     assert p.returncode == 1, p.stderr
     assert "NO-GO" in p.stdout

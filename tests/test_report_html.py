@@ -68,7 +68,7 @@ def test_html_is_self_contained_escaped_and_shows_unmatched_reasons(tmp_path: Pa
 
 
 def test_matched_verdict_and_banners(tmp_path: Path) -> None:
-    run = make_run(tmp_path, [cell("B", 40), cell("C", 48)], DECIDE)
+    run = make_run(tmp_path, [cell("B", 40), cell("C", 48)], DECIDE, floor=0.02)
     write_reports(run)
     page = (run / "report.html").read_text(encoding="utf-8")
     verdicts = page.split("<h2>Verdicts</h2>")[1].split("<h2>Cells</h2>")[0]

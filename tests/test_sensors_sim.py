@@ -199,6 +199,26 @@ def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> No
         child.wait()
 
 
+def test_the_speed_probe_runs_for_real_and_is_throttled_like_a_cell(sim) -> None:
+    # DESIGN 8: the probe on a simulated device is a real process that the device
+    # duty-cycles, so it sees the simulated caps and the host's own load.
+    from abbench.sensors.probe import ProbeWorker
+
+    dev, _ = sim("phone")
+    worker = ProbeWorker(sys.executable)
+    try:
+        free = min(worker.measure() for _ in range(3))
+        dev.force_clock_fraction(0.5)
+        dev.attach(worker.pid)
+        try:
+            throttled = min(worker.measure() for _ in range(3))
+        finally:
+            dev.detach()
+    finally:
+        worker.close()
+    assert 1.5 * free < throttled < 3.0 * free, (free, throttled)
+
+
 def test_campaign_on_a_simulated_device(tiny_model: Path, tmp_path: Path) -> None:
     cells = write_campaign(tmp_path, tiny_model, """
         [cells.B]

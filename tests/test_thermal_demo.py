@@ -133,12 +133,13 @@ def _gated_story(r: dict[str, Any]) -> None:
     assert r["decisions"][0]["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")
     (drift,) = r["drift"]
     assert drift["fingerprints"] == "equal"
-    # The simulated device gave both B cells the same device: the same entry state and
-    # the full clock throughout. Their measured speeds also carry this host's own noise
-    # (two identical uncapped cells on a shared 2-core VM differ by up to ~15%), which no
-    # gate removes, so the speeds' agreement within 3% is not asserted here.
+    # The simulated device gave both B cells the same device: the same caps and the full
+    # clock throughout. Their measured speeds (and the speed probe, which runs for real)
+    # also carry this host's own noise (two identical uncapped cells on a shared 2-core VM
+    # differ by up to ~15%), which no gate removes: the cell-to-cell level of the verdict
+    # is there for it, so the speeds' agreement within 3% is not asserted here.
     b1, b4 = r["cells"][0], r["cells"][3]
-    assert b1["entry"]["probe_index"] == b4["entry"]["probe_index"] == 1.0
+    assert b1["entry"]["probe_index"] == 1.0 and b4["entry"]["probe_index"] is not None
     assert b1["entry"]["caps_khz"] == b4["entry"]["caps_khz"]
     # Whatever the host did, the report never blames the (simulated) device's thermals for
     # a gated sentinel: no cap engaged, no entry temperature beyond the match tolerance.

@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from abbench.analysis.cells import CellStats, cell_stats
 from abbench.analysis.decide import Decision, decide, exit_status
 from abbench.analysis.drift import Drift, Tell, _capped_from, contamination_tells, sentinel_drift
 from abbench.analysis.matching import PairMatch, device_state_recorded, match_pair, tolerances
-from abbench.analysis.stats import Interval, ratio_interval, seed_for
-from abbench.records import CellRecord, Plan, RecordError, read_journal, read_plan, read_samples
+from abbench.analysis.noise import comparable, noise_for, repeat_groups
+from abbench.analysis.sequential import ALPHA
+from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
+from abbench.records import (
+    CellRecord,
+    NoiseFloor,
+    Plan,
+    RecordError,
+    read_journal,
+    read_noise_floor,
+    read_plan,
+    read_samples,
+)
+
+
+@dataclass(frozen=True)
+class LookResult:
+    """The decisions as one look of a sequential campaign read them."""
+
+    number: int  # 1-based
+    cells: int  # the first `cells` cells
+    alpha: float
+    fraction: float
+    final: bool
+    noise: Noise
+    decisions: tuple[Decision, ...]
 
 
 @dataclass(frozen=True)
@@ -34,6 +60,13 @@ class CampaignAnalysis:
     # Adjacent pairs with no device state at all (imported runs): second / first tok/s,
     # shown in their own table, never as a verdict.
     unverified_ratios: tuple[tuple[int, int, Interval], ...] = ()
+    noise: Noise = field(default_factory=lambda: Noise(math.nan, 0))  # behind the verdicts
+    own_noise: Noise = field(default_factory=lambda: Noise(math.nan, 0))  # this campaign's
+    floor: NoiseFloor | None = None  # the device history's, when the run began
+    groups: tuple[tuple[int, ...], ...] = ()  # repeat groups (cell indices)
+    looks: tuple[LookResult, ...] = ()  # sequential campaigns: every look, in order
+    pending: tuple[int, ...] = ()  # cells recorded after the last look (not yet read)
+    matches: dict[tuple[int, int], PairMatch] = field(default_factory=dict, repr=False)
 
 
 def _state(run: Path) -> str:
@@ -43,13 +76,14 @@ def _state(run: Path) -> str:
         return "unknown"
 
 
-def analyze(run_folder: Path) -> CampaignAnalysis:
+def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
     """Read plan, journal, samples and per-cell output; compute cells, pairs, drift,
-    tells and decisions. Raises RecordError for a folder that is not a run."""
+    tells and decisions. `plan` stands in for plan.json (a look about to be recorded).
+    Raises RecordError for a folder that is not a run."""
     run = Path(run_folder)
     if not run.is_dir():
         raise RecordError(f"{run}: no such run folder")
-    plan = read_plan(run)
+    plan = plan if plan is not None else read_plan(run)
     records = read_journal(run)
     samples = read_samples(run)
     by_index = {r.index: r for r in records}
@@ -62,7 +96,11 @@ def analyze(run_folder: Path) -> CampaignAnalysis:
             matches[(a.index, b.index)] = match_pair(a, b, by_index.get(a.index),
                                                      by_index.get(b.index), plan.match, recorded)
     adjacent = tuple(matches[(a.index, b.index)] for a, b in zip(cells, cells[1:], strict=False))
-    decisions = tuple(decide(d, cells, matches) for d in plan.decisions)
+    floor = read_noise_floor(run)
+    groups = repeat_groups(cells, matches)
+    drift = tuple(sentinel_drift(cells, by_index, plan.match))
+    looks, decisions, noise, pending = _read_decisions(plan, cells, matches, floor)
+    decisions = tuple(reconcile(d, drift, matches, cells, noise) for d in decisions)
     by_cell = {c.index: c for c in cells}
     unverified = []
     for m in adjacent:
@@ -78,9 +116,75 @@ def analyze(run_folder: Path) -> CampaignAnalysis:
         simulated=any(r.entry.simulated for r in records) or plan.device.startswith("sim:"),
         device_state_recorded=recorded, tolerances=tolerances(plan.match),
         cells=tuple(cells), pairs=adjacent,
-        drift=tuple(sentinel_drift(cells, by_index, plan.match)),
+        drift=drift,
         tells=tuple(contamination_tells(cells, by_index, plan.match)),
         caps_timeline=tuple(_capped_from(cells, last)),
         decisions=decisions, exit_status=exit_status(list(decisions)),
-        unverified_ratios=tuple(unverified),
+        unverified_ratios=tuple(unverified), noise=noise,
+        own_noise=noise_for(groups, None), floor=floor,
+        groups=tuple(tuple(c.index for c in g) for g in groups), looks=looks,
+        pending=pending, matches=matches,
     )
+
+
+def decisions_at(plan: Plan, cells: list[CellStats], matches: dict[tuple[int, int], PairMatch],
+                 floor: NoiseFloor | None, n: int, alpha: float
+                 ) -> tuple[tuple[Decision, ...], Noise]:
+    """Every decision of the plan read on the first `n` cells at a two-sided `alpha`, with
+    the noise of those cells' repeats (and the device's floor)."""
+    prefix = [c for c in cells if c.index < n]
+    noise = noise_for(repeat_groups(prefix, matches), floor)
+    return tuple(decide(d, prefix, matches, noise, alpha) for d in plan.decisions), noise
+
+
+def _read_decisions(plan: Plan, cells: list[CellStats],
+                    matches: dict[tuple[int, int], PairMatch], floor: NoiseFloor | None
+                    ) -> tuple[tuple[LookResult, ...], tuple[Decision, ...], Noise,
+                               tuple[int, ...]]:
+    """The decisions: at one look over every cell for a fixed campaign; for a sequential
+    one, at every look the plan records, each decision frozen at the look that decided it
+    (a later look does not reopen it) or else read at the last look."""
+    if not plan.looks:
+        decisions, noise = decisions_at(plan, cells, matches, floor, len(cells), ALPHA)
+        return (), decisions, noise, ()
+    looks: list[LookResult] = []
+    frozen: dict[int, Decision] = {}
+    noise = Noise(math.nan, 0)
+    for k, look in enumerate(plan.looks, 1):
+        at, noise = decisions_at(plan, cells, matches, floor, look.cells, look.alpha)
+        at = tuple(dataclasses.replace(d, look=k) for d in at)
+        looks.append(LookResult(k, look.cells, look.alpha, look.fraction, look.final, noise,
+                                at))
+        for i, d in enumerate(at):
+            if i not in frozen and d.decided:
+                frozen[i] = d
+    last = looks[-1].decisions
+    final = tuple(frozen.get(i, d) for i, d in enumerate(last))
+    pending = tuple(c.index for c in cells if c.index >= plan.looks[-1].cells)
+    return tuple(looks), final, noise, pending
+
+
+def reconcile(d: Decision, drift: tuple[Drift, ...], matches: dict[tuple[int, int], PairMatch],
+              cells: list[CellStats], noise: Noise) -> Decision:
+    """A decision beside the drift its campaign showed (DESIGN 7: a report never shows
+    device drift and a verdict from the same cells without saying how they square)."""
+    moved = [x for x in drift if x.verdict == "drift"]
+    if not moved or not d.pairs:
+        return d
+    lines = []
+    for x in moved:
+        delta = f"{x.ratio.estimate - 1:+.0%}" if x.ratio is not None else "moved"
+        where = f"cells {x.twin + 1} → {x.sentinel + 1}"
+        if comparable(matches[(x.twin, x.sentinel)]):
+            lines.append(f"the sentinel moved {delta} ({where}) while every sensor held "
+                         "steady: that is cell-to-cell noise the sensors could not see"
+                         + (f", and the ±{noise.sd:.1%} per cell behind this interval "
+                            "includes it" if noise.known and noise.source != "device history"
+                            else "; the device history's noise floor does not include it, "
+                            "so read this verdict against it" if noise.known else ""))
+        else:
+            pairs = ", ".join(f"{p.candidate + 1}/{p.baseline + 1}" for p in d.pairs)
+            lines.append(f"device drift {delta} ({where}) is a change the sensors saw; this "
+                         f"verdict rests only on pairs matched at one device state ({pairs}), "
+                         "none of which spans it")
+    return dataclasses.replace(d, consistency="; ".join(lines))

@@ -15,8 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from abbench.analysis.stats import Interval, percentile, rate_interval, seed_for, tokens_per_s
-from abbench.records import CellRecord, PlannedCell, Sample, read_cell_files
+from abbench.analysis.stats import (
+    Interval,
+    log_rate,
+    log_rate_token_variance,
+    percentile,
+    rate_interval,
+    seed_for,
+    tokens_per_s,
+)
+from abbench.records import CellRecord, PlannedCell, Sample, config_key, read_cell_files
 
 CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
 
@@ -75,6 +83,9 @@ class CellStats:
     during: DeviceDuring
     notes: tuple[str, ...] = ()
     wall_ms: tuple[float, ...] = field(default=(), repr=False)  # the steady window
+    config_key: str | None = None  # the configuration's identity (`records.config_key`)
+    log_rate: float | None = None  # log tokens/s of the steady window (None: no window)
+    token_variance: float = math.nan  # its moving-block variance (NaN: no window)
 
     @property
     def ok(self) -> bool:
@@ -177,7 +188,8 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
             planned.index, planned.name, planned.label, "not run", planned.sentinel_of, None,
             None, "none", 0, 0, None, None, None, None, None, None, None, None, None, None,
             None, None, None, None,
-            DeviceDuring((), {}, (), None, None, None, 0), ("not in the journal",))
+            DeviceDuring((), {}, (), None, None, None, 0), ("not in the journal",),
+            config_key=config_key(planned.config))
     notes: list[str] = []
     cols, source, doc = read_cell_files(run / "cells" / record.label)
     summary = record.summary or (doc.get("summary") if isinstance(doc.get("summary"), dict)
@@ -256,7 +268,9 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         compute_ms_per_token=compute, majflt_per_token=majflt, cpu_occupancy=occ,
         drop_rate=drop, spec_read_mib_per_token=spec_mib, spec_useful_pct=useful,
         threads=threads, during=device_during(record, samples), notes=tuple(notes),
-        wall_ms=tuple(float(x) for x in steady),
+        wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
+        log_rate=log_rate(steady) if len(steady) >= 2 else None,
+        token_variance=log_rate_token_variance(steady),
     )
 
 

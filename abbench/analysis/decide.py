@@ -1,32 +1,49 @@
-"""Decisions: the campaign's release questions answered from matched pairs only.
+"""Decisions: the campaign's release questions answered from matched pairs only, with the
+cell as the unit of evidence (DESIGN section 7, docs/method.md).
 
-For `candidate` vs `baseline` with `min_effect`, every (candidate cell, baseline cell)
-combination is a comparison. Only comparable pairs (matched, or — when the run holds no
-device state at all — unverified) carry a ratio: candidate tok/s / baseline tok/s, the
-geometric mean over the pairs behind the decision, with a 95% moving-block bootstrap
-interval (`stats.pooled_ratio_interval`).
+For `candidate` vs `baseline`, every (candidate cell, baseline cell) combination is a
+comparison. Only comparable pairs (matched, or — when the run holds no device state at
+all — unverified) carry a ratio. The decision's ratio is the geometric mean of its pairs'
+candidate/baseline tokens/s: a contrast `sum(w_i * log rate_i)` over the cells behind it,
+with `w_i` = (pairs the cell is the candidate in − pairs it is the baseline in) / pairs.
+Its interval has two levels: each cell's token-level variance (moving blocks) plus the
+between-cell variance of the campaign's cell-to-cell noise (`stats.Noise`, from repeats
+here or in the device history), read as a Student t with the noise's degrees of freedom.
+With no estimate of the noise there is no GO or NO-GO.
 
-| verdict | when |
-|---|---|
-| GO | the ratio interval lies wholly above `1 + min_effect` |
-| NO-GO | the ratio interval lies wholly below 1 |
-| INCONCLUSIVE | it straddles (or a matched pair has no per-token times) |
-| OWED | no matched pair exists |
-| UNVERIFIED | only unverified pairs exist; `unverified_verdict` says what they would give |
+| expect | GO | NO-GO |
+|---|---|---|
+| faster (default) | the interval lies above `1 + min_effect` | it lies below 1 |
+| not-slower | it lies above `1 - max_regression` | it lies below `1 - max_regression` |
+
+Otherwise INCONCLUSIVE (it straddles, or the noise is unknown); OWED when no matched pair
+exists; UNVERIFIED when only unverified pairs exist (`unverified_verdict` says what they
+would give).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from abbench.analysis.cells import CellStats
 from abbench.analysis.matching import PairMatch
-from abbench.analysis.stats import Interval, pooled_ratio_interval, ratio_interval, seed_for
+from abbench.analysis.noise import cell_log_rate
+from abbench.analysis.sequential import ALPHA
+from abbench.analysis.stats import (
+    Interval,
+    Noise,
+    contrast_interval,
+    contrast_se,
+    resolvable_effect,
+    t_quantile,
+)
 
 GO, NO_GO, INCONCLUSIVE, OWED, UNVERIFIED = "GO", "NO-GO", "INCONCLUSIVE", "OWED", "UNVERIFIED"
 EXIT_FOR = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3, OWED: 3, UNVERIFIED: 3}
+POWER = 0.8  # for the smallest effect a campaign could resolve
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,18 @@ class Comparison:
 
 
 @dataclass(frozen=True)
+class OrderEffect:
+    """How the pairs behind a decision were ordered, and what that order did."""
+
+    candidate_first: int  # pairs in which the candidate ran first
+    baseline_first: int
+    # With pairs in both orders: the second cell of a pair over the first, as a ratio
+    # (1: no position effect), with its interval at the decision's level.
+    position: Interval | None = None
+    flagged: bool = False  # the position interval excludes 1
+
+
+@dataclass(frozen=True)
 class Decision:
     candidate: str
     baseline: str
@@ -54,18 +83,78 @@ class Decision:
     reason: str
     settle: str | None  # what would settle it (OWED / INCONCLUSIVE)
     order_warning: str | None
+    expect: str = "faster"
+    max_regression: float | None = None
+    noise: Noise | None = None  # the cell-to-cell noise the interval used
+    alpha: float = ALPHA  # two-sided: the interval's level is 1 - alpha
+    se: float = math.nan  # standard error of the log ratio (both levels)
+    token_se: float = math.nan  # its token level alone
+    resolvable: float = math.nan  # smallest ratio change resolvable at 80% power
+    order: OrderEffect | None = None
+    identical: bool = False  # candidate and baseline have one configuration (A/A)
+    consistency: str | None = None  # how the verdict squares with drift in the same cells
+    look: int | None = None  # sequential: the look (1-based) the verdict was reached at
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict in (GO, NO_GO)
+
+    @property
+    def threshold(self) -> float:
+        """The ratio a GO must clear."""
+        if self.expect == "not-slower":
+            return 1.0 - (self.max_regression or 0.0)
+        return 1.0 + self.min_effect
 
 
-def _verdict(ratio: Interval, min_effect: float) -> tuple[str, str]:
+def _verdict(ratio: Interval, expect: str, min_effect: float, max_regression: float | None,
+             noise: Noise) -> tuple[str, str]:
+    if not noise.known:
+        return INCONCLUSIVE, (f"ratio {ratio.estimate:.3f}, but the cell-to-cell noise is "
+                              "unknown (no repeat of a configuration with equal work in this "
+                              "campaign, no device history): no interval to decide on")
     if not (math.isfinite(ratio.low) and math.isfinite(ratio.high)):
-        return INCONCLUSIVE, "no per-token times in the pair: no interval to decide on"
-    ci = f"95% CI {ratio.low:.3f} .. {ratio.high:.3f}"
+        return INCONCLUSIVE, "no throughput in a pair: no interval to decide on"
+    ci = f"{ratio.level:.0%} CI {ratio.low:.3f} .. {ratio.high:.3f}"
+    if expect == "not-slower":
+        bar = 1.0 - (max_regression or 0.0)
+        if ratio.low > bar:
+            return GO, (f"ratio {ratio.estimate:.3f} ({ci}) lies above 1 - "
+                        f"{max_regression:g}: not slower by {max_regression:g} or more")
+        if ratio.high < bar:
+            return NO_GO, (f"ratio {ratio.estimate:.3f} ({ci}) lies below 1 - "
+                           f"{max_regression:g}: slower by more than {max_regression:g}")
+        return INCONCLUSIVE, (f"ratio {ratio.estimate:.3f} ({ci}) straddles 1 - "
+                              f"{max_regression:g}")
     if ratio.low > 1 + min_effect:
         return GO, f"ratio {ratio.estimate:.3f} ({ci}) lies above 1 + {min_effect:g}"
     if ratio.high < 1:
         return NO_GO, f"ratio {ratio.estimate:.3f} ({ci}) lies below 1"
     return INCONCLUSIVE, (f"ratio {ratio.estimate:.3f} ({ci}) straddles "
                           f"{'1' if ratio.low <= 1 else f'1 + {min_effect:g}'}")
+
+
+def _weights(pairs: Sequence[tuple[int, int]]) -> dict[int, float]:
+    """Cell index -> weight in the mean of the pairs' log ratios (candidate minus baseline)."""
+    w: dict[int, float] = {}
+    for c, b in pairs:
+        w[c] = w.get(c, 0.0) + 1.0 / len(pairs)
+        w[b] = w.get(b, 0.0) - 1.0 / len(pairs)
+    return w
+
+
+def contrast(by: dict[int, CellStats], weights: dict[int, float], noise: Noise,
+             alpha: float) -> tuple[Interval, float, float]:
+    """The ratio exp(sum w_i log rate_i) with its two-level interval, its standard error,
+    and the standard error of its token level alone."""
+    idx = sorted(weights)
+    w = [weights[i] for i in idx]
+    est = sum(wi * cell_log_rate(by[i]) for wi, i in zip(w, idx))
+    tok = [by[i].token_variance for i in idx]
+    se = contrast_se(w, tok, noise)
+    token_se = math.sqrt(sum(wi * wi * v for wi, v in zip(w, tok))) \
+        if all(math.isfinite(v) for v in tok) else math.nan
+    return contrast_interval(est, se, noise.df, alpha), se, token_se
 
 
 def _settle_owed(cand: str, base: str, comps: list[Comparison]) -> str:
@@ -103,23 +192,78 @@ def _settle_owed(cand: str, base: str, comps: list[Comparison]) -> str:
     return "; ".join(hints) or f"a re-run with {cand} and {base} adjacent"
 
 
-def _order(cand: str, base: str, pairs: list[Comparison]) -> str | None:
+def _order(cand: str, base: str, pairs: list[Comparison], by: dict[int, CellStats],
+           noise: Noise, alpha: float) -> tuple[str | None, OrderEffect | None]:
+    """The order warning (one order only) and the order effect: with pairs in both orders,
+    the position effect — the second cell of a pair over the first — estimated as half the
+    difference of the baseline-first and candidate-first pairs' mean log ratios, with its
+    two-level interval."""
     if not pairs:
-        return None
-    if all(p.candidate_first for p in pairs):
-        return (f"order effect not excluded: {cand} ran first in every pair behind this "
-                f"decision; a reversed pair ({base} then {cand}) would settle it")
-    if not any(p.candidate_first for p in pairs):
-        return (f"order effect not excluded: {base} ran first in every pair behind this "
-                f"decision; a reversed pair ({cand} then {base}) would settle it")
-    return None
+        return None, None
+    cf = [(p.candidate, p.baseline) for p in pairs if p.candidate_first]
+    bf = [(p.candidate, p.baseline) for p in pairs if not p.candidate_first]
+    n = len(pairs)
+    if not bf or not cf:
+        first, second = (cand, base) if not bf else (base, cand)
+        return (f"order effect not excluded: {first} ran first in all {n} pair"
+                f"{'s' if n > 1 else ''} behind this decision; a reversed pair ({second} "
+                f"then {first}) would settle it"), OrderEffect(len(cf), len(bf))
+    wc, wb = _weights(cf), _weights(bf)
+    # A position effect p (the second cell runs p faster in log) shifts candidate-first
+    # pairs by -p and baseline-first ones by +p.
+    w = {i: (wb.get(i, 0.0) - wc.get(i, 0.0)) / 2.0 for i in set(wc) | set(wb)}
+    position, _, _ = contrast(by, w, noise, alpha)
+    flagged = position.excludes(1.0, 1.0)
+    warning = None
+    if flagged:
+        warning = (f"order effect: the second cell of a pair ran {position.estimate:.3f}x the "
+                   f"first ({position.level:.0%} CI {position.low:.3f} .. {position.high:.3f}) "
+                   "— the position in the pair moved the speed; the decision's pairs are "
+                   "balanced over both orders, so its ratio is not biased by it, but the "
+                   "device is not settled between cells")
+    return warning, OrderEffect(len(cf), len(bf), position, flagged)
+
+
+def _settle_inconclusive(d_expect: str, ratio: Interval, noise: Noise, se: float,
+                         threshold: float, pairs: int, min_effect: float) -> str:
+    """What would settle an INCONCLUSIVE verdict, and whether more cells can."""
+    if not noise.known:
+        return ("an estimate of the cell-to-cell noise: `abbench calibrate` on this device "
+                "(an A/A campaign whose repeats go into the device history), or an order that "
+                "repeats each configuration (order = \"abba\", or `repeat`) so that the "
+                "campaign measures its own")
+    if not (math.isfinite(ratio.low) and math.isfinite(ratio.high)):
+        return "per-token times or a throughput for every cell behind the decision"
+    if d_expect == "faster" and ratio.high <= threshold:
+        return (f"more cells can at most show it is slower (NO-GO): the interval already "
+                f"rules out a speed-up of {min_effect:g} (upper end {ratio.high:.3f})")
+    # Pairs needed for the interval's half width to clear the threshold's distance, with
+    # the standard error shrinking as 1 / sqrt(pairs).
+    distance = abs(math.log(threshold)) if d_expect == "not-slower" else math.log(threshold)
+    z = t_quantile(1 - ALPHA / 2, math.inf) + t_quantile(POWER, math.inf)
+    if distance <= 0 or not math.isfinite(se) or se <= 0:
+        return "more matched pairs (an ABBA round adds two or three) narrow the interval"
+    needed = math.ceil(pairs * (z * se / distance) ** 2)
+    if needed <= pairs:
+        return ("more matched pairs narrow the interval (`[campaign] until = \"decided\"` "
+                "appends ABBA rounds until it decides)")
+    return (f"about {needed - pairs} more matched pair{'s' if needed - pairs > 1 else ''} "
+            f"(an ABBA round adds two or three) to resolve the threshold {threshold:g} at "
+            f"{POWER:.0%} power, at this noise (±{noise.sd:.1%} per cell)")
 
 
 def decide(spec: dict[str, Any], cells: list[CellStats],
-           matches: dict[tuple[int, int], PairMatch]) -> Decision:
-    """One decision from the campaign file (`candidate`, `baseline`, `min_effect`)."""
+           matches: dict[tuple[int, int], PairMatch], noise: Noise,
+           alpha: float = ALPHA) -> Decision:
+    """One decision from the campaign file (`candidate`, `baseline`, `min_effect`,
+    `expect`, `max_regression`) at a two-sided `alpha`, with `noise` as the cell level."""
     cand, base = str(spec.get("candidate")), str(spec.get("baseline"))
     min_effect = float(spec.get("min_effect", 0.0))
+    expect = str(spec.get("expect", "faster"))
+    max_reg = spec.get("max_regression")
+    max_regression = float(max_reg) if max_reg is not None else None
+    kinds = {"expect": expect, "max_regression": max_regression, "noise": noise,
+             "alpha": alpha}
     cc = [c for c in cells if c.name == cand]
     bc = [c for c in cells if c.name == base]
     by = {c.index: c for c in cells}
@@ -132,50 +276,42 @@ def decide(spec: dict[str, Any], cells: list[CellStats],
     unverified = [c for c in comps if c.match.state == "unverified"]
     behind = matched or unverified
     unmatched = tuple(c for c in comps if c not in behind)
+    keys = {c.config_key for c in cc + bc}
+    identical = bool(cc and bc) and len(keys) == 1 and None not in keys
     if not cc or not bc:
         missing = " and ".join(f"`{n}`" for n, x in ((cand, cc), (base, bc)) if not x)
         return Decision(cand, base, min_effect, OWED, None, None, (), unmatched,
-                        f"no cell named {missing} ran", f"add {missing} to the campaign", None)
+                        f"no cell named {missing} ran", f"add {missing} to the campaign", None,
+                        **kinds)
     if not behind:
         return Decision(cand, base, min_effect, OWED, None, None, (), unmatched,
                         "no matched pair of " f"{cand} and {base}",
-                        _settle_owed(cand, base, comps), None)
-    with_ratio: list[Comparison] = []
-    for p in behind:
-        a, b = by[p.candidate], by[p.baseline]
-        if a.steady_tokens >= 2 and b.steady_tokens >= 2:
-            r = ratio_interval(a.window(), b.window(), seed_for("ratio", a.label, b.label))
-        else:
-            r = Interval(a.tokens_per_s.estimate / b.tokens_per_s.estimate,  # type: ignore[union-attr]
-                         math.nan, math.nan)
-        with_ratio.append(Comparison(p.candidate, p.baseline, p.match, r))
-    if all(by[p.candidate].steady_tokens >= 2 and by[p.baseline].steady_tokens >= 2
-           for p in with_ratio):
-        keys = sorted({i for p in with_ratio for i in (p.candidate, p.baseline)})
-        pos = {k: n for n, k in enumerate(keys)}
-        pooled = pooled_ratio_interval(
-            [by[k].window() for k in keys],
-            [(pos[p.candidate], pos[p.baseline]) for p in with_ratio],
-            seed_for("decision", cand, base, *(by[k].label for k in keys)))
-    else:
-        est = math.exp(sum(math.log(p.ratio.estimate) for p in with_ratio  # type: ignore[union-attr]
-                           ) / len(with_ratio))
-        pooled = Interval(est, math.nan, math.nan)
-    verdict, reason = _verdict(pooled, min_effect)
+                        _settle_owed(cand, base, comps), None, identical=identical, **kinds)
+    with_ratio = [Comparison(p.candidate, p.baseline, p.match,
+                             contrast(by, {p.candidate: 1.0, p.baseline: -1.0}, noise,
+                                      alpha)[0])
+                  for p in behind]
+    weights = _weights([(p.candidate, p.baseline) for p in with_ratio])
+    pooled, se, token_se = contrast(by, weights, noise, alpha)
+    verdict, reason = _verdict(pooled, expect, min_effect, max_regression, noise)
+    threshold = 1.0 - (max_regression or 0.0) if expect == "not-slower" else 1.0 + min_effect
     settle = None
     if verdict == INCONCLUSIVE:
-        settle = ("more matched pairs (an ABBA order) or more tokens per cell would narrow "
-                  "the interval")
-    order = _order(cand, base, with_ratio)
+        settle = _settle_inconclusive(expect, pooled, noise, se, threshold, len(with_ratio),
+                                      min_effect)
+    warning, order = _order(cand, base, with_ratio, by, noise, alpha)
+    resolvable = resolvable_effect(se, noise.df, alpha, POWER)
+    extra = {"se": se, "token_se": token_se, "resolvable": resolvable, "order": order,
+             "identical": identical, **kinds}
     if not matched:
         return Decision(cand, base, min_effect, UNVERIFIED, verdict, pooled,
                         tuple(with_ratio), unmatched,
                         f"{reason} — but no device state was recorded, so the pair"
                         f"{'s are' if len(with_ratio) > 1 else ' is'} unverified",
                         "a campaign run by abbench on the device (entry states recorded)",
-                        order)
+                        warning, **extra)
     return Decision(cand, base, min_effect, verdict, None, pooled, tuple(with_ratio),
-                    unmatched, reason, settle, order)
+                    unmatched, reason, settle, warning, **extra)
 
 
 def exit_status(decisions: list[Decision]) -> int:

@@ -1,4 +1,4 @@
-"""Statistics: pure functions over per-token times, numpy only.
+"""Statistics: pure functions over per-token times and per-cell log throughputs.
 
 Tokens of one decode are autocorrelated (the cache warms, the device heats, a burst of
 misses spans several tokens), so an ordinary bootstrap that resamples single tokens would
@@ -7,16 +7,24 @@ understate the spread. Everything here resamples **moving blocks** of consecutiv
 for the variance of a block-bootstrap estimate (Hall, Horowitz & Jing 1995) — and reads
 intervals as percentiles of the resampled statistic. Every bootstrap takes an explicit
 seed, so a report rendered twice from the same run folder prints the same intervals.
+
+A decision's interval has two levels (Kalibera & Jones 2013; docs/method.md): tokens within
+a cell, and cells. The token level is the moving-block bootstrap's variance of a cell's
+log throughput, in closed form (`log_rate_token_variance`); the cell level is the variance
+of repeats of one configuration (`Noise`), with its degrees of freedom, and the interval on
+a contrast of cells is a Student t at that level (`contrast_interval`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as _sps
 
 LEVEL = 0.95
 REPS = 2000
@@ -126,3 +134,152 @@ def pooled_ratio_interval(series: Sequence[np.ndarray], pairs: Sequence[tuple[in
 def percentile(values: np.ndarray, q: float) -> float:
     """The q-th percentile (linear interpolation), NaN for no values."""
     return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+# -- two levels: tokens within cells, cells ---------------------------------------------
+
+
+def log_rate(wall_ms: np.ndarray) -> float:
+    """log(tokens/s) of a window: the scale on which cells are compared (a ratio of two
+    cells is a difference of logs)."""
+    r = tokens_per_s(np.asarray(wall_ms, dtype=float))
+    return math.log(r) if r > 0 and math.isfinite(r) else math.nan
+
+
+def log_rate_token_variance(wall_ms: np.ndarray) -> float:
+    """The token-level variance of a window's log tokens/s: the moving-block bootstrap's
+    variance, in closed form.
+
+    With block length b = `block_length(n)`, the moving-block bootstrap variance of a sum of
+    n autocorrelated times is n times the Bartlett-window sum of autocovariances
+    `g0 + 2 * sum_{k<b} (1 - k/b) g_k` (Künsch 1989, section 3); the log of a throughput
+    `n / sum(t)` moves by `d sum / sum` (the delta method). No resampling, so no seed: the
+    same window always gives the same variance. NaN for fewer than 2 tokens."""
+    t = np.asarray(wall_ms, dtype=float)
+    n = len(t)
+    if n < 2 or not np.all(np.isfinite(t)) or float(t.sum()) <= 0:
+        return math.nan
+    b = min(block_length(n), n)
+    d = t - t.mean()
+    lrv = float(d @ d) / n
+    for k in range(1, b):
+        lrv += 2.0 * (1.0 - k / b) * float(d[:-k] @ d[k:]) / n
+    lrv = max(lrv, 0.0)
+    return lrv / (n * float(t.mean()) ** 2)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Cell-to-cell noise: how far the log throughput of the next identical cell lands.
+
+    `variance` is the pooled variance of repeats' log tokens/s around their configuration's
+    mean (token noise included: it is what a repeat shows), with `df` degrees of freedom;
+    `token_variance` the mean token-level part of it (moving blocks). The between-cell part
+    is their difference, at least 0."""
+
+    variance: float
+    df: int
+    token_variance: float = 0.0
+    repeats: int = 0  # cells in the repeat groups behind it
+    source: str = "none"  # "this campaign" | "device history" | "this campaign + device history"
+    note: str | None = None  # why the source was chosen, when there was a choice
+
+    @property
+    def known(self) -> bool:
+        return self.df >= 1 and math.isfinite(self.variance)
+
+    @property
+    def between(self) -> float:
+        """The cell level alone: the variance a repeat shows beyond its token noise."""
+        return max(0.0, self.variance - self.token_variance) if self.known else math.nan
+
+    @property
+    def sd(self) -> float:
+        """The standard deviation of a cell's log tokens/s (≈ a relative spread: 0.04 is
+        about ±4%)."""
+        return math.sqrt(self.variance) if self.known else math.nan
+
+
+UNKNOWN_NOISE = Noise(math.nan, 0)
+
+
+def pooled_noise(groups: Sequence[Sequence[tuple[float, float]]], source: str) -> Noise:
+    """One-way pooled variance of repeat groups: each group is the (log rate, token
+    variance) of cells of one configuration that did equal work; df = sum(n_k - 1).
+
+    The token variance of a cell without per-token times is taken as 0 (its part is then in
+    the between-cell share)."""
+    ss, df, tok, cells = 0.0, 0, 0.0, 0
+    for g in groups:
+        y = np.array([p[0] for p in g], dtype=float)
+        if len(y) < 2 or not np.all(np.isfinite(y)):
+            continue
+        v = np.array([p[1] if math.isfinite(p[1]) else 0.0 for p in g], dtype=float)
+        ss += float(np.sum((y - y.mean()) ** 2))
+        # E[SS] = (n - 1) * between + sum(v) * (1 - 1/n): the token part of the group.
+        tok += float(v.sum()) * (1.0 - 1.0 / len(y))
+        df += len(y) - 1
+        cells += len(y)
+    if df == 0:
+        return UNKNOWN_NOISE
+    return Noise(ss / df, df, tok / df, cells, source)
+
+
+def combine_noise(own: Noise, history: Noise, level: float = 0.95) -> Noise:
+    """This campaign's noise and the device history's, as one estimate.
+
+    Either alone when only one is known. Both: pooled by degrees of freedom, unless this
+    campaign is noisier than the history by more than chance allows (a one-sided F test at
+    `level`), in which case this campaign's own estimate stands: a device that is noisier
+    today than it used to be must not borrow yesterday's quiet."""
+    if not own.known:
+        return history
+    if not history.known:
+        return own
+    f = own.variance / history.variance if history.variance > 0 else math.inf
+    if f > float(_sps.f.ppf(level, own.df, history.df)):
+        return Noise(own.variance, own.df, own.token_variance, own.repeats, own.source,
+                     f"this campaign's repeats vary more than the device history's "
+                     f"(±{math.sqrt(own.variance):.1%} vs ±{math.sqrt(history.variance):.1%}, "
+                     f"F = {f:.2f}): the history is not used")
+    df = own.df + history.df
+    return Noise((own.variance * own.df + history.variance * history.df) / df, df,
+                 (own.token_variance * own.df + history.token_variance * history.df) / df,
+                 own.repeats + history.repeats, "this campaign + device history")
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(p: float, df: float) -> float:
+    """The p-quantile of Student's t with `df` degrees of freedom (the normal for inf)."""
+    return float(_sps.norm.ppf(p)) if math.isinf(df) else float(_sps.t.ppf(p, df))
+
+
+def contrast_se(weights: Sequence[float], token_vars: Sequence[float], noise: Noise) -> float:
+    """The standard error of sum(w_i * log rate_i) over independent cells, each with the
+    between-cell variance plus its own token-level variance (the noise's mean token
+    variance where a cell has none)."""
+    if not noise.known:
+        return math.nan
+    total = 0.0
+    for w, v in zip(weights, token_vars):
+        v = v if math.isfinite(v) else noise.token_variance
+        total += w * w * (noise.between + v)
+    return math.sqrt(total)
+
+
+def contrast_interval(estimate: float, se: float, df: float, alpha: float) -> Interval:
+    """exp(estimate ± t(1 - alpha/2, df) * se): a ratio's two-sided interval at level
+    1 - alpha. NaN ends when the standard error is unknown."""
+    if not (math.isfinite(se) and df >= 1):
+        return Interval(math.exp(estimate), math.nan, math.nan, 1.0 - alpha)
+    half = t_quantile(1.0 - alpha / 2.0, df) * se
+    return Interval(math.exp(estimate), math.exp(estimate - half), math.exp(estimate + half),
+                    1.0 - alpha)
+
+
+def resolvable_effect(se: float, df: float, alpha: float, power: float = 0.8) -> float:
+    """The smallest true ratio change a contrast with this standard error resolves with
+    `power` at a two-sided `alpha`: exp((t(1 - alpha/2) + t(power)) * se) - 1."""
+    if not (math.isfinite(se) and df >= 1):
+        return math.nan
+    return math.exp((t_quantile(1.0 - alpha / 2.0, df) + t_quantile(power, df)) * se) - 1.0

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from abbench.analysis.campaign import analyze
+from abbench.analysis.campaign import CampaignAnalysis, analyze
+from abbench.analysis.noise import history_floor, repeat_records
+from abbench.analysis.sequential import look_alpha
 from abbench.campaign.gate import GateSpec
 from abbench.campaign.plan import describe_plan, plan_campaign
 from abbench.campaign.runner import (
@@ -17,10 +23,23 @@ from abbench.campaign.runner import (
     start,
 )
 from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
+from abbench.campaign.sequential import LookOutcome
 from abbench.errors import AbbenchError, UsageError
-from abbench.fsutil import WriteError
-from abbench.records import read_journal
+from abbench.fsutil import WriteError, atomic_write_text
+from abbench.records import (
+    NOISE_FLOOR_FILE,
+    Look,
+    NoiseFloor,
+    Plan,
+    RecordError,
+    append_repeats,
+    history_file,
+    read_journal,
+    read_repeats,
+)
 from abbench.report import print_report, write_reports
+from abbench.report.text import interval_text
+from abbench.sensors import Device
 
 
 def add_campaign_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -46,6 +65,65 @@ def add_campaign_parser(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
 def gate_spec(spec: CampaignSpec) -> GateSpec | None:
     return spec.gate
+
+
+def snapshot_floor(sentinels: Path) -> Callable[[Path, Device], None]:
+    """Write the device's noise floor, as its history gives it now, into a new run folder
+    (`noise-floor.json`): the run's reports are re-rendered from it, whatever the history
+    holds later, and the run's own repeats are never counted twice."""
+
+    def prepare(folder: Path, device: Device) -> None:
+        path = history_file(sentinels, device.name)
+        try:
+            floor = history_floor(read_repeats(path), str(path), time.time())
+        except RecordError as e:
+            print(f"WARNING: the device history cannot be read ({e.message}): no noise "
+                  "floor from it", file=sys.stderr)
+            floor = NoiseFloor(history=str(path), t_wall=time.time())
+        floor = dataclasses.replace(floor, device=device.name, simulated=device.simulated)
+        atomic_write_text(folder / NOISE_FLOOR_FILE, json.dumps(floor.to_json()) + "\n")
+
+    return prepare
+
+
+def take_look(folder: Path, plan: Plan, fraction: float, final: bool) -> LookOutcome:
+    """A sequential campaign's look: the decisions on the cells so far, at the alpha this
+    look spends (analysis.sequential), and the ones still open."""
+    previous = plan.looks[-1].fraction if plan.looks else 0.0
+    look = Look(len(plan.cells), fraction, look_alpha(previous, fraction, final), final)
+    a = analyze(folder, dataclasses.replace(plan, looks=plan.looks + (look,)))
+    lines = [f"look {len(plan.looks) + 1} after {look.cells} cells (alpha {look.alpha:.4f}"
+             f"{', the last the budget allows' if final else ''}; cell-to-cell noise "
+             + (f"±{a.noise.sd:.1%}, {a.noise.df} df" if a.noise.known else "unknown") + ")"]
+    for d in a.decisions:
+        lines.append(f"  {d.candidate} vs {d.baseline}: {d.verdict}, "
+                     f"{interval_text(d.ratio)}")
+    return LookOutcome(look, tuple((d.candidate, d.baseline) for d in a.decisions
+                                   if not d.decided), tuple(lines))
+
+
+def record_repeats(folder: Path, a: CampaignAnalysis | None = None) -> int:
+    """Append the run's repeats to the device history its noise-floor snapshot names
+    (none without a snapshot); a history that cannot be written is a warning: the run
+    folder has everything."""
+    floor = a.floor if a is not None else None
+    try:
+        a = a or analyze(folder)
+        floor = a.floor
+        if floor is None or not floor.history:
+            return 0
+        by = {c.index: c for c in a.cells}
+        groups = [[by[i] for i in g] for g in a.groups]
+        starts = {r.index: r.t_start_wall for r in a.records}
+        records = repeat_records(a.cells, a.matches, groups, device=floor.device,
+                                 run=folder.name, campaign=a.plan.campaign,
+                                 simulated=floor.simulated, t_start=starts)
+        return append_repeats(Path(floor.history), records)
+    except (OSError, AbbenchError) as e:
+        where = floor.history if floor is not None else "the device history"
+        print(f"WARNING: the run's repeats could not be added to {where} ({e})",
+              file=sys.stderr)
+        return 0
 
 
 def _write_reports(folder: Path, interrupted: bool) -> int:
@@ -75,7 +153,7 @@ def _write_reports(folder: Path, interrupted: bool) -> int:
 
 def cmd_campaign(a: argparse.Namespace) -> int:
     opts = RunOptions(out_root=Path(a.out), sentinels_dir=Path(a.sentinels),
-                      live=not a.no_live)
+                      live=not a.no_live, look=take_look)
     if a.resume:
         folder = Path(a.resume)
         if not (folder / "plan.json").is_file():
@@ -90,6 +168,7 @@ def cmd_campaign(a: argparse.Namespace) -> int:
             resume(folder, opts, spec.device.sample_hz, gate_spec(spec), spec.device.root)
         except Interrupted:
             _write_reports(folder, interrupted=True)
+            record_repeats(folder)
             raise
     else:
         if not a.file:
@@ -103,12 +182,15 @@ def cmd_campaign(a: argparse.Namespace) -> int:
             return 0
         try:
             folder = start(plan, resolved_toml(spec), opts, spec.device.sample_hz,
-                           gate_spec(spec), spec.device.root)[0]
+                           gate_spec(spec), spec.device.root,
+                           prepare=snapshot_floor(opts.sentinels_dir))[0]
         except Interrupted as e:
             if e.folder is not None:
                 _write_reports(e.folder, interrupted=True)
+                record_repeats(e.folder)
             raise
     rc = _write_reports(folder, interrupted=False)
+    record_repeats(folder)
     records = read_journal(folder)
     ok = sum(r.status == "ok" for r in records)
     print(f"run folder: {folder}")

@@ -23,12 +23,12 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from abbench.campaign.schema import TOML_KEY, CampaignSpec
+from abbench.campaign.tables import MAX_CELLS
 from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError
-from abbench.records import Plan, PlannedCell
+from abbench.records import Plan, PlannedCell, Sequential
 from abbench.sensors.sim import load_profile
 
-MAX_CELLS = 10_000
 # The duration estimate: a rough speed of the embedded engine on the synthetic `default`
 # preset (the README's run: 12.6 tok/s decode, 11 tok/s prefill, 256 MiB cache, 2 threads),
 # and a start-up cost per cell (interpreter, model open, dense weights read). Only an
@@ -76,20 +76,42 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
         for role in ("candidate", "baseline"):
             if getattr(d, role) not in names:  # load_campaign checks this too
                 raise spec.error(("decision", i, role), "is not in the plan")
-    width = max(2, len(str(len(names))))
-    first: dict[str, int] = {}
-    cells = []
-    for index, name in enumerate(names):
-        cells.append(PlannedCell(index=index, name=name, config=spec.cells[name].to_config(),
-                                 sentinel_of=first.get(name),
-                                 label=f"{index + 1:0{width}d}-{name}"))
-        first.setdefault(name, index)
+    c = spec.campaign
+    sequential = None
+    if c.until is not None:
+        if not spec.decisions:
+            raise spec.error(("campaign", "until"), "needs a `[[decision]]`: a sequential "
+                             "campaign runs until its decisions are decided")
+        if c.max_cells is not None and c.max_cells < len(names):
+            raise spec.error(("campaign", "max_cells"), f"is {c.max_cells}, fewer than the "
+                             f"{len(names)} cells of the planned order",
+                             tip="raise `max_cells`, or shorten `order`")
+        sequential = Sequential(c.until, c.max_cells, c.max_minutes)
+    width = max(2, len(str(c.max_cells or len(names))))
+    cells = planned_cells([], names, {n: spec.cells[n].to_config() for n in names}, width)
     return Plan(
-        campaign=spec.campaign.name, cells=tuple(cells), spacing_s=spec.campaign.spacing_s,
-        warmup_tokens=spec.campaign.warmup_tokens, device=spec.device.transport,
+        campaign=c.name, cells=tuple(cells), spacing_s=c.spacing_s,
+        warmup_tokens=c.warmup_tokens, device=spec.device.transport,
         decisions=tuple(d.to_json() for d in spec.decisions), match=asdict(spec.match),
         gate=asdict(spec.gate) if spec.gate is not None else None,
+        sequential=sequential, planned_cells=len(cells) if sequential else None,
     )
+
+
+def planned_cells(before: list[PlannedCell], names: list[str],
+                  configs: dict[str, dict[str, Any]], width: int) -> list[PlannedCell]:
+    """`names` as cells following `before`: labelled `NN-NAME` in execution order, a name
+    that ran before a sentinel of its first run."""
+    first = {}
+    for p in before:
+        first.setdefault(p.name, p.index)
+    out = []
+    for index, name in enumerate(names, len(before)):
+        out.append(PlannedCell(index=index, name=name, config=configs[name],
+                               sentinel_of=first.get(name),
+                               label=f"{index + 1:0{width}d}-{name}"))
+        first.setdefault(name, index)
+    return out
 
 
 # -- the printed plan ----------------------------------------------------------------
@@ -183,8 +205,20 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
         clock = f"~{_clock(est)}" if est is not None else "?"
         lines.append(f"  {c.label:<{width}}  {clock:>8}  {what or 'as the first cell'}")
     for d in plan.decisions:
-        lines.append(f"decision: {d['candidate']} vs {d['baseline']}, GO above "
-                     f"{1 + d['min_effect']:g}x")
+        if d.get("expect") == "not-slower":
+            lines.append(f"decision: {d['candidate']} not slower than {d['baseline']}: GO "
+                         f"above {1 - d['max_regression']:g}x, NO-GO below it")
+        else:
+            lines.append(f"decision: {d['candidate']} vs {d['baseline']}, GO above "
+                         f"{1 + d['min_effect']:g}x, NO-GO below 1x")
+    if plan.sequential is not None:
+        s = plan.sequential
+        budget = " and ".join(b for b in (
+            f"{s.max_cells} cells" if s.max_cells is not None else "",
+            f"{s.max_minutes:g} minutes" if s.max_minutes is not None else "") if b)
+        lines.append(f"sequential: after these {n} cells, ABBA rounds of each open decision "
+                     f"until every decision is GO or NO-GO, within {budget}; each look "
+                     "spends part of the 5% error rate (docs/method.md)")
     if plan.gate is not None:
         conditions = {k: v for k, v in plan.gate.items()
                       if k not in ("poll_s", "timeout_s") and v not in (None, False)}

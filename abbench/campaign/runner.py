@@ -16,6 +16,7 @@ whole: `--resume` continues once there is room.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -35,7 +36,9 @@ from typing import Any
 
 from abbench.campaign.gate import GateSpec, wait_for_gate
 from abbench.campaign.output import read_cell_output
+from abbench.campaign.plan import planned_cells
 from abbench.campaign.recovery import note_child, repair
+from abbench.campaign.sequential import LookFn, fits, fraction, next_round
 from abbench.campaign.view import CampaignView
 from abbench.engine.models import prepare_models
 from abbench.errors import AbbenchError, UsageError
@@ -49,11 +52,13 @@ from abbench.records import (
     RecordError,
     Sample,
     append_jsonl,
+    config_key,
     read_journal,
     read_jsonl,
     read_plan,
 )
 from abbench.sensors import Device, Sampler, open_device, speed_probe
+from abbench.sensors.probe import ProbeWorker
 
 PROFILE_FILE = "device-profile.toml"  # a simulated device's profile, as the run used it
 EXIT_OK, EXIT_NO_GO, EXIT_BAD, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
@@ -76,6 +81,9 @@ class RunOptions:
     sentinels_dir: Path = Path("sentinels")
     python: str = sys.executable
     live: bool = True
+    # Reads the decisions at a look of a sequential campaign (the command composes the
+    # analysis in; a campaign never imports it). None: no rounds are appended.
+    look: LookFn | None = None
 
 
 def new_run_folder(root: Path, name: str) -> Path:
@@ -170,6 +178,7 @@ class CampaignRun:
         self._samples = folder / "samples.jsonl"
         self._child: subprocess.Popen[bytes] | None = None
         self.first_probe: float | None = None
+        self._probe: ProbeWorker | None = None
 
     # -- sampler sink (sampler thread) ---------------------------------------------
 
@@ -179,16 +188,26 @@ class CampaignRun:
         append_jsonl(self._samples, Sample(t_mono, t_wall, values, cell).to_json(), fsync=False)
 
     def probe_index(self) -> float:
-        # A simulated device slows cells, not this process, and models no host noise: its
-        # probe reads the simulated clock (a unit of work takes 1 / clock fraction), so on
-        # a noisy host the simulated pairs still match when the simulated device does.
-        factor = getattr(self.device, "probe_factor", None)
-        t = 1.0 / max(float(factor()), 1e-6) if factor is not None else speed_probe()
+        """first probe / this probe. On a simulated device the probe runs for real in a
+        child process that the device throttles like a cell (DESIGN 8): it sees the
+        simulated caps and the host's own load, as a real device's probe would."""
+        t = self._probe_seconds()
         if self.first_probe is None:
             self.first_probe = t
             state = {"first_probe_s": t}
             atomic_write_text(self.folder / "probe.json", json.dumps(state) + "\n")
         return self.first_probe / t
+
+    def _probe_seconds(self) -> float:
+        if not self.device.simulated or getattr(self.device, "attach", None) is None:
+            return speed_probe()
+        if self._probe is None:
+            self._probe = ProbeWorker(self.opts.python)
+        self.device.attach(self._probe.pid)  # type: ignore[attr-defined]
+        try:
+            return self._probe.measure()
+        finally:
+            self._detach()
 
     def run(self) -> int:
         try:
@@ -200,6 +219,10 @@ class CampaignRun:
             with contextlib.suppress(OSError):  # the disk may be too full for this too
                 self._write_status("failed", error.message)
             raise error from None
+        finally:
+            if self._probe is not None:
+                self._probe.close()
+                self._probe = None
 
     def _run(self) -> int:
         done = {r.index for r in read_journal(self.folder)}
@@ -226,26 +249,12 @@ class CampaignRun:
         try:
             with Sampler(self.device, self.hz, self._sink) as sampler, view:
                 view.sampler = sampler
-                for cell in todo:
-                    fault("before-cell")
-                    if last_end is not None and self.plan.spacing_s > 0:
-                        view.phase(cell, f"spacing {self.plan.spacing_s:g} s"
-                                   + (f" (simulated: {self.plan.spacing_s / scale:.3g} s)"
-                                      if scale != 1.0 else ""))
-                        _sleep_until(last_end + self.plan.spacing_s / scale)
-                    gate = GateWait()
-                    if self.gate is not None:
-                        view.phase(cell, "gate")
-                        gate = wait_for_gate(self.gate, self.device, self.probe_index,
-                                             lambda msg, c=cell: view.phase(c, msg), scale)
-                    index = self.probe_index()
-                    values = sampler.latest or self.device.sample()
-                    entry = entry_state(values, index, self.device.simulated)
-                    record = self._run_cell(cell, entry, gate, view)
-                    append_jsonl(self.folder / "journal.jsonl", record.to_json())
-                    view.finished(cell, record)
-                    self._sentinel(cell, record)
-                    last_end = time.monotonic()
+                while todo:
+                    for cell in todo:
+                        last_end = self._one(cell, sampler, view, last_end, scale)
+                    # A sequential campaign reads its decisions and appends a round while
+                    # one is open and the budget allows it.
+                    todo = self._look(view) if self.plan.sequential is not None else []
                 # One last reading, so the timeline covers the campaign's end too (a
                 # sample that cannot be written is a gap, as in the sampler).
                 with contextlib.suppress(OSError):
@@ -261,6 +270,75 @@ class CampaignRun:
             ) from None
         self._write_status("complete")
         return EXIT_OK
+
+    def _one(self, cell: PlannedCell, sampler: Sampler, view: CampaignView,
+             last_end: float | None, scale: float) -> float:
+        """Spacing, gate, entry state, the cell, its journal line; returns when it ended."""
+        fault("before-cell")
+        if last_end is not None and self.plan.spacing_s > 0:
+            view.phase(cell, f"spacing {self.plan.spacing_s:g} s"
+                       + (f" (simulated: {self.plan.spacing_s / scale:.3g} s)"
+                          if scale != 1.0 else ""))
+            _sleep_until(last_end + self.plan.spacing_s / scale)
+        gate = GateWait()
+        if self.gate is not None:
+            view.phase(cell, "gate")
+            gate = wait_for_gate(self.gate, self.device, self.probe_index,
+                                 lambda msg, c=cell: view.phase(c, msg), scale)
+        index = self.probe_index()
+        values = sampler.latest or self.device.sample()
+        entry = entry_state(values, index, self.device.simulated)
+        record = self._run_cell(cell, entry, gate, view)
+        append_jsonl(self.folder / "journal.jsonl", record.to_json())
+        view.finished(cell, record)
+        self._sentinel(cell, record)
+        return time.monotonic()
+
+    # -- sequential rounds -----------------------------------------------------------
+
+    def _look(self, view: CampaignView) -> list[PlannedCell]:
+        """Take the look due after the cells run so far (none if it was taken: a resume)
+        and append the round it asks for; the plan, with the look and the round, is
+        written in one replace, so a crash leaves one or the other whole."""
+        plan = self.plan
+        seq = plan.sequential
+        n = len(plan.cells)
+        if seq is None or self.opts.look is None or (plan.looks and plan.looks[-1].cells == n):
+            return []
+        records = read_journal(self.folder)
+        first = min(records, key=lambda r: r.t_start_wall, default=None)
+        began = first.t_start_wall - first.gate.waited_s if first is not None else time.time()
+        elapsed = max(0.0, time.time() - began)
+        last = plan.cells[-1].name if plan.cells else None
+        pairs = [(str(d["candidate"]), str(d["baseline"])) for d in plan.decisions]
+        smallest = min(len(next_round(last, [p])) for p in pairs)
+        final = not fits(n, smallest, seq.max_cells, elapsed, seq.max_minutes)
+        outcome = self.opts.look(self.folder, plan,
+                                 fraction(n, seq.max_cells, elapsed, seq.max_minutes), final)
+        for line in outcome.lines:
+            view.note(line)
+        names: list[str] = []
+        if not final:
+            for p in outcome.open:
+                block = next_round(names[-1] if names else last, [p])
+                if fits(n, len(names) + len(block), seq.max_cells, elapsed, seq.max_minutes):
+                    names += block
+        configs = {c.name: c.config for c in reversed(plan.cells)}
+        width = len(plan.cells[0].label.split("-", 1)[0]) if plan.cells else 2
+        width = max(width, len(str(n + len(names))))
+        more = planned_cells(list(plan.cells), names, configs, width)
+        self.plan = dataclasses.replace(plan, cells=plan.cells + tuple(more),
+                                        looks=plan.looks + (outcome.look,))
+        atomic_write_text(self.folder / "plan.json",
+                          json.dumps(self.plan.to_json(), indent=1) + "\n")
+        view.plan = self.plan
+        if names:
+            view.note(f"round: {len(names)} more cells ({' '.join(names)}) for "
+                      f"{', '.join(f'{c} vs {b}' for c, b in outcome.open)}")
+        elif outcome.open:
+            view.note("the budget is spent: no further round fits "
+                      f"({len(records)} cells, {elapsed / 60:.1f} minutes)")
+        return more
 
     # -- one cell ------------------------------------------------------------------
 
@@ -373,7 +451,7 @@ class CampaignRun:
         append_jsonl(self._sentinels_file(), {
             "device": self.device.name, "simulated": self.device.simulated,
             "campaign": self.plan.campaign, "run": str(self.folder), "cell": cell.label,
-            "name": cell.name, "config_key": _config_key(cell.config),
+            "name": cell.name, "config_key": config_key(cell.config),
             "t_wall": record.t_start_wall, "tokens_per_s": record.tokens_per_s,
             "fingerprint": record.fingerprint, "entry": record.entry.to_json(),
         })
@@ -383,11 +461,6 @@ class CampaignRun:
         if error is not None:
             doc["error"] = error
         atomic_write_text(self.folder / "status.json", json.dumps(doc) + "\n")
-
-
-def _config_key(cfg: dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in sorted(cfg.items()) if k != "timeout_s"},
-                      sort_keys=True, separators=(",", ":"))
 
 
 def _finite(value: Any) -> Any:
@@ -428,7 +501,11 @@ def _sleep_until(deadline: float) -> None:
 
 
 def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
-          gate: GateSpec | None, root: str) -> tuple[Path, int]:
+          gate: GateSpec | None, root: str,
+          prepare: Callable[[Path, Device], None] | None = None) -> tuple[Path, int]:
+    """Open the device, create the run folder (campaign.toml, plan.json, a simulated
+    device's profile, and what `prepare` writes: the command's noise-floor snapshot) and
+    run every cell."""
     device = open_device(plan.device, root)
     try:
         folder = new_run_folder(opts.out_root, plan.campaign)
@@ -439,6 +516,8 @@ def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
             profile = getattr(device, "profile_toml", None)
             if profile is not None:  # a simulated device: the run keeps the model it ran on
                 atomic_write_text(folder / PROFILE_FILE, profile)
+            if prepare is not None:
+                prepare(folder, device)
         except OSError as e:
             raise WriteError.from_os(e) from None
         return folder, CampaignRun(folder, plan, device, opts, hz, gate).run()

@@ -23,6 +23,8 @@ NAME_TIP = ("names are letters, digits, `-`, `_` and `.` (not first), at most "
 DEFAULT_MODEL = "synthetic:default"
 ENGINES = ("embedded", "external")
 MAX_REPEAT = 100
+MAX_CELLS = 10_000  # cells one campaign may run (planned and appended)
+EXPECT = ("faster", "not-slower")
 WEEK_S = 7 * 86400.0  # the longest wait or timeout a campaign may ask for
 _OUTPUT = re.compile(r"(bmoe-csv|json):.+\Z|stdout-summary\Z")
 _TRANSPORT = re.compile(r"local\Z|(adb|ssh|sim):[^\s-]\S*\Z")
@@ -62,6 +64,11 @@ class CampaignTable:
     warmup_tokens: int = 16  # excluded from statistics
     sentinel_every: int | None = None  # the baseline again after every N other cells
     repeat: int = 1  # the whole sequence R times
+    # "decided": after the planned order, append ABBA rounds of the open decisions until
+    # each is GO or NO-GO or the budget (`max_cells`, `max_minutes`) is spent
+    until: str | None = None
+    max_cells: int | None = None  # every cell of the campaign, the planned ones included
+    max_minutes: float | None = None  # wall minutes from the first cell's start
 
     def __post_init__(self) -> None:
         check_name(("name",), self.name, "campaign name")
@@ -81,6 +88,24 @@ class CampaignTable:
                      "or drop `order` to run the cells in file order")
         in_range("repeat", 1 <= self.repeat <= MAX_REPEAT, f"between 1 and {MAX_REPEAT}",
                  self.repeat)
+        if self.until is not None and self.until != "decided":
+            fail(("until",), f'must be "decided" (got {show(self.until)})',
+                 tip=did_you_mean(self.until, ("decided",), "values"))
+        if self.max_cells is not None:
+            in_range("max_cells", 1 <= self.max_cells <= MAX_CELLS, f"between 1 and "
+                     f"{MAX_CELLS}", self.max_cells)
+        if self.max_minutes is not None:
+            in_range("max_minutes", 0 < self.max_minutes <= WEEK_S / 60, "in (0, "
+                     f"{WEEK_S / 60:g}] minutes", self.max_minutes)
+        budget = self.max_cells is not None or self.max_minutes is not None
+        if self.until is not None and not budget:
+            fail(("until",), "needs a budget: `max_cells`, `max_minutes` or both",
+                 tip='until = "decided" with max_cells = 16 appends ABBA rounds of the open '
+                 "decisions until each is decided or 16 cells have run")
+        if self.until is None and budget:
+            key = "max_cells" if self.max_cells is not None else "max_minutes"
+            fail((key,), 'applies only to a sequential campaign (`until = "decided"`)',
+                 tip='add until = "decided", or remove it')
 
 
 @dataclass(frozen=True)
@@ -235,20 +260,41 @@ class CellSpec:
 
 @dataclass(frozen=True)
 class Decision:
-    """`[[decision]]`: is `candidate` faster than `baseline` by at least `min_effect`?"""
+    """`[[decision]]`: is `candidate` faster than `baseline` by at least `min_effect`
+    (`expect = "faster"`), or not slower by `max_regression` or more (`"not-slower"`)?"""
 
     candidate: str
     baseline: str
     min_effect: float = 0.0  # the smallest speed-up worth shipping (0.03 = 3%)
+    expect: str = "faster"
+    max_regression: float | None = None  # not-slower: the largest slow-down accepted
 
     def __post_init__(self) -> None:
         in_range("min_effect", self.min_effect >= 0, ">= 0", self.min_effect)
         if self.candidate == self.baseline:
             fail(("baseline",), f"is the candidate itself (`{self.candidate}`)",
                  tip="a decision compares two different cells")
+        if self.expect not in EXPECT:
+            fail(("expect",), f"must be one of {', '.join(f'`{e}`' for e in EXPECT)} "
+                 f"(got {show(self.expect)})", tip=did_you_mean(self.expect, EXPECT, "values"))
+        if self.expect == "not-slower":
+            if self.max_regression is None:
+                fail(("max_regression",), 'is needed with `expect = "not-slower"`',
+                     tip="max_regression = 0.02 accepts a slow-down of up to 2%")
+            in_range("max_regression", 0 < self.max_regression < 1, "in (0, 1)",
+                     self.max_regression)
+            if self.min_effect:
+                fail(("min_effect",), 'applies to `expect = "faster"` only',
+                     tip='a not-slower decision is set by `max_regression`')
+        elif self.max_regression is not None:
+            fail(("max_regression",), 'applies to `expect = "not-slower"` only',
+                 tip='add expect = "not-slower", or use min_effect for a speed-up')
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.max_regression is None:
+            del d["max_regression"]
+        return d
 
 
 @dataclass(frozen=True)

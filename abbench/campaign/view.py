@@ -87,6 +87,13 @@ class CampaignView:
         else:
             self._say(line)
 
+    def note(self, line: str) -> None:
+        """A line of what the campaign decided on the way (a sequential look, a round)."""
+        if self.live:
+            self.console.print(line, markup=False)
+        else:
+            self._say(line)
+
     def _say(self, text: str) -> None:
         print(f"[{time.monotonic() - self._t0:7.1f}s] {text}", file=sys.stderr, flush=True)
 

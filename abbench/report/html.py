@@ -20,7 +20,13 @@ from abbench.analysis.campaign import CampaignAnalysis  # noqa: E402
 from abbench.analysis.decide import UNVERIFIED  # noqa: E402
 from abbench.records import RecordError, Sample, read_samples  # noqa: E402
 from abbench.report import text as t  # noqa: E402
-from abbench.report.markdown import MARK, banners, cell_name  # noqa: E402
+from abbench.report.markdown import (  # noqa: E402
+    MARK,
+    banners,
+    cell_name,
+    decision_lines,
+    looks_lines,
+)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;
@@ -129,8 +135,19 @@ def timeline(a: CampaignAnalysis, samples: list[Sample]) -> tuple[str, list[str]
 
 
 def rates_plot(a: CampaignAnalysis) -> str:
+    """tokens/s per cell with its token-level 95% interval and, behind it, the cell-level
+    band: where 95% of identical cells would land at the campaign's cell-to-cell noise."""
     fig = Figure(figsize=(12, 4))
     ax = fig.subplots()
+    noise = a.noise
+    for c in a.cells:
+        iv = c.tokens_per_s
+        if noise.known and iv is not None and t.finite(iv.estimate):
+            v = c.token_variance if math.isfinite(c.token_variance) else noise.token_variance
+            half = 1.96 * math.sqrt(noise.between + v)
+            ax.bar([c.index + 1], [iv.estimate * (math.exp(half) - math.exp(-half))],
+                   bottom=[iv.estimate * math.exp(-half)], width=0.5, color="#999",
+                   alpha=0.25, lw=0)
     for c in a.cells:
         iv = c.tokens_per_s
         if iv is None or not t.finite(iv.estimate):
@@ -154,8 +171,11 @@ def rates_plot(a: CampaignAnalysis) -> str:
     ax.set_xticklabels([f"{c.index + 1}\n{c.name}" for c in a.cells] or [""], fontsize=8)
     ax.set_ylabel("tokens/s (steady window, 95% CI)")
     ax.set_ylim(bottom=0)
-    ax.plot([], [], "o", color="C0", label="cell")
+    ax.plot([], [], "o", color="C0", label="cell (95% CI of its tokens)")
     ax.plot([], [], "D", color="C3", label="sentinel")
+    if noise.known:
+        ax.bar([0], [0], color="#999", alpha=0.25,
+               label=f"where 95% of identical cells land (±{noise.sd:.1%} per cell)")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -202,9 +222,10 @@ def verdicts(a: CampaignAnalysis) -> str:
     rows = []
     for d in a.decisions:
         ratio, ci_s, pairs = t.verdict_cells(d)
-        rows.append([e(d.candidate), e(d.baseline), e(f"{d.min_effect:g}"),
+        rows.append([e(d.candidate), e(d.baseline), e(t.question(d)),
                      _verdict(d.verdict), e(ratio), e(ci_s), e(pairs)])
-    out = [_table(["candidate", "baseline", "min effect", "verdict", "ratio", "95% CI",
+    out = [f"<p>{e(t.noise(a.noise))}{e(' — ' + a.noise.note) if a.noise.note else ''}</p>",
+           _table(["candidate", "baseline", "question", "verdict", "ratio", "CI",
                    "matched pairs"], rows)]
     unv = [p for d in a.decisions if d.verdict == UNVERIFIED for p in d.pairs]
     if unv:
@@ -213,21 +234,18 @@ def verdicts(a: CampaignAnalysis) -> str:
             [e(cell_name(a, p.candidate)), e(cell_name(a, p.baseline)),
              e(t.num(p.ratio.estimate if p.ratio else None, ".3f")), e(t.ci(p.ratio))]
             for p in unv]))
+    looks = looks_lines(a)
+    if looks:
+        out.append("<pre>" + e("\n".join(looks)) + "</pre>")
     for d in a.decisions:
         label = d.verdict
         if d.verdict == UNVERIFIED:
             label = f"UNVERIFIED ({d.unverified_verdict} if matched)"
         items = []
-        if d.ratio is not None and d.verdict != UNVERIFIED:
-            items.append(e(t.times(d.candidate, d.baseline, d.ratio)))
-        if d.settle:
-            items.append("what would settle it: " + e(d.settle))
-        if d.order_warning:
-            items.append("<b>WARNING:</b> " + e(d.order_warning))
-        for u in d.unmatched:
-            items.append(f"not compared: {e(cell_name(a, u.candidate))} vs "
-                         f"{e(cell_name(a, u.baseline))} — "
-                         f"{e('; '.join(u.match.reasons) or u.match.state)}")
+        for line in decision_lines(a, d)[1:]:  # the same prose as report.md
+            line = line.strip()
+            items.append("<b>WARNING:</b> " + e(line[len("WARNING: "):])
+                         if line.startswith("WARNING: ") else e(line))
         out.append(f"<p><b>{e(d.candidate)} vs {e(d.baseline)}: {_verdict(label)}</b> — "
                    f"{e(d.reason)}</p><ul>" + "".join(f"<li>{i}</li>" for i in items)
                    + "</ul>")
@@ -282,8 +300,9 @@ def render_html(a: CampaignAnalysis, folder: Path | None = None) -> str:
                     f"<p>Run folder <code>{e(a.run)}</code>, device <code>{e(a.plan.device)}"
                     f"</code>, {len(a.records)} of {len(a.plan.cells)} cells, warm-up "
                     f"{a.plan.warmup_tokens} tokens, spacing {a.plan.spacing_s:g} s. "
-                    "Intervals: 95%, moving-block bootstrap over per-token times (block "
-                    "ceil(n^(1/3)), seeded).</p>"]
+                    "Cells' intervals: 95%, moving-block bootstrap over per-token times "
+                    "(block ceil(n^(1/3)), seeded); verdicts' intervals: two levels, tokens "
+                    "and cells (docs/method.md).</p>"]
     P += [f'<div class="banner">{e(b)}</div>' for b in banners(a)]
     P += ["<h2>Verdicts</h2>", verdicts(a), "<h2>Cells</h2>", cells_table(a)]
     P += ["<h2>Timeline</h2>",

@@ -10,10 +10,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from abbench.analysis.campaign import CampaignAnalysis
+from abbench.analysis.campaign import CampaignAnalysis, LookResult
 from abbench.analysis.cells import CellStats
-from abbench.analysis.decide import Comparison, Decision
-from abbench.analysis.stats import REPS, Interval
+from abbench.analysis.decide import POWER, Comparison, Decision
+from abbench.analysis.sequential import ALPHA, RHO
+from abbench.analysis.stats import REPS, Interval, Noise
 
 REPORT_FORMAT = "abbench-report v1"
 
@@ -74,15 +75,45 @@ def _comparison(c: Comparison, with_ratio: bool) -> dict[str, Any]:
     return out
 
 
+def noise_json(n: Noise | None) -> dict[str, Any] | None:
+    """The cell-to-cell noise: variances of log tokens/s (`variance` = what a repeat shows,
+    `token_variance` its token-level part, `between` the cell level alone)."""
+    if n is None:
+        return None
+    return {"variance": plain(n.variance), "sd": plain(n.sd), "df": n.df,
+            "token_variance": plain(n.token_variance) if n.known else None,
+            "between": plain(n.between), "repeats": n.repeats, "source": n.source,
+            "known": n.known, "note": n.note}
+
+
 def _decision(d: Decision) -> dict[str, Any]:
+    order = d.order
+    cell_se = (math.sqrt(max(0.0, d.se ** 2 - d.token_se ** 2))
+               if math.isfinite(d.se) and math.isfinite(d.token_se) else None)
     return {
         "candidate": d.candidate, "baseline": d.baseline, "min_effect": d.min_effect,
+        "expect": d.expect, "max_regression": d.max_regression, "threshold": d.threshold,
         "verdict": d.verdict, "unverified_verdict": d.unverified_verdict,
-        "ratio": plain(d.ratio), "reason": d.reason, "settle": d.settle,
-        "order_warning": d.order_warning,
+        "ratio": plain(d.ratio), "level": 1.0 - d.alpha, "look": d.look,
+        "se": plain(d.se), "token_se": plain(d.token_se), "cell_se": plain(cell_se),
+        "df": d.noise.df if d.noise is not None else 0, "noise": noise_json(d.noise),
+        "resolvable_effect": plain(d.resolvable), "identical_config": d.identical,
+        "order": None if order is None else {
+            "candidate_first": order.candidate_first, "baseline_first": order.baseline_first,
+            "position": plain(order.position), "flagged": order.flagged},
+        "consistency": d.consistency,
+        "reason": d.reason, "settle": d.settle, "order_warning": d.order_warning,
         "pairs": [_comparison(c, True) for c in d.pairs],
         "unmatched": [_comparison(c, False) for c in d.unmatched],
     }
+
+
+def _look(lk: LookResult) -> dict[str, Any]:
+    return {"number": lk.number, "cells": lk.cells, "alpha": lk.alpha,
+            "fraction": lk.fraction, "final": lk.final, "noise": noise_json(lk.noise),
+            "decisions": [{"candidate": d.candidate, "baseline": d.baseline,
+                           "verdict": d.verdict, "ratio": plain(d.ratio)}
+                          for d in lk.decisions]}
 
 
 def build(a: CampaignAnalysis) -> dict[str, Any]:
@@ -102,6 +133,13 @@ def build(a: CampaignAnalysis) -> dict[str, Any]:
             "block_length": "ceil(n ** (1/3))", "reps": REPS,
             "seed": "crc32 of the cell labels involved",
             "drift_rule": "sentinel/twin ratio interval wholly outside 1 ± probe_tol",
+            "decision_interval": "two levels: each cell's token-level variance of log "
+                                 "tokens/s (moving-block bootstrap, closed form) plus the "
+                                 "between-cell variance of repeats; Student t on the "
+                                 "noise's degrees of freedom",
+            "alpha": ALPHA, "power": POWER,
+            "spending": f"alpha * fraction ** {RHO:g}, each look at its increment "
+                        "(union bound)",
         },
         "exit_status": a.exit_status,
         "cells": [_cell(c, a) for c in a.cells],
@@ -114,6 +152,11 @@ def build(a: CampaignAnalysis) -> dict[str, Any]:
         "tells": [plain(t) for t in a.tells],
         "caps_timeline": list(a.caps_timeline),
         "decisions": [_decision(d) for d in a.decisions],
+        "noise": noise_json(a.noise), "own_noise": noise_json(a.own_noise),
+        "noise_floor": a.floor.to_json() if a.floor is not None else None,
+        "repeat_groups": [list(g) for g in a.groups],
+        "sequential": a.plan.sequential.to_json() if a.plan.sequential else None,
+        "looks": [_look(lk) for lk in a.looks], "pending": list(a.pending),
     }
 
 

@@ -36,11 +36,29 @@ def decision_lines(a: CampaignAnalysis, d: Decision) -> list[str]:
     label = d.verdict
     if d.verdict == UNVERIFIED:
         label = f"UNVERIFIED ({d.unverified_verdict} if matched)"
-    out.append(f"**{d.candidate} vs {d.baseline}: {label}** — {d.reason}")
-    if d.ratio is not None and d.verdict != UNVERIFIED:
+    look = f" at look {d.look}" if d.look is not None else ""
+    out.append(f"**{d.candidate} vs {d.baseline} ({t.question(d)}): {label}{look}** — "
+               f"{d.reason}")
+    if d.ratio is not None and d.verdict != UNVERIFIED and t.finite(d.ratio.low):
         out.append(f"  {t.times(d.candidate, d.baseline, d.ratio)}")
+    if d.identical:
+        out.append(f"  {d.candidate} and {d.baseline} have the same configuration: an A/A "
+                   "comparison (the truth is a ratio of 1)")
+    if d.noise is not None and d.pairs:
+        out.append(f"  {t.noise(d.noise)}" + (f" — {d.noise.note}" if d.noise.note else ""))
+    if (r := t.resolvable(d)) is not None:
+        out.append(f"  {r}")
+    if d.consistency:
+        out.append(f"  consistency: {d.consistency}")
     if d.settle:
         out.append(f"  what would settle it: {d.settle}")
+    if d.order is not None and d.order.position is not None and not d.order_warning:
+        p = d.order.position
+        out.append(f"  order: {d.order.candidate_first} pairs with {d.candidate} first, "
+                   f"{d.order.baseline_first} with {d.baseline} first; position effect "
+                   f"(second cell over first) {p.estimate:.3f}"
+                   + (f" ({p.level:.0%} CI {p.low:.3f} .. {p.high:.3f}), not shown"
+                      if t.finite(p.low) else " (no interval)"))
     if d.order_warning:
         out.append(f"  WARNING: {d.order_warning}")
     for u in d.unmatched:
@@ -49,12 +67,38 @@ def decision_lines(a: CampaignAnalysis, d: Decision) -> list[str]:
     return out
 
 
+def looks_lines(a: CampaignAnalysis) -> list[str]:
+    """A sequential campaign's looks: cells, alpha spent, each decision's interval."""
+    if not a.looks:
+        return []
+    s = a.plan.sequential
+    budget = ", ".join(x for x in (f"max {s.max_cells} cells" if s and s.max_cells else "",
+                                   f"max {s.max_minutes:g} min" if s and s.max_minutes
+                                   else "") if x)
+    out = [f"Sequential campaign ({budget}): {len(a.looks)} look"
+           f"{'s' if len(a.looks) > 1 else ''}, each at the alpha it spends (docs/method.md).",
+           "", "| look | cells | alpha | decision | verdict | interval |",
+           "|---|---|---|---|---|---|"]
+    for lk in a.looks:
+        for d in lk.decisions:
+            out.append(f"| {lk.number}{' (last)' if lk.final else ''} | {lk.cells} | "
+                       f"{lk.alpha:.4f} | {d.candidate} vs {d.baseline} | {d.verdict} | "
+                       f"{t.ci(d.ratio)} |")
+    if a.pending:
+        out.append("")
+        out.append(f"Cells {', '.join(str(i + 1) for i in a.pending)} ran after the last look "
+                   "and are not in a verdict yet.")
+    return [*out, ""]
+
+
 def render(a: CampaignAnalysis) -> str:
     L: list[str] = [f"# {a.plan.campaign} — abbench report", ""]
     L += [f"Run folder `{a.run}`, device `{a.plan.device}`, {len(a.records)} of "
           f"{len(a.plan.cells)} cells, warm-up {a.plan.warmup_tokens} tokens, spacing "
-          f"{a.plan.spacing_s:g} s. Intervals: 95%, moving-block bootstrap over per-token "
-          "times (block ceil(n^(1/3)), seeded).", ""]
+          f"{a.plan.spacing_s:g} s. Cells' intervals: 95%, moving-block bootstrap over "
+          "per-token times (block ceil(n^(1/3)), seeded). Verdicts' intervals: two levels, "
+          "tokens within cells and cells (Student t on the cell-to-cell noise; "
+          "docs/method.md).", ""]
     for b in banners(a):
         L += [f"> **{b}**", ""]
 
@@ -62,13 +106,15 @@ def render(a: CampaignAnalysis) -> str:
     if not a.decisions:
         L += ["No decisions asked.", ""]
     else:
-        L += ["| candidate | baseline | min effect | verdict | ratio | 95% CI | matched pairs |",
+        L += [f"{t.noise(a.noise)}." + (f" {a.noise.note}." if a.noise.note else ""), ""]
+        L += ["| candidate | baseline | question | verdict | ratio | CI | matched pairs |",
               "|---|---|---|---|---|---|---|"]
         for d in a.decisions:
             ratio, ci_s, pairs = t.verdict_cells(d)
-            L.append(f"| {d.candidate} | {d.baseline} | {d.min_effect:g} | {d.verdict} | "
+            L.append(f"| {d.candidate} | {d.baseline} | {t.question(d)} | {d.verdict} | "
                      f"{ratio} | {ci_s} | {pairs} |")
         L.append("")
+        L += looks_lines(a)
         unv = [(d, p) for d in a.decisions if d.verdict == UNVERIFIED for p in d.pairs]
         if unv:
             L += ["### Unverified pairs (no device state recorded — not matched)", "",

@@ -12,7 +12,7 @@ from rich.table import Table
 from abbench.analysis.campaign import CampaignAnalysis
 from abbench.analysis.decide import UNVERIFIED
 from abbench.report import text as t
-from abbench.report.markdown import MARK, banners, cell_name, decision_lines
+from abbench.report.markdown import MARK, banners, cell_name, decision_lines, looks_lines
 
 COLOUR = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow",
           "OWED": "bold magenta", UNVERIFIED: "bold yellow"}
@@ -73,15 +73,19 @@ def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPL
             c.print(f"  {where} [{x.kind}]: {x.detail}", markup=False)
 
     if a.decisions:
+        c.print(t.noise(a.noise) + (f" — {a.noise.note}" if a.noise.note else ""),
+                markup=False)
         v = Table(title="verdicts (matched pairs only)", box=table_box)
-        for col in ("candidate", "baseline", "min effect", "verdict", "comparison"):
+        for col in ("candidate", "baseline", "question", "verdict", "comparison"):
             v.add_column(col)
         for d in a.decisions:
             comparison = ("-" if d.ratio is None or d.verdict == UNVERIFIED
                           else t.times(d.candidate, d.baseline, d.ratio))
-            v.add_row(d.candidate, d.baseline, f"{d.min_effect:g}",
+            v.add_row(d.candidate, d.baseline, t.question(d),
                       f"[{COLOUR[d.verdict]}]{d.verdict}[/]", comparison)
         c.print(v)
+        for line in looks_lines(a):
+            c.print(line, markup=False)
         for d in a.decisions:
             if d.verdict == UNVERIFIED:
                 for p in d.pairs:

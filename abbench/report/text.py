@@ -6,7 +6,7 @@ import math
 
 from abbench.analysis.cells import CellStats
 from abbench.analysis.decide import UNVERIFIED, Decision
-from abbench.analysis.stats import Interval
+from abbench.analysis.stats import Interval, Noise
 from abbench.records import EntryState
 
 
@@ -45,6 +45,41 @@ def times(candidate: str, baseline: str, iv: Interval) -> str:
         pm = max(est - lo, hi - est)
         return f"{candidate} ran {est:.2f} ± {pm:.2f} times {word} than {baseline}"
     return f"{candidate} ran {est:.2f} times {word} than {baseline} (no interval)"
+
+
+def interval_text(iv: Interval | None) -> str:
+    """"ratio 1.032 (95% CI 0.981 .. 1.086)", or what is missing."""
+    if iv is None or not finite(iv.estimate):
+        return "no ratio"
+    if not (finite(iv.low) and finite(iv.high)):
+        return f"ratio {iv.estimate:.3f} (no interval)"
+    return f"ratio {iv.estimate:.3f} ({iv.level:.0%} CI {iv.low:.3f} .. {iv.high:.3f})"
+
+
+def noise(n: Noise) -> str:
+    """"cell-to-cell noise ±3.1% (6 repeats, 4 df; this campaign)": what the verdicts'
+    cell level rests on."""
+    if not n.known:
+        return ("cell-to-cell noise unknown (no repeat of a configuration with equal work in "
+                "this campaign, no device history)")
+    token = math.sqrt(n.token_variance) if n.token_variance > 0 else 0.0
+    return (f"cell-to-cell noise ±{n.sd:.1%} ({n.repeats} repeats, {n.df} df; {n.source}; "
+            f"of it token noise ±{token:.1%})")
+
+
+def question(d: Decision) -> str:
+    """The decision's question in a table cell: "faster by 0.03", "not slower by 0.1"."""
+    if d.expect == "not-slower":
+        return f"not slower by {d.max_regression:g}"
+    return f"faster by {d.min_effect:g}"
+
+
+def resolvable(d: Decision) -> str | None:
+    """The smallest effect the campaign could resolve for this decision (80% power)."""
+    if not finite(d.resolvable):
+        return None
+    return (f"smallest effect this campaign could resolve: ±{d.resolvable:.1%} at 80% power "
+            f"({d.ratio.level:.0%} level)" if d.ratio is not None else None)
 
 
 def verdict_cells(d: Decision) -> tuple[str, str, str]:

@@ -14,6 +14,9 @@ ever adds time.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -45,3 +48,61 @@ def speed_probe(reps: int = 5) -> float:
         _work()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+class ProbeWorker:
+    """The probe in a child process of its own, started once and asked for a measurement
+    over a pipe, so that the process can be throttled like a cell: a simulated device
+    duty-cycles it while it measures (`attach(pid)` … `detach()`), and it sees the host's
+    own load as a real device's probe does. `python -m abbench.sensors.probe` is the child:
+    one line in ("probe"), one line out (seconds)."""
+
+    def __init__(self, python: str) -> None:
+        self._proc = subprocess.Popen(
+            [python, "-m", "abbench.sensors.probe"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        if self._ask("ready") != "ready":  # numpy imported and the loop warm
+            self.close()
+            raise OSError("the speed probe's process did not start")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _ask(self, line: str) -> str:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(line + "\n")
+        self._proc.stdin.flush()
+        return self._proc.stdout.readline().strip()
+
+    def measure(self) -> float:
+        """Seconds for the fixed workload, as `speed_probe()` gives them, in the child."""
+        answer = self._ask("probe")
+        try:
+            return float(answer)
+        except ValueError:
+            raise OSError(f"the speed probe's process answered {answer[:40]!r}") from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _serve() -> None:
+    _work()  # warm the interpreter loop and numpy before the first measurement
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "ready":
+            print("ready", flush=True)
+        elif command == "probe":
+            print(repr(speed_probe()), flush=True)
+
+
+if __name__ == "__main__":
+    _serve()

@@ -21,8 +21,9 @@ mean over clusters of cap / hardware max.
 Throttling without the engine knowing: `attach(pid)` marks the device loaded and starts a
 thread that duty-cycles the process with SIGSTOP/SIGCONT (as `cpulimit` does), letting it
 run the clock fraction of every period; `detach()` stops that and always leaves the process
-continued. `probe_factor()` is the clock fraction, for the campaign's speed probe (which runs
-in the unthrottled campaign process).
+continued. `probe_factor()` is the clock fraction (the share of each period the process
+runs). The campaign's speed probe runs in a child process attached the same way, so it
+reads the simulated caps and the host's own load together, as on a real device.
 """
 
 from __future__ import annotations

@@ -1,0 +1,57 @@
+"""The verdicts' false-verdict rate and power, by simulation with known truth (DESIGN 7).
+
+A/A campaigns — no true effect, a lognormal cell effect of sigma per cell, AR(1) token noise
+(tests/calibration_helper.py) — decided by the product's own analysis: GO or NO-GO in at most
+5% of 2000 campaigns at every sigma, for the designs B,C,B, ABBA, ABABAB and a sequential
+campaign (`until = "decided"`, ABBA rounds, at most 16 cells). A true 15% effect at sigma 3%
+is found (GO) in at least 80% of ABBA x 2 campaigns. Every rate is printed (`-s`);
+docs/method.md quotes them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from calibration_helper import DESIGNS, Design, rates
+
+SIGMAS = (0.0, 0.02, 0.05, 0.10, 0.15)
+CAMPAIGNS = 2000
+BAR = 0.05
+ABBA_X2 = Design("ABBA x 2", ("B", "C", "C", "B", "C", "C", "B"))
+
+
+def _table(decision: dict | None, designs=DESIGNS, campaigns: int = CAMPAIGNS
+           ) -> dict[tuple[str, float], float]:
+    out = {}
+    for k, design in enumerate(designs):
+        for j, sigma in enumerate(SIGMAS):
+            r = rates(design, sigma, 0.0, campaigns, seed=1000 * k + j, decision=decision)
+            false = r.get("GO", 0.0) + r.get("NO-GO", 0.0)
+            out[(design.name, sigma)] = false
+            print(f"A/A {design.name:<14} sigma {sigma:4.0%}: GO {r.get('GO', 0):.2%} "
+                  f"NO-GO {r.get('NO-GO', 0):.2%} (false {false:.2%}; {r['cells']:.1f} cells)")
+    return out
+
+
+def test_a_a_campaigns_give_a_verdict_at_most_5_percent_of_the_time() -> None:
+    table = _table(None)  # min_effect 0.03, as the issue's A/A campaign asked
+    worst = max(table.items(), key=lambda kv: kv[1])
+    assert worst[1] <= BAR, f"{worst[0]}: {worst[1]:.2%} false verdicts"
+
+
+def test_a_true_15_percent_at_3_percent_noise_is_found_in_abba_x2() -> None:
+    r = rates(ABBA_X2, 0.03, 0.15, CAMPAIGNS, seed=77)
+    print(f"power: ABBA x 2, true +15%, sigma 3%: GO {r.get('GO', 0):.2%}, "
+          f"INCONCLUSIVE {r.get('INCONCLUSIVE', 0):.2%}, NO-GO {r.get('NO-GO', 0):.2%}")
+    assert r.get("GO", 0.0) >= 0.80
+    assert r.get("NO-GO", 0.0) == 0.0
+
+
+@pytest.mark.slow
+def test_a_a_rates_at_min_effect_0_and_one_configuration() -> None:
+    # The harsher question (GO above 1, not 1.03) and the A/A of one configuration under
+    # two names (its repeats pool both arms): the same bar.
+    table = _table({"candidate": "C", "baseline": "B", "min_effect": 0.0})
+    same = [Design(d.name + " (one config)", d.order, d.max_cells, True) for d in DESIGNS]
+    table.update(_table(None, same))
+    worst = max(table.items(), key=lambda kv: kv[1])
+    assert worst[1] <= BAR, f"{worst[0]}: {worst[1]:.2%} false verdicts"
