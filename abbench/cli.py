@@ -14,7 +14,7 @@ from typing import Any
 
 from abbench import __version__
 from abbench.analysis.replay_cli import add_replay_parser
-from abbench.campaign.cli import add_campaign_parser
+from abbench.campaign.cli import add_calibrate_parser, add_campaign_parser
 from abbench.engine.cli import add_engine_parser, add_model_parser
 from abbench.errors import AbbenchError
 from abbench.importers.cli import add_import_parser
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"abbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
+    add_calibrate_parser(sub)
     add_campaign_parser(sub)
     add_engine_parser(sub)
     add_import_parser(sub)

@@ -1,10 +1,15 @@
-"""`abbench sentinels [DEVICE]`: each device's sentinel speeds over time (DESIGN 7).
+"""`abbench sentinels [DEVICE]`: each device's noise floor and sentinel speeds over time
+(DESIGN 7).
 
 The campaign runner appends every sentinel run (and the run it repeats) to
 `sentinels/DEVICE.jsonl`, one JSON object a line: device, simulated, campaign, run, cell,
-name, config_key, t_wall, tokens_per_s, fingerprint, entry. Per device and configuration
-this prints the history, the device's *cool baseline* for that configuration (the best
-speed it ever reached: the least throttled run) and each run's fraction of it, and flags a
+name, config_key, t_wall, tokens_per_s, fingerprint, entry; after each campaign it appends
+the campaign's repeats (`records.RepeatRecord`, `kind` "repeat"). Per device this prints
+the *noise floor* — the cell-to-cell noise the newest campaigns' repeats show, which a
+campaign without repeats of its own uses — and its trend, one line per campaign. Per
+configuration (named by the keys that set it apart from the device's other configurations)
+it prints the history, the device's *cool baseline* for that configuration (the best speed
+it ever reached: the least throttled run) and each run's fraction of it, and flags a
 campaign whose first sentinel opened below `--threshold` of the baseline: its cells ran on
 a device that was already hot.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -20,8 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from abbench.analysis.noise import HISTORY_MAX_DF, history_floor
 from abbench.errors import UsageError
-from abbench.records import RecordError, read_jsonl
+from abbench.records import RecordError, RepeatRecord, read_jsonl, read_repeats
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,8 @@ def load(path: Path) -> list[SentinelRun]:
     """A device's history file; lines without a speed (a failed cell) are skipped."""
     out = []
     for n, d in enumerate(read_jsonl(path), 1):
+        if d.get("kind") == "repeat":
+            continue
         tps = d.get("tokens_per_s")
         if not isinstance(tps, (int, float)) or isinstance(tps, bool) or not tps > 0:
             continue
@@ -88,23 +97,76 @@ def _when(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _describe(key: str) -> str:
+DESCRIBE_MAX = 100  # characters of a configuration's description
+
+
+def _config(key: str) -> dict[str, Any]:
     try:
-        cfg: dict[str, Any] = json.loads(key)
+        cfg = json.loads(key)
     except json.JSONDecodeError:
-        return key
-    if not isinstance(cfg, dict):
-        return key
-    return " ".join(f"{k}={v}" for k, v in cfg.items() if not isinstance(v, (dict, list)))
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
 
 
-def render(device: str, runs: list[SentinelRun], threshold: float) -> list[str]:
+def describe_configs(keys: list[str]) -> dict[str, str]:
+    """Each configuration named by the keys that set it apart from the others (all of
+    them differing nowhere: its model), shortened to a line."""
+    cfgs = {k: _config(k) for k in keys}
+    names = sorted({n for c in cfgs.values() for n in c})
+    apart = [n for n in names if len({json.dumps(c.get(n), sort_keys=True)
+                                      for c in cfgs.values()}) > 1]
+    out = {}
+    for key, cfg in cfgs.items():
+        if not cfg:
+            text = key
+        else:
+            shown = apart or [n for n in ("model", "engine", "command") if n in cfg]
+            text = " ".join(f"{n}={_short(cfg.get(n))}" for n in shown) or "(no keys)"
+        out[key] = text if len(text) <= DESCRIBE_MAX else text[:DESCRIBE_MAX - 3] + "..."
+    return out
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def floor_lines(repeats: list[RepeatRecord]) -> list[str]:
+    """The device's noise floor and its trend: each campaign's own repeats, newest last."""
+    floor = history_floor(repeats, "", 0.0)
+    if floor.df < 1:
+        return ["  noise floor unknown: no repeats recorded yet (`abbench calibrate` runs an "
+                "A/A campaign that records them)"]
+    lines = [f"  noise floor ±{math.sqrt(floor.variance):.1%} per cell ({floor.df} df from "
+             f"{len(floor.campaigns)} campaign{'s' if len(floor.campaigns) != 1 else ''}, "
+             f"the newest up to {HISTORY_MAX_DF} df); per campaign:"]
+    runs: dict[str, list[RepeatRecord]] = defaultdict(list)
+    for r in repeats:
+        runs[r.run].append(r)
+    for run, rs in sorted(runs.items(), key=lambda kv: max(r.t_wall for r in kv[1])):
+        own = history_floor(rs, "", 0.0, max_df=10**9)
+        when = _when(max(r.t_wall for r in rs))
+        if own.df < 1:
+            lines.append(f"    {when}  {run}  no countable repeat ({len(rs)} not comparable "
+                         "or unequal work)")
+        else:
+            lines.append(f"    {when}  {run}  ±{math.sqrt(own.variance):.1%} "
+                         f"({own.repeats} cells, {own.df} df)")
+    return lines
+
+
+def render(device: str, runs: list[SentinelRun], threshold: float,
+           repeats: list[RepeatRecord] | None = None) -> list[str]:
     simulated = " (simulated)" if any(r.simulated for r in runs) else ""
     lines = [f"device {device}{simulated}"]
-    for key, rows in history(runs, threshold).items():
+    if repeats is not None:
+        lines += floor_lines(repeats)
+    rows_by = history(runs, threshold)
+    names_of = describe_configs(list(rows_by))
+    for key, rows in rows_by.items():
         best = max(rows, key=lambda h: h.run.tokens_per_s).run
         names = ", ".join(sorted({h.run.name for h in rows}))
-        lines.append(f"  config {names}: {_describe(key)}")
+        lines.append(f"  config {names}: {names_of[key]}")
         lines.append(f"    cool baseline {best.tokens_per_s:.3f} tok/s "
                      f"({best.campaign} {best.cell}, {_when(best.t_wall)})")
         width = max(len(h.run.campaign) for h in rows)
@@ -150,9 +212,11 @@ def run_sentinels(args: argparse.Namespace) -> int:
     out: list[str] = []
     for f in files:
         runs = load(f)
-        if not runs:
+        repeats = read_repeats(f)
+        if not runs and not repeats:
             out.append(f"device {f.stem}: no sentinel with a speed yet")
             continue
-        out.extend(render(runs[0].device, runs, args.threshold))
+        device = runs[0].device if runs else repeats[0].device
+        out.extend(render(device, runs, args.threshold, repeats))
     print("\n".join(out))
     return 0

@@ -286,6 +286,52 @@ def test_values_out_of_range(tmp_path: Path, old: str, new: str, key: str, words
     assert words in e.message, e.message
 
 
+@pytest.mark.parametrize(("old", "new", "key", "words"), [
+    ("min_effect = 0.03", 'min_effect = 0.03\nexpect = "faster-than"', "decision[0].expect",
+     "did you mean `faster`?"),
+    ("min_effect = 0.03", 'expect = "not-slower"', "decision[0].max_regression",
+     'is needed with `expect = "not-slower"`'),
+    ("min_effect = 0.03", 'expect = "not-slower"\nmax_regression = 1.5',
+     "decision[0].max_regression", "in (0, 1)"),
+    ("min_effect = 0.03", "min_effect = 0.03\nmax_regression = 0.1",
+     "decision[0].max_regression", 'applies to `expect = "not-slower"` only'),
+    ("min_effect = 0.03", 'min_effect = 0.03\nexpect = "not-slower"\nmax_regression = 0.1',
+     "decision[0].min_effect", 'applies to `expect = "faster"` only'),
+    ("warmup_tokens = 16", 'warmup_tokens = 16\nuntil = "decided"', "campaign.until",
+     "needs a budget"),
+    ("warmup_tokens = 16", 'warmup_tokens = 16\nuntil = "decide"', "campaign.until",
+     "did you mean `decided`?"),
+    ("warmup_tokens = 16", "warmup_tokens = 16\nmax_cells = 10", "campaign.max_cells",
+     'applies only to a sequential campaign'),
+    ("warmup_tokens = 16", 'warmup_tokens = 16\nuntil = "decided"\nmax_minutes = 0',
+     "campaign.max_minutes", "in (0,"),
+])
+def test_decision_kinds_and_sequential_keys(tmp_path: Path, old: str, new: str, key: str,
+                                            words: str) -> None:
+    text = edit(old, new)
+    e = problem(tmp_path, text)
+    assert f"`{key}`: " in e.message, e.message
+    assert words in e.message + " TIP: " + (e.tip or ""), (e.message, e.tip)
+
+
+def test_sequential_plan_checks_budget_and_decisions(tmp_path: Path) -> None:
+    short = edit("warmup_tokens = 16", 'warmup_tokens = 16\nuntil = "decided"\nmax_cells = 3')
+    with pytest.raises(CampaignFileError, match="`campaign.max_cells`: is 3, fewer than the 4"):
+        plan_campaign(load_campaign(write(tmp_path, short)))
+    none = re.sub(r"(?s)\[\[decision\]\].*", "", edit(
+        "warmup_tokens = 16", 'warmup_tokens = 16\nuntil = "decided"\nmax_cells = 8'))
+    with pytest.raises(CampaignFileError, match="`campaign.until`: needs a `\\[\\[decision"):
+        plan_campaign(load_campaign(write(tmp_path, none, "none.toml")))
+    ok = edit("warmup_tokens = 16", 'warmup_tokens = 16\nuntil = "decided"\nmax_cells = 8')
+    plan = plan_campaign(load_campaign(write(tmp_path, ok, "ok.toml")))
+    assert plan.sequential is not None and plan.sequential.max_cells == 8
+    assert plan.planned_cells == 4 and plan.looks == ()
+    # the resolved campaign.toml reads back to the same sequential plan
+    again = plan_campaign(load_campaign(write(tmp_path, resolved_toml(
+        load_campaign(write(tmp_path, ok, "ok.toml"))), "again.toml")))
+    assert again.sequential == plan.sequential
+
+
 def test_engine_errors_name_the_toml_key(tmp_path: Path) -> None:
     text = edit("drop_cold_experts = 0.75", "drop_cold_experts = 1.5")
     e = problem(tmp_path, text)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from abbench.cli import main
+from abbench.records import RepeatRecord
 from abbench.sentinels_cmd import history, load
 
 KEY_A = json.dumps({"cache_mb": 2000, "engine": "embedded"}, sort_keys=True)
@@ -51,12 +52,14 @@ def test_cli_renders_one_device(folder: Path, capsys: pytest.CaptureFixture[str]
     assert main(["sentinels", "phone", "--dir", str(folder)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "device phone"
-    assert out[1] == "  config base: cache_mb=2000 engine=embedded"
-    assert out[2] == "    cool baseline 4.000 tok/s (cool 01-base, 2026-05-28 20:26 UTC)"
-    assert out[3] == "    2026-05-28 20:26 UTC  cool  01-base         4.000 tok/s  100.0%"
-    assert out[5].startswith("    2026-05-29 21:26 UTC  hot   01-base         3.200 tok/s   80.0%"
+    assert out[1].startswith("  noise floor unknown: no repeats recorded yet")
+    # configurations are named by the keys that set them apart, not every key
+    assert out[2] == "  config base: cache_mb=2000"
+    assert out[3] == "    cool baseline 4.000 tok/s (cool 01-base, 2026-05-28 20:26 UTC)"
+    assert out[4] == "    2026-05-28 20:26 UTC  cool  01-base         4.000 tok/s  100.0%"
+    assert out[6].startswith("    2026-05-29 21:26 UTC  hot   01-base         3.200 tok/s   80.0%"
                              "  << opened at 80% of the cool baseline")
-    assert "config big: cache_mb=4000" in out[6]
+    assert out[7] == "  config big: cache_mb=4000"
     assert "laptop" not in "\n".join(out)
 
 
@@ -75,3 +78,27 @@ def test_cli_errors(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["sentinels", "phone", "--dir", str(folder)]) == 2
     err = capsys.readouterr().err
     assert "phone.jsonl:1: not a JSON line" in err and "Traceback" not in err
+
+
+def _repeat(run: str, first: str, second: str, ratio: float, t: float, group: int | None = 0,
+            comparable: bool = True) -> str:
+    return json.dumps(RepeatRecord(
+        device="phone", run=run, campaign=run, t_wall=t, config_key=KEY_A, name="base",
+        first=first, second=second, log_ratio=ratio, token_variance_first=0.0,
+        token_variance_second=0.0, fingerprints_equal=True, matched=False,
+        comparable=comparable, group=group).to_json())
+
+
+def test_cli_shows_the_noise_floor_and_its_trend(folder: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with (folder / "phone.jsonl").open("a") as f:
+        f.write(_repeat("cal-1", "01-B", "02-B", 0.04, 1_780_000_000) + "\n")
+        f.write(_repeat("cal-1", "02-B", "03-B", -0.04, 1_780_000_100) + "\n")
+        f.write(_repeat("hot-1", "01-B", "03-B", -0.3, 1_780_090_000, None, False) + "\n")
+    assert main(["sentinels", "phone", "--dir", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # cells 0, +0.04, 0: variance 0.0016 * 2/3 / 2 ... sd of (0, .04, 0) = 0.0231
+    assert out[1] == ("  noise floor ±2.3% per cell (2 df from 1 campaign, the newest up to "
+                      "30 df); per campaign:")
+    assert out[2] == "    2026-05-28 20:28 UTC  cal-1  ±2.3% (3 cells, 2 df)"
+    assert out[3].endswith("hot-1  no countable repeat (1 not comparable or unequal work)")

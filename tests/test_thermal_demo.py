@@ -20,6 +20,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,77 @@ def test_the_two_files_differ_only_in_name_and_gate() -> None:
     gbody = re.sub(r"(?s)\[gate\].*?\n\n", "", gbody).replace("thermal-demo-gated",
                                                                "thermal-demo")
     assert gbody == body
+
+
+AA = ROOT / "cells" / "thermal-demo-aa.toml"
+
+
+def _run_aa(model: Path, profile: Path, tmp: Path, load_after: int | None) -> dict[str, Any]:
+    """cells/thermal-demo-aa.toml through the real CLI; with `load_after`, a busy loop (one
+    core of this 2-core machine) starts once that many cells are in the journal and runs
+    to the end."""
+    tmp.mkdir()
+    cells = _copy_campaign(AA, tmp / AA.name, model, profile)
+    campaign = subprocess.Popen(
+        [sys.executable, "-m", "abbench", "campaign", str(cells), "--out", str(tmp / "r"),
+         "--sentinels", str(tmp / "s"), "--no-live"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    busy = None
+    try:
+        if load_after is not None:
+            deadline = time.monotonic() + 400
+            while busy is None and campaign.poll() is None and time.monotonic() < deadline:
+                runs = list((tmp / "r").glob("*/journal.jsonl"))
+                if runs and len(runs[0].read_text().splitlines()) >= load_after:
+                    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                time.sleep(0.2)
+        out, _ = campaign.communicate(timeout=600)
+    finally:
+        for p in (campaign, busy):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert campaign.returncode in (0, 1, 3), out
+    (folder,) = (tmp / "r").iterdir()
+    return json.loads((folder / "report.json").read_text())
+
+
+def _aa_verdicts(r: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    faster, not_slower = r["decisions"]
+    assert faster["expect"] == "faster" and not_slower["expect"] == "not-slower"
+    assert faster["identical_config"] and not_slower["identical_config"]
+    # Whatever the host did: never a speed-up, never "slower" (the truth is a ratio of 1).
+    assert faster["verdict"] not in ("GO", "NO-GO"), faster
+    assert not_slower["verdict"] != "NO-GO", not_slower
+    return faster, not_slower
+
+
+@pytest.mark.slow
+def test_a_a_campaign_under_load_never_decides(small_model: Path, gated_phone: Path,
+                                               tmp_path: Path) -> None:
+    r = _run_aa(small_model, gated_phone, tmp_path / "load", load_after=2)
+    faster, _ = _aa_verdicts(r)
+    print("A/A under load:", faster["verdict"], faster["ratio"], r["noise"])
+
+
+@pytest.mark.slow
+def test_a_a_campaign_quiet_faster_is_inconclusive_not_slower_as_sigma_allows(
+        small_model: Path, gated_phone: Path, tmp_path: Path) -> None:
+    import math
+
+    from abbench.analysis.stats import t_quantile
+
+    r = _run_aa(small_model, gated_phone, tmp_path / "quiet", load_after=None)
+    faster, not_slower = _aa_verdicts(r)
+    print("A/A quiet:", faster["verdict"], not_slower["verdict"], not_slower["ratio"],
+          r["noise"])
+    if faster["verdict"] == "OWED":  # a pair the host's probe noise unmatched
+        pytest.skip(f"no matched pair on this run: {faster['reason']}")
+    assert faster["verdict"] == "INCONCLUSIVE"
+    # The not-slower verdict is what the report's own noise implies: GO exactly when the
+    # interval it states (estimate, standard error, t on the noise's df) clears 0.9.
+    assert r["noise"]["known"], r["noise"]
+    est, se, df = not_slower["ratio"]["estimate"], not_slower["se"], not_slower["df"]
+    low = math.exp(math.log(est) - t_quantile(0.975, df) * se)
+    assert low == pytest.approx(not_slower["ratio"]["low"], rel=1e-9)
+    assert not_slower["verdict"] == ("GO" if low > 0.9 else "INCONCLUSIVE"), not_slower

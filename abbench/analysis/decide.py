@@ -44,6 +44,7 @@ from abbench.analysis.stats import (
 GO, NO_GO, INCONCLUSIVE, OWED, UNVERIFIED = "GO", "NO-GO", "INCONCLUSIVE", "OWED", "UNVERIFIED"
 EXIT_FOR = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3, OWED: 3, UNVERIFIED: 3}
 POWER = 0.8  # for the smallest effect a campaign could resolve
+FEW_DF = 5  # a noise estimate with fewer degrees of freedom makes a wide t: say so
 
 
 @dataclass(frozen=True)
@@ -244,12 +245,18 @@ def _settle_inconclusive(d_expect: str, ratio: Interval, noise: Noise, se: float
     if distance <= 0 or not math.isfinite(se) or se <= 0:
         return "more matched pairs (an ABBA round adds two or three) narrow the interval"
     needed = math.ceil(pairs * (z * se / distance) ** 2)
+    few = ""
+    if noise.df < FEW_DF:
+        few = (f"; the noise has only {noise.df} degree{'s' if noise.df > 1 else ''} of "
+               f"freedom (t = {t_quantile(1 - ALPHA / 2, noise.df):.1f} where it would be "
+               "2.0 with 30): `abbench calibrate` on this device, or more repeats of a "
+               "configuration that does equal work, narrow the interval as much as pairs do")
     if needed <= pairs:
         return ("more matched pairs narrow the interval (`[campaign] until = \"decided\"` "
-                "appends ABBA rounds until it decides)")
+                "appends ABBA rounds until it decides)" + few)
     return (f"about {needed - pairs} more matched pair{'s' if needed - pairs > 1 else ''} "
             f"(an ABBA round adds two or three) to resolve the threshold {threshold:g} at "
-            f"{POWER:.0%} power, at this noise (±{noise.sd:.1%} per cell)")
+            f"{POWER:.0%} power, at this noise (±{noise.sd:.1%} per cell)" + few)
 
 
 def decide(spec: dict[str, Any], cells: list[CellStats],

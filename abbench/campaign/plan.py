@@ -231,5 +231,16 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
         note += f"; {unknown} external cell{'s' if unknown > 1 else ''} not counted"
     if plan.gate is not None:
         note += "; gate waits not counted"
-    lines.append(f"expected duration ~{_clock(total)} (an estimate: {note})")
+    upto = ""
+    seq = plan.sequential
+    if seq is not None and n and n - unknown > 0:
+        per_cell = (total - plan.spacing_s / scale * max(0, n - 1)) / (n - unknown)
+        if seq.max_cells is not None and seq.max_cells > n:
+            cap = seq.max_cells * per_cell + plan.spacing_s / scale * (seq.max_cells - 1)
+            if seq.max_minutes is not None:
+                cap = min(cap, seq.max_minutes * 60)
+            upto = f", up to ~{_clock(cap)} if the rounds run to the budget"
+        elif seq.max_minutes is not None:
+            upto = f", up to {_clock(seq.max_minutes * 60)} if the rounds run to the budget"
+    lines.append(f"expected duration ~{_clock(total)}{upto} (an estimate: {note})")
     return lines

@@ -104,7 +104,7 @@ def render(a: CampaignAnalysis) -> str:
 
     L += ["## Verdicts", ""]
     if not a.decisions:
-        L += ["No decisions asked.", ""]
+        L += ["No decisions asked." + (f" {t.noise(a.noise)}." if a.noise.known else ""), ""]
     else:
         L += [f"{t.noise(a.noise)}." + (f" {a.noise.note}." if a.noise.note else ""), ""]
         L += ["| candidate | baseline | question | verdict | ratio | CI | matched pairs |",

@@ -96,7 +96,8 @@ def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPL
             for line in decision_lines(a, d)[1:]:
                 c.print(line, markup=False)
     else:
-        c.print("no decisions asked")
+        c.print("no decisions asked" + (f"; {t.noise(a.noise)}" if a.noise.known else ""),
+                markup=False)
 
 
 def print_report(a: CampaignAnalysis, style: str = "rich", file: IO[str] | None = None) -> None:

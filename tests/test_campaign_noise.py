@@ -1,0 +1,118 @@
+"""The cell-to-cell noise through the real CLI: `abbench calibrate` records a device's noise
+floor, the next campaign on the device uses it, and sequential campaigns take looks, append
+rounds and resume (DESIGN 5.2 step 5, 7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from test_campaign_run import abbench, run_folder, write_campaign
+
+from abbench.records import read_journal, read_plan, read_repeats
+
+
+def _report(folder: Path) -> dict:
+    return json.loads((folder / "report.json").read_text())
+
+
+def test_calibrate_records_a_floor_the_next_campaign_uses(tiny_model: Path,
+                                                          tmp_path: Path) -> None:
+    p = abbench("calibrate", "--model", tiny_model, "--cells", "4", "--spacing", "0",
+                "--probe-tol", "0.5", "--out", tmp_path / "cal", "--sentinels",
+                tmp_path / "s", "--no-live")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "the device's noise floor is now ±" in p.stdout
+    (history,) = (tmp_path / "s").glob("*.jsonl")
+    repeats = [r for r in read_repeats(history) if r.group is not None]
+    assert len(repeats) == 3 and all(r.fingerprints_equal and r.comparable for r in repeats)
+    calibration = run_folder(tmp_path / "cal")
+    assert _report(calibration)["own_noise"]["df"] == 3
+
+    # A campaign with no repeat of its own: its verdict's cell level is the device's floor.
+    cells = write_campaign(tmp_path, tiny_model, """
+        [cells.B]
+        overlap = true
+
+        [cells.C]
+        base = "B"
+        io_lanes = 1
+
+        [[decision]]
+        candidate = "C"
+        baseline = "B"
+        """, head='order = ["B", "C"]')
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode in (0, 1, 3), p.stdout + p.stderr
+    r = _report(run_folder(tmp_path / "r"))
+    assert r["noise"]["source"] == "device history" and r["noise"]["df"] == 3
+    assert r["noise_floor"]["campaigns"] == [calibration.name]
+    assert not r["own_noise"]["known"]
+    assert "cell-to-cell noise ±" in (run_folder(tmp_path / "r") / "report.md").read_text()
+
+
+def test_calibrate_bad_flags_are_one_error(tmp_path: Path) -> None:
+    p = abbench("calibrate", "--cells", "1", "--out", tmp_path)
+    assert p.returncode == 2 and p.stderr.startswith("ERROR: --cells 1")
+    p = abbench("calibrate", "--device", "bogus", "--dry-run", "--out", tmp_path)
+    assert p.returncode == 2 and "ERROR:" in p.stderr and "Traceback" not in p.stderr
+
+
+SEQUENTIAL = """
+    [cells.B]
+    overlap = true
+
+    [cells.C]
+    base = "B"
+
+    [[decision]]
+    candidate = "C"
+    baseline = "B"
+    min_effect = 0.5
+    """
+
+
+def test_sequential_campaign_appends_rounds_until_the_budget(tiny_model: Path,
+                                                            tmp_path: Path) -> None:
+    # C is B under another name: never 1.5x faster, so the decision stays open and the
+    # campaign spends its budget of 10 cells in ABBA rounds: B C C B, C C B, C C B.
+    cells = write_campaign(tmp_path, tiny_model, SEQUENTIAL,
+                           head='order = "abba"\nuntil = "decided"\nmax_cells = 10')
+    p = abbench("campaign", cells, "--dry-run")
+    assert "sequential: after these 4 cells, ABBA rounds" in p.stdout and "10 cells" in p.stdout
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 3, p.stdout + p.stderr
+    folder = run_folder(tmp_path / "r")
+    plan = read_plan(folder)
+    assert [c.name for c in plan.cells] == list("BCCBCCBCCB")
+    assert [lk.cells for lk in plan.looks] == [4, 7, 10]
+    assert plan.looks[-1].final and sum(lk.alpha for lk in plan.looks) <= 0.05 + 1e-12
+    assert "look 1 after 4 cells" in p.stderr and "round: 3 more cells" in p.stderr
+    r = _report(folder)
+    assert [lk["cells"] for lk in r["looks"]] == [4, 7, 10]
+    assert r["decisions"][0]["look"] == 3 and r["decisions"][0]["identical_config"]
+    md = (folder / "report.md").read_text()
+    assert "Sequential campaign (max 10 cells): 3 looks" in md
+
+
+def test_sequential_campaign_resumes_its_rounds(tiny_model: Path, tmp_path: Path) -> None:
+    cells = write_campaign(tmp_path, tiny_model, SEQUENTIAL,
+                           head='order = "abba"\nuntil = "decided"\nmax_cells = 7')
+    env = {**os.environ, "ABBENCH_FAULT": "kill:before-cell:6"}  # dies before the 6th cell
+    p = subprocess.run([sys.executable, "-m", "abbench", "campaign", str(cells), "--out",
+                        str(tmp_path / "r"), "--sentinels", str(tmp_path / "s"), "--no-live"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == -9, p.stderr
+    folder = run_folder(tmp_path / "r")
+    assert len(read_journal(folder)) == 5 and [lk.cells for lk in read_plan(folder).looks] == [4]
+    p = abbench("campaign", "--resume", folder, "--sentinels", tmp_path / "s", "--no-live")
+    assert p.returncode == 3, p.stdout + p.stderr
+    plan = read_plan(folder)
+    assert [c.name for c in plan.cells] == list("BCCBCCB")
+    assert [lk.cells for lk in plan.looks] == [4, 7] and plan.looks[-1].final
+    assert [r.index for r in read_journal(folder)] == list(range(7))
