@@ -116,3 +116,45 @@ def test_sequential_campaign_resumes_its_rounds(tiny_model: Path, tmp_path: Path
     assert [c.name for c in plan.cells] == list("BCCBCCB")
     assert [lk.cells for lk in plan.looks] == [4, 7] and plan.looks[-1].final
     assert [r.index for r in read_journal(folder)] == list(range(7))
+
+
+def test_calibrate_like_a_campaign_keeps_its_conditions(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    p = abbench("calibrate", "--like", root / "cells" / "thermal-demo-gated.toml", "--cells",
+                "4", "--dry-run", "--out", tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("plan calibrate-thermal-demo-gated: 4 cells on sim:phone")
+    assert [ln.split()[0] for ln in lines[1:5]] == ["01-B", "02-B", "03-B", "04-B"]
+    assert "drop_cold_experts=0.75" in lines[1]
+    assert any(ln.startswith("gate before each cell: cpu_temp_max_c=30.7") for ln in lines)
+    assert not any(ln.startswith("decision:") for ln in lines)
+    p = abbench("calibrate", "--like", root / "cells" / "quickstart.toml", "--device",
+                "sim:phone", "--dry-run", "--out", tmp_path)
+    assert p.returncode == 0 and "6 cells on sim:phone" in p.stdout.splitlines()[0]
+
+
+def test_an_unreadable_history_is_a_warning_not_a_lost_campaign(tiny_model: Path,
+                                                                tmp_path: Path) -> None:
+    import socket
+
+    history = tmp_path / "s" / f"{socket.gethostname()}.jsonl"
+    history.parent.mkdir()
+    history.write_text("{torn\n{\"kind\": \"repeat\"}\n")  # a bad line, then a short one
+    cells = write_campaign(tmp_path, tiny_model, """
+        [match]
+        probe_tol = 0.5
+
+        [cells.B]
+        overlap = true
+        """, head='order = ["B", "B"]')
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "WARNING: the device history cannot be read" in p.stderr
+    assert "WARNING: the run's repeats could not be added" in p.stderr
+    assert "Traceback" not in p.stderr
+    folder = run_folder(tmp_path / "r")
+    r = _report(folder)
+    assert r["noise_floor"]["df"] == 0 and r["own_noise"]["df"] == 1
+    assert history.read_text().startswith("{torn\n")  # not ours to rewrite

@@ -242,6 +242,24 @@ def calibration_toml(device: str, cells: int, model: str, spacing_s: float,
     return "\n".join(lines)
 
 
+def calibration_like(path: Path, cells: int, device: str | None) -> CampaignSpec:
+    """A campaign file's conditions, A/A: its baseline cell `cells` times under its
+    device, gate, match and workload, no decisions."""
+    spec = load_campaign(path)
+    name = spec.baseline
+    c = spec.campaign
+    table = dataclasses.replace(c, name=f"calibrate-{c.name}"[:100], order=(name,) * cells,
+                                sentinel_every=None, repeat=1, until=None, max_cells=None,
+                                max_minutes=None)
+    devices = spec.device if device is None else dataclasses.replace(spec.device,
+                                                                     transport=device)
+    try:
+        return dataclasses.replace(spec, campaign=table, device=devices,
+                                   cells={name: spec.cells[name]}, decisions=(), sweeps=())
+    except AbbenchError as e:
+        raise UsageError(f"--like {path}: {e.message}", e.tip) from None
+
+
 def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "calibrate", help="measure this device's cell-to-cell noise (an A/A campaign)",
@@ -249,8 +267,13 @@ def add_calibrate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
         "record its repeats in the device history (sentinels/DEVICE.jsonl) and print the "
         "device's noise floor. Later campaigns on the device use the floor as their "
         "cell-to-cell noise when they have no repeats of their own.")
-    p.add_argument("--device", default="local", metavar="TRANSPORT",
-                   help="local (default), adb:SERIAL, ssh:HOST or sim:PROFILE")
+    p.add_argument("--like", metavar="FILE",
+                   help="calibrate under a campaign file's conditions: its [device], [gate], "
+                   "[match] and [workload], and its baseline cell (the first decision's, "
+                   "else the first cell) as the configuration repeated")
+    p.add_argument("--device", default=None, metavar="TRANSPORT",
+                   help="local (the default), adb:SERIAL, ssh:HOST or sim:PROFILE; with "
+                   "--like, instead of the file's")
     p.add_argument("--cells", type=int, default=6, metavar="N",
                    help="cells to run, at least 2 (default 6: 5 degrees of freedom)")
     p.add_argument("--model", default="synthetic:default", metavar="MODEL",
@@ -281,20 +304,25 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
     if not 2 <= a.cells <= 1000:
         raise UsageError(f"--cells {a.cells}: expected 2 .. 1000 (repeats need two cells)")
-    model = a.model
-    if not model.startswith("synthetic:"):
-        model = os.path.abspath(os.path.expanduser(model))
-    text = calibration_toml(a.device, a.cells, model, a.spacing, a.probe_tol, a.warmup)
-    with tempfile.TemporaryDirectory(prefix="abbench-calibrate-") as tmp:
-        path = Path(tmp) / "calibrate.toml"
-        path.write_text(text, encoding="utf-8")
-        try:
-            spec = load_campaign(path)
-        except AbbenchError as e:  # a flag the campaign rejects: say it of the flag
-            raise UsageError(e.message.replace(str(path), "abbench calibrate"), e.tip) from None
-        opts = RunOptions(out_root=Path(a.out), sentinels_dir=Path(a.sentinels),
-                          live=not a.no_live)
-        folder = run_new(spec, opts, a.dry_run)
+    opts = RunOptions(out_root=Path(a.out), sentinels_dir=Path(a.sentinels),
+                      live=not a.no_live)
+    if a.like:
+        folder = run_new(calibration_like(Path(a.like), a.cells, a.device), opts, a.dry_run)
+    else:
+        model = a.model
+        if not model.startswith("synthetic:"):
+            model = os.path.abspath(os.path.expanduser(model))
+        text = calibration_toml(a.device or "local", a.cells, model, a.spacing, a.probe_tol,
+                                a.warmup)
+        with tempfile.TemporaryDirectory(prefix="abbench-calibrate-") as tmp:
+            path = Path(tmp) / "calibrate.toml"
+            path.write_text(text, encoding="utf-8")
+            try:
+                spec = load_campaign(path)
+            except AbbenchError as e:  # a flag the campaign rejects: say it of the flag
+                raise UsageError(e.message.replace(str(path), "abbench calibrate"),
+                                 e.tip) from None
+            folder = run_new(spec, opts, a.dry_run)
     if folder is None:
         return 0
     _, analysis = finish(folder, "rich" if not a.no_live else "plain")
