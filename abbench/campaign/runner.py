@@ -203,9 +203,9 @@ class CampaignRun:
             return speed_probe()
         if self._probe is None:
             self._probe = ProbeWorker(self.opts.python)
-        self.device.attach(self._probe.pid)  # type: ignore[attr-defined]
+        self.device.attach(self._probe.pid, loads=False)  # type: ignore[attr-defined]
         try:
-            return self._probe.measure()
+            return self._probe.measure(3, float(getattr(self.device, "probe_rep_s", 0.0)))
         finally:
             self._detach()
 

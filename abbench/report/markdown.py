@@ -44,7 +44,7 @@ def decision_lines(a: CampaignAnalysis, d: Decision) -> list[str]:
     if d.identical:
         out.append(f"  {d.candidate} and {d.baseline} have the same configuration: an A/A "
                    "comparison (the truth is a ratio of 1)")
-    if d.noise is not None and d.pairs:
+    if d.noise is not None and d.pairs and d.noise != a.noise:  # read at an earlier look
         out.append(f"  {t.noise(d.noise)}" + (f" — {d.noise.note}" if d.noise.note else ""))
     if (r := t.resolvable(d)) is not None:
         out.append(f"  {r}")
@@ -57,8 +57,8 @@ def decision_lines(a: CampaignAnalysis, d: Decision) -> list[str]:
         out.append(f"  order: {d.order.candidate_first} pairs with {d.candidate} first, "
                    f"{d.order.baseline_first} with {d.baseline} first; position effect "
                    f"(second cell over first) {p.estimate:.3f}"
-                   + (f" ({p.level:.0%} CI {p.low:.3f} .. {p.high:.3f}), not shown"
-                      if t.finite(p.low) else " (no interval)"))
+                   + (f" ({p.level:.0%} CI {p.low:.3f} .. {p.high:.3f}): no order effect "
+                      "shown" if t.finite(p.low) else " (no interval)"))
     if d.order_warning:
         out.append(f"  WARNING: {d.order_warning}")
     for u in d.unmatched:

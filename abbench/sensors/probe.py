@@ -38,15 +38,25 @@ def _work() -> float:
     return acc + total
 
 
-def speed_probe(reps: int = 5) -> float:
-    """Seconds for the fixed workload: the minimum over `reps` timed repetitions."""
+def speed_probe(reps: int = 5, min_rep_s: float = 0.0) -> float:
+    """Seconds for the fixed workload: the minimum over `reps` timed repetitions. A
+    repetition runs the workload whole times until at least `min_rep_s` has passed and
+    counts the mean: a process duty-cycled in periods longer than one workload (a simulated
+    device's throttling) must be timed over several periods, or the minimum picks a
+    repetition that ran between two stops."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        _work()
-        best = min(best, time.perf_counter() - t0)
+        units = 0
+        while True:
+            _work()
+            units += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_rep_s:
+                break
+        best = min(best, elapsed / units)
     return best
 
 
@@ -55,7 +65,7 @@ class ProbeWorker:
     over a pipe, so that the process can be throttled like a cell: a simulated device
     duty-cycles it while it measures (`attach(pid)` … `detach()`), and it sees the host's
     own load as a real device's probe does. `python -m abbench.sensors.probe` is the child:
-    one line in ("probe"), one line out (seconds)."""
+    one line in ("probe REPS MIN_REP_S"), one line out (seconds)."""
 
     def __init__(self, python: str) -> None:
         self._proc = subprocess.Popen(
@@ -75,9 +85,10 @@ class ProbeWorker:
         self._proc.stdin.flush()
         return self._proc.stdout.readline().strip()
 
-    def measure(self) -> float:
-        """Seconds for the fixed workload, as `speed_probe()` gives them, in the child."""
-        answer = self._ask("probe")
+    def measure(self, reps: int = 5, min_rep_s: float = 0.0) -> float:
+        """Seconds for the fixed workload, as `speed_probe(reps, min_rep_s)` gives them, in
+        the child."""
+        answer = self._ask(f"probe {int(reps)} {float(min_rep_s)!r}")
         try:
             return float(answer)
         except ValueError:
@@ -97,11 +108,14 @@ class ProbeWorker:
 def _serve() -> None:
     _work()  # warm the interpreter loop and numpy before the first measurement
     for line in sys.stdin:
-        command = line.strip()
+        if not line.split():
+            continue
+        command, *args = line.split()
         if command == "ready":
             print("ready", flush=True)
         elif command == "probe":
-            print(repr(speed_probe()), flush=True)
+            reps, min_rep_s = (int(args[0]), float(args[1])) if len(args) == 2 else (5, 0.0)
+            print(repr(speed_probe(reps, min_rep_s)), flush=True)
 
 
 if __name__ == "__main__":

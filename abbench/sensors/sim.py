@@ -284,6 +284,7 @@ class SimulatedDevice(Device):
         self._last = clock()
         self._pid: int | None = None
         self._pidfd: int | None = None
+        self._loads = True  # the attached process heats the device (a cell; not the probe)
         self._duty_stop = threading.Event()
         self._duty: threading.Thread | None = None
         self._write_static()
@@ -307,7 +308,7 @@ class SimulatedDevice(Device):
             now = self._sim_clock()
             dt = max(0.0, now - self._last) * self.profile.time_scale
             self._last = now
-            load = 1.0 if self._pid is not None else self.profile.idle_load
+            load = 1.0 if self._pid is not None and self._loads else self.profile.idle_load
             self.model.advance(dt, load)
             self._write_dynamic()
 
@@ -322,6 +323,12 @@ class SimulatedDevice(Device):
         """Simulated seconds per wall second: a campaign's spacing and gate times are
         simulated seconds on this device."""
         return self.profile.time_scale
+
+    @property
+    def probe_rep_s(self) -> float:
+        """How long one speed-probe repetition must run to be throttled as a whole: five
+        duty periods (the stops of shorter ones fall between repetitions)."""
+        return 5 * DUTY_PERIOD_S
 
     def probe_factor(self) -> float:
         """The clock fraction: how much slower than unthrottled the simulated CPU runs."""
@@ -364,7 +371,7 @@ class SimulatedDevice(Device):
         if not self._cleanup.alive:  # closed (or exiting): the tree is gone
             return
         caps = self.model.caps_khz()
-        busy = self._pid is not None
+        busy = self._pid is not None and self._loads
         for c in self.profile.clusters:
             folder = f"/sys/devices/system/cpu/cpufreq/{c.policy}"
             cur = caps[c.policy] if busy else round(caps[c.policy] * IDLE_CLOCK_SHARE)
@@ -375,11 +382,15 @@ class SimulatedDevice(Device):
 
     # -- throttling the cell --------------------------------------------------------------
 
-    def attach(self, pid: int) -> None:
-        """Load the device and duty-cycle `pid` at the clock fraction until `detach()`."""
+    def attach(self, pid: int, loads: bool = True) -> None:
+        """Load the device and duty-cycle `pid` at the clock fraction until `detach()`.
+        `loads=False` throttles without heating: the speed probe, a fraction of a second of
+        one core on a real device, which the time scale would otherwise stretch into
+        seconds of full load."""
         self.detach()
         with self._sim_lock:
             self.advance()  # the idle time so far counts as idle
+            self._loads = loads
             self._pid = pid
             try:
                 self._pidfd = os.pidfd_open(pid)  # never signals a recycled pid
