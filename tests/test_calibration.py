@@ -10,6 +10,8 @@ docs/method.md quotes them.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from calibration_helper import DESIGNS, Design, rates
 
@@ -48,10 +50,13 @@ def test_a_true_15_percent_at_3_percent_noise_is_found_in_abba_x2() -> None:
 
 @pytest.mark.slow
 def test_a_a_rates_at_min_effect_0_and_one_configuration() -> None:
-    # The harsher question (GO above 1, not 1.03) and the A/A of one configuration under
-    # two names (its repeats pool both arms): the same bar.
-    table = _table({"candidate": "C", "baseline": "B", "min_effect": 0.0})
+    # The harsher question (GO above 1, not 1.03) is a two-sided test at exactly 5%: a
+    # calibrated interval then lands on the bar itself, so its rates are held to 5% within
+    # two binomial standard errors of 2000 campaigns. The A/A of one configuration under
+    # two names (its repeats pool both arms) is held to the bar itself.
+    nominal = _table({"candidate": "C", "baseline": "B", "min_effect": 0.0})
+    worst = max(nominal.items(), key=lambda kv: kv[1])
+    assert worst[1] <= BAR + 2 * math.sqrt(BAR * (1 - BAR) / CAMPAIGNS), worst
     same = [Design(d.name + " (one config)", d.order, d.max_cells, True) for d in DESIGNS]
-    table.update(_table(None, same))
-    worst = max(table.items(), key=lambda kv: kv[1])
+    worst = max(_table(None, same).items(), key=lambda kv: kv[1])
     assert worst[1] <= BAR, f"{worst[0]}: {worst[1]:.2%} false verdicts"
