@@ -45,6 +45,20 @@ def test_repeats_in_the_campaign_give_the_noise(tmp_path: Path) -> None:
     assert 0 < a.noise.sd < 0.03
 
 
+def test_repeat_groups_chain_through_comparable_cells(tmp_path: Path) -> None:
+    # The probe drifts 2% a cell: neighbours are comparable, the ends are not; the verdict's
+    # pairs chain them all, so the noise must hold them all (an A/A campaign said NO-GO when
+    # the two extremes were kept out of the group).
+    probes = [1.00, 0.98, 0.96, 0.94, 0.92, 0.90]
+    names = ["B", "C", "B", "C", "B", "C"]
+    rates = [40, 38.5, 41, 40.2, 43, 40]
+    same = {"config": "B", "fingerprint": "sha256:B"}
+    cells = [cell(n, r, probe=p, **same) for n, r, p in zip(names, rates, probes)]
+    a, _ = one(tmp_path, cells)
+    assert a.groups == ((0, 1, 2, 3, 4, 5),)
+    assert all(m.state == "matched" for m in a.pairs)
+
+
 def test_cells_with_unequal_work_are_not_repeats(tmp_path: Path) -> None:
     cells = [cell("B", 40), cell("C", 48), cell("B", 41, fingerprint="sha256:other")]
     a, d = one(tmp_path, cells)

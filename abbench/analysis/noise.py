@@ -48,21 +48,20 @@ def cell_log_rate(c: CellStats) -> float:
 
 def repeat_groups(cells: Sequence[CellStats],
                   matches: dict[tuple[int, int], PairMatch]) -> list[list[CellStats]]:
-    """Groups of comparable cells with equal configuration and equal work, in execution
-    order (see the module docstring); only groups of two or more cells are returned."""
+    """Groups of comparable cells with equal configuration and equal work, each in
+    execution order (see the module docstring); only groups of two or more cells."""
     groups: dict[tuple[str, str], list[list[CellStats]]] = defaultdict(list)
     for c in cells:
         if not c.ok or c.fingerprint is None or c.config_key is None \
                 or not math.isfinite(cell_log_rate(c)):
             continue
         options = groups[(c.config_key, c.fingerprint)]
-        for g in options:
-            if all(comparable(matches[(m.index, c.index)]) for m in g):
-                g.append(c)
-                break
-        else:
-            options.append([c])
-    return [g for gs in groups.values() for g in gs if len(g) >= 2]
+        linked = [g for g in options
+                  if any(comparable(matches[(m.index, c.index)]) for m in g)]
+        merged = sorted([m for g in linked for m in g] + [c], key=lambda x: x.index)
+        options[:] = [g for g in options if g not in linked] + [merged]
+    out = [g for gs in groups.values() for g in gs if len(g) >= 2]
+    return sorted(out, key=lambda g: g[0].index)
 
 
 def campaign_noise(groups: list[list[CellStats]]) -> Noise:
