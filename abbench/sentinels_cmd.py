@@ -17,7 +17,6 @@ a device that was already hot.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 from collections import defaultdict
@@ -29,6 +28,7 @@ from typing import Any
 from abbench.analysis.noise import HISTORY_MAX_DF, history_floor
 from abbench.errors import UsageError
 from abbench.records import RecordError, RepeatRecord, read_jsonl, read_repeats
+from abbench.report.text import describe_configs
 
 
 @dataclass(frozen=True)
@@ -95,40 +95,6 @@ def _when(t: float) -> str:
     if t <= 0:
         return "time unknown"
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-DESCRIBE_MAX = 100  # characters of a configuration's description
-
-
-def _config(key: str) -> dict[str, Any]:
-    try:
-        cfg = json.loads(key)
-    except json.JSONDecodeError:
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
-
-
-def describe_configs(keys: list[str]) -> dict[str, str]:
-    """Each configuration named by the keys that set it apart from the others (all of
-    them differing nowhere: its model), shortened to a line."""
-    cfgs = {k: _config(k) for k in keys}
-    names = sorted({n for c in cfgs.values() for n in c})
-    apart = [n for n in names if len({json.dumps(c.get(n), sort_keys=True)
-                                      for c in cfgs.values()}) > 1]
-    out = {}
-    for key, cfg in cfgs.items():
-        if not cfg:
-            text = key
-        else:
-            shown = apart or [n for n in ("model", "engine", "command") if n in cfg]
-            text = " ".join(f"{n}={_short(cfg.get(n))}" for n in shown) or "(no keys)"
-        out[key] = text if len(text) <= DESCRIBE_MAX else text[:DESCRIBE_MAX - 3] + "..."
-    return out
-
-
-def _short(v: Any) -> str:
-    text = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def floor_lines(repeats: list[RepeatRecord]) -> list[str]:

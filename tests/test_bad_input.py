@@ -271,7 +271,7 @@ IMPORT_CASES = {
     "csv-not-a-number": _import({"a.csv": ROWS + "4,fast,1\n"}, "src/a.csv:5:", "`wall_ms`",
                                 "'fast' is not a number"),
     "csv-nan": _import({"a.csv": ROWS + "4,nan,1\n"}, "src/a.csv:5:", "not a finite number"),
-    "csv-not-utf8": _import({"a.csv": b"step,wall_ms\n1,\xff\n"}, "src/a.csv:", "not UTF-8"),
+    "csv-not-utf8": _import({"a.csv": b"step,wall_ms\n1,\xff\n"}, "src/a.csv:2:", "`wall_ms`"),
     "csv-duplicate-column": _import({"a.csv": "step,wall_ms,step\n1,2,3\n"}, "src/a.csv:1:",
                                     "`step` appears twice"),
     "csv-row-after-summary": _import({"a.csv": ROWS + "# summary tok/s=3\n4,1,1\n"},
@@ -284,6 +284,18 @@ IMPORT_CASES = {
                                         "src/a.csv:1:", "is not a column name"),
     "csv-enormous-summary": _import({"a.csv": ROWS + f"# summary tok/s={'9' * MEGA}\n"},
                                     "src/a.csv:5:", "`# summary` tok/s"),
+    "engine-log-enormous": _import(
+        {"a.log": f"generation: {'9' * 400} tokens, 1 s/token (1 tok/s)\n"}, "src/a.log:1:",
+        "not a finite number"),
+    "file-name-with-newline": _import({"a\nb.csv": "step,wall_ms\n1,x\n"}, "src/a\\nb.csv:2:",
+                                      "'x' is not a number"),
+    "no-runs": _import({"notes.txt": "hello"}, "{d}/src", "no runs here"),
+}
+
+
+# A folder whose run imports while one file beside it is odd: the odd file is reported in one
+# WARNING line (and in the report) and left out, never the folder.
+SOFT_IMPORT_CASES = {
     "metrics-not-a-number": _import({"a.csv": ROWS, "a.metrics": "cpu_temp_before_mC=hot\n"},
                                     "src/a.metrics:1:", "`cpu_temp_before_mC`"),
     "metrics-not-key-value": _import({"a.csv": ROWS, "a.metrics": "rm -rf /\n"},
@@ -302,30 +314,48 @@ IMPORT_CASES = {
         "src/a.state:2:", "meminfo MemFree"),
     "state-empty": _import({"a.csv": ROWS, "a.state": ""}, "src/a.state:", "no `--- BEFORE"),
     "driver-log-traversal": _import({"a.csv": ROWS, "d.log": "ENTRY STATE: cell=../../etc\n"},
-                                    "src/d.log:1:", "needs cell=NAME"),
+                                    "d.log:1:", "names no run"),
     "driver-log-metacharacters": _import(
-        {"a.csv": ROWS, "d.log": "ENTRY STATE: cell=a;$(touch${IFS}pwned)\n"}, "src/d.log:1:",
-        "needs cell=NAME"),
+        {"a.csv": ROWS, "d.log": "ENTRY STATE: cell=a;$(touch${IFS}pwned)\n"}, "d.log:1:",
+        "names no run"),
     "driver-log-metacharacters-spaced": _import(
-        {"a.csv": ROWS, "d.log": "ENTRY STATE: cell=a;$(touch pwned)\n"}, "src/d.log:1:",
-        "is not key=value"),
+        {"a.csv": ROWS, "d.log": "ENTRY STATE: cell=a;$(touch pwned)\n"}, "d.log:1:",
+        "names no run"),
     "driver-log-enormous-cell": _import(
         {"a.csv": ROWS, "d.log": f"ENTRY STATE: cell={'a' * MEGA}\n"}, "d.log:1",
         "no run `aaaa"),
     "driver-log-bad-caps": _import({"a.csv": ROWS, "d.log": "ENTRY STATE: cell=a caps=fast\n"},
-                                   "src/d.log:1:", "caps"),
+                                   "d.log:1:", "caps"),
     "driver-log-leaves-out": _import({"a.csv": ROWS, "b.csv": ROWS,
                                       "d.log": "ENTRY STATE: cell=a\n"}, "leaves out b"),
     "driver-log-leaves-out-newline-name": _import(
         {"a.csv": ROWS, "b\nc.csv": ROWS, "d.log": "ENTRY STATE: cell=a\n"},
         "leaves out b\\nc"),
-    "engine-log-enormous": _import(
-        {"a.log": f"generation: {'9' * 400} tokens, 1 s/token (1 tok/s)\n"}, "src/a.log:1:",
-        "not a finite number"),
-    "file-name-with-newline": _import({"a\nb.csv": "step,wall_ms\n1,x\n"}, "src/a\\nb.csv:2:",
-                                      "'x' is not a number"),
-    "no-runs": _import({"notes.txt": "hello"}, "{d}/src", "no runs here"),
 }
+
+
+@pytest.mark.parametrize("case", SOFT_IMPORT_CASES.values(), ids=SOFT_IMPORT_CASES.keys())
+def test_odd_files_beside_a_run_are_warnings(case: Case, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, content in case.files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    before = snapshot(tmp_path)
+    rc, _, err = run_main([a.format(d=tmp_path) for a in case.argv] + ["--style", "plain"],
+                          capsys)
+    assert rc in (0, 3) and "Traceback" not in err and "ERROR:" not in err, err
+    warned = [ln for ln in err.splitlines() if ln.startswith("WARNING:")
+              and all(w.format(d=tmp_path) in ln for w in case.expect)]
+    assert warned, err
+    assert all(len(ln) < 500 + len(str(tmp_path)) for ln in err.splitlines()), err[:300]
+    after = snapshot(tmp_path)
+    assert all(k.startswith("out") for k in after.keys() - before.keys())
+    assert all(after[k] == v for k, v in before.items())
+    assert not any(p.name.startswith("pwned") for p in tmp_path.rglob("*"))
 
 
 @pytest.mark.parametrize("case", IMPORT_CASES.values(), ids=IMPORT_CASES.keys())

@@ -50,12 +50,14 @@ from abbench.engine.tokenizer import ByteTokenizer
 from abbench.errors import AbbenchError
 from abbench.importers import (
     import_folder,
+    parse_driver_log,
     read_bmoe_csv,
     read_driver_log,
     read_engine_log,
     read_metrics,
     read_state,
 )
+from abbench.importers.errors import read_text_lossy
 from abbench.report import json_report, markdown
 from abbench.report.html import render_html
 from abbench.report.terminal import print_report
@@ -188,7 +190,19 @@ DRIVER_LOG_SEEDS = [
     b"caps=policy0:2188800/3321600,policy6:1651200/3801600\n"
     b"09:05:40 ENTRY STATE: cell=qwen_c4000_l4 t_wall=1783847140 thermal_status=2\n"
     b"09:09:02 ENTRY STATE: cell=qwen_c4000_l4_ov caps=policy0:1900800\n",
+    # the field's variants: banners naming the run, values with units, commas
+    b"=============== qwen_c2000_l4 ===============\n"
+    b"ENTRY STATE: batt=420 dC, memavail=6837980 kB, freq=1555200, waited=0s\n"
+    b"=============== qwen_c4000_l4 ===============\n"
+    b"ENTRY STATE: batt=43.1 C, cpu=47100 mC, memavail=6.1 GB, freq=1.9 GHz, waited=12s\n",
+    # timestamps at the start of the line
+    b"[2026-07-12 09:30:12] ENTRY STATE: cell=qwen_c2000_l4 cpu=44.8 C\n"
+    b"[2026-07-12 09:35:40] ENTRY STATE: cell=qwen_c4000_l4 batt=381\n",
 ]
+# ... and bytes that are not UTF-8, which only the importer's lossy reading takes
+DRIVER_LOG_VARIANTS = [*DRIVER_LOG_SEEDS,
+                       b"[2026-07-12 09:35:40] \xe4\xb8 ENTRY STATE: cell=qwen_c4000_l4 "
+                       b"batt=381\n"]
 
 FOREIGN = {
     "csv": (CSV_SEEDS, "run.csv", read_bmoe_csv),
@@ -196,6 +210,9 @@ FOREIGN = {
     "state": (STATE_SEEDS, "run.state", read_state),
     "engine-log": (ENGINE_LOG_SEEDS, "run.log", read_engine_log),
     "driver-log": (DRIVER_LOG_SEEDS, "driver.log", read_driver_log),
+    # as the importer reads it: any bytes (U+FFFD for what is not UTF-8), notes, no error
+    "driver-log-lossy": (DRIVER_LOG_VARIANTS, "driver.log",
+                         lambda path: parse_driver_log(read_text_lossy(path)[0], path, [])),
 }
 
 
@@ -243,6 +260,19 @@ def test_fuzz_engine_log(scratch: Path, data: bytes) -> None:
 @given(data=inputs(DRIVER_LOG_SEEDS))
 def test_fuzz_driver_log(scratch: Path, data: bytes) -> None:
     _foreign("driver-log", scratch, data)
+
+
+@fuzz(DEFAULT)
+@given(data=inputs(DRIVER_LOG_VARIANTS))
+def test_fuzz_driver_log_variants_lossy(scratch: Path, data: bytes) -> None:
+    _foreign("driver-log-lossy", scratch, data)
+
+
+@pytest.mark.slow
+@fuzz(SLOW)
+@given(data=inputs(DRIVER_LOG_VARIANTS))
+def test_fuzz_driver_log_variants_lossy_slow(scratch: Path, data: bytes) -> None:
+    _foreign("driver-log-lossy", scratch, data)
 
 
 @pytest.mark.slow
@@ -750,6 +780,13 @@ IMPORT_FOLDERS = {
     "desktop": {p.name: p.read_bytes() for p in sorted(DESKTOP.iterdir())[:2]},
 }
 IMPORT_FOLDERS["headerless"]["driver.log"] = DRIVER_LOG_SEEDS[0]
+# several driver logs in their variants, merged; an engine log that is not UTF-8
+IMPORT_FOLDERS["merged"] = {
+    **{k: v for k, v in IMPORT_FOLDERS["headerless"].items() if k != "driver.log"},
+    "morning.log": DRIVER_LOG_SEEDS[1], "noon.log": DRIVER_LOG_SEEDS[2],
+    "qwen_c4000_l4_ov.log": IMPORT_FOLDERS["headerless"]["qwen_c4000_l4_ov.log"]
+    + b"prompt: [151644, '\xe4\xb8']\n",
+}
 
 
 @st.composite

@@ -19,7 +19,7 @@ def test_desktop_import_reports_intervals_and_unverified_ratios(tmp_path: Path) 
                         "--order", ",".join(names), "--decision",
                         "pc-F-c5000-io8t4:pc-E-c5000-io4t4:0.03"],
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 3, p.stderr  # the decision is UNVERIFIED: exit as a campaign
     p = subprocess.run([sys.executable, "-m", "abbench", "report", str(run), "--style", "plain"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 3, p.stdout + p.stderr  # unverified: never a plain GO

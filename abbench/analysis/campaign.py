@@ -17,9 +17,11 @@ from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
 from abbench.records import (
     CellRecord,
+    ImportInfo,
     NoiseFloor,
     Plan,
     RecordError,
+    read_import_info,
     read_journal,
     read_noise_floor,
     read_plan,
@@ -57,7 +59,7 @@ class CampaignAnalysis:
     caps_timeline: tuple[str, ...]  # "policyN capped from cell k (X → Y GHz)"
     decisions: tuple[Decision, ...]
     exit_status: int
-    # Adjacent pairs with no device state at all (imported runs): second / first tok/s,
+    # Adjacent unverified pairs (imported runs: no device state, or no times): second / first tok/s,
     # shown in their own table, never as a verdict.
     unverified_ratios: tuple[tuple[int, int, Interval], ...] = ()
     noise: Noise = field(default_factory=lambda: Noise(math.nan, 0))  # behind the verdicts
@@ -67,6 +69,7 @@ class CampaignAnalysis:
     looks: tuple[LookResult, ...] = ()  # sequential campaigns: every look, in order
     pending: tuple[int, ...] = ()  # cells recorded after the last look (not yet read)
     matches: dict[tuple[int, int], PairMatch] = field(default_factory=dict, repr=False)
+    imported: ImportInfo | None = None  # an import's provenance (import.json)
 
 
 def _state(run: Path) -> str:
@@ -94,7 +97,8 @@ def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
     for i, a in enumerate(cells):
         for b in cells[i + 1:]:
             matches[(a.index, b.index)] = match_pair(a, b, by_index.get(a.index),
-                                                     by_index.get(b.index), plan.match, recorded)
+                                                     by_index.get(b.index), plan.match, recorded,
+                                                     plan.order_known)
     adjacent = tuple(matches[(a.index, b.index)] for a, b in zip(cells, cells[1:], strict=False))
     floor = read_noise_floor(run)
     groups = repeat_groups(cells, matches)
@@ -117,13 +121,13 @@ def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
         device_state_recorded=recorded, tolerances=tolerances(plan.match),
         cells=tuple(cells), pairs=adjacent,
         drift=drift,
-        tells=tuple(contamination_tells(cells, by_index, plan.match)),
+        tells=tuple(contamination_tells(cells, by_index, plan.match, plan.order_known)),
         caps_timeline=tuple(_capped_from(cells, last)),
         decisions=decisions, exit_status=exit_status(list(decisions)),
         unverified_ratios=tuple(unverified), noise=noise,
         own_noise=noise_for(groups, None), floor=floor,
         groups=tuple(tuple(c.index for c in g) for g in groups), looks=looks,
-        pending=pending, matches=matches,
+        pending=pending, matches=matches, imported=read_import_info(run),
     )
 
 

@@ -8,6 +8,7 @@ Per-token times come from `cells/NN-NAME/summary.json` (`per_token`), else from
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,7 @@ class CellStats:
     config_key: str | None = None  # the configuration's identity (`records.config_key`)
     log_rate: float | None = None  # log tokens/s of the steady window (None: no window)
     token_variance: float = math.nan  # its moving-block variance (NaN: no window)
+    peak_rss_mib: float | None = None  # the process's peak RSS, where recorded
 
     @property
     def ok(self) -> bool:
@@ -228,7 +230,14 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     if hits is not None and misses is not None and hits + misses > 0:
         hit = 100.0 * hits / (hits + misses)
     else:
-        hit = mean("cache_hit_pct") if "cache_hit_pct" in cols else _num(summary, "cache_hit_pct")
+        # The seed engine's per-token `cache_hit_pct` is cumulative: the run's figure is its
+        # summary's, else the column's last value (a mean would weigh the cold start);
+        # negative means the cache was off.
+        hit = _num(summary, "cache_hit_pct")
+        last = [v for v in cols.get("cache_hit_pct", []) if math.isfinite(v)]
+        if hit is None and last:
+            hit = last[-1]
+        hit = hit if hit is None or hit >= 0 else None
     stall = mean("stall_ms")
     if stall is None and _num(summary, "stall_s/tok") is not None:
         stall = 1000.0 * _num(summary, "stall_s/tok")  # type: ignore[operator]
@@ -239,6 +248,8 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     if majflt is None:
         majflt = _num(summary, "majflt/tok")
     cpu_ms = mean("cpu_ms")
+    if cpu_ms is not None and cpu_ms <= 0:
+        cpu_ms = None  # a column of zeros: the engine did not measure CPU time there
     occ: float | None = None
     if cpu_ms is not None and len(steady) and threads:
         occ = cpu_ms / (float(np.mean(steady)) * threads)
@@ -267,11 +278,43 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         read_mib_per_token=read_mib, hit_pct=hit, stall_ms_per_token=stall,
         compute_ms_per_token=compute, majflt_per_token=majflt, cpu_occupancy=occ,
         drop_rate=drop, spec_read_mib_per_token=spec_mib, spec_useful_pct=useful,
-        threads=threads, during=device_during(record, samples), notes=tuple(notes),
+        threads=threads, during=_with_metrics(device_during(record, samples), doc),
+        peak_rss_mib=(_metric(doc, "peak_rss_kb") or math.nan) / 1024
+        if _metric(doc, "peak_rss_kb") is not None else _num(summary, "peak_rss_MiB"),
+        notes=tuple(notes),
         wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
         log_rate=log_rate(steady) if len(steady) >= 2 else None,
         token_variance=log_rate_token_variance(steady),
     )
+
+
+def _metric(doc: dict[str, Any], key: str) -> float | None:
+    metrics = doc.get("metrics")
+    v = metrics.get(key) if isinstance(metrics, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
+        and math.isfinite(v) else None
+
+
+def _with_metrics(during: DeviceDuring, doc: dict[str, Any]) -> DeviceDuring:
+    """What an imported run's `.metrics` recorded over the run — the free-RAM floor, the
+    CPU and battery temperatures before and at their maximum — joined to what the entry
+    state and samples show."""
+    floor = _metric(doc, "mem_avail_floor_kb")
+    changes: dict[str, Any] = {}
+    if floor is not None:
+        seen = during.mem_available_floor_mib
+        changes["mem_available_floor_mib"] = min(floor / 1024, seen) if seen is not None \
+            else floor / 1024
+    for field_name, before, top, div in (("cpu_temp_c", "cpu_temp_before_mC",
+                                          "cpu_temp_max_mC", 1000),
+                                         ("battery_temp_c", "batt_temp_before_dC",
+                                          "batt_temp_max_dC", 10)):
+        values = [v / div for v in (_metric(doc, before), _metric(doc, top)) if v is not None]
+        if values:
+            seen = getattr(during, field_name)
+            values += list(seen) if seen is not None else []
+            changes[field_name] = (min(values), max(values))
+    return dataclasses.replace(during, **changes) if changes else during
 
 
 def steady_rate(c: CellStats) -> float | None:

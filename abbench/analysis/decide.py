@@ -311,12 +311,14 @@ def decide(spec: dict[str, Any], cells: list[CellStats],
     extra = {"se": se, "token_se": token_se, "resolvable": resolvable, "order": order,
              "identical": identical, **kinds}
     if not matched:
+        why = "; ".join(dict.fromkeys(p.match.note for p in with_ratio if p.match.note)) \
+            or "not verified as matched"
         return Decision(cand, base, min_effect, UNVERIFIED, verdict, pooled,
                         tuple(with_ratio), unmatched,
-                        f"{reason} — but no device state was recorded, so the pair"
-                        f"{'s are' if len(with_ratio) > 1 else ' is'} unverified",
-                        "a campaign run by abbench on the device (entry states recorded)",
-                        warning, **extra)
+                        f"{reason} — but the pair{'s are' if len(with_ratio) > 1 else ' is'} "
+                        f"unverified ({why})",
+                        "a campaign run by abbench on the device (entry states and times "
+                        "recorded)", warning, **extra)
     return Decision(cand, base, min_effect, verdict, None, pooled, tuple(with_ratio),
                     unmatched, reason, settle, warning, **extra)
 

@@ -10,6 +10,7 @@ device.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -20,7 +21,10 @@ from abbench.records import CellRecord
 
 COMPUTE_RISE = 1.10  # compute/token up by more than 10% ...
 OCCUPANCY_FALL = 0.85  # CPU occupancy below 85% of the comparable cell's
-MAJFLT_FACTOR = 10.0  # an order of magnitude
+# "majflt/token jumps an order of magnitude between cells that should do comparable work":
+# the authors' own canonical case is 149 -> 1189 (8x), so the tell fires from 5x (half an
+# order of magnitude and more), where a 10x threshold missed it.
+MAJFLT_FACTOR = 5.0
 MAJFLT_FLOOR = 1.0  # ... and at least one major fault per token, so 0.01 vs 0.001 is quiet
 
 
@@ -43,11 +47,14 @@ class Tell:
 
 
 def _capped_from(cells: list[CellStats], upto: int) -> list[str]:
-    """For each policy capped by cell `upto`: "policyN capped from cell k (X → Y GHz)"."""
+    """For each policy capped by cell `upto`: "policyN capped from cell k (X → Y GHz)"; for
+    a cap recorded without its hardware maximum, the cell it was first seen at and that
+    the maximum is unknown (never "at max")."""
     out: list[str] = []
     first: dict[str, int] = {}
     lowest: dict[str, int] = {}
     hw: dict[str, int] = {}
+    blind: dict[str, tuple[int, int]] = {}  # policy -> (first cell, lowest cap)
     for c in cells:
         if c.index > upto:
             break
@@ -57,9 +64,16 @@ def _capped_from(cells: list[CellStats], upto: int) -> list[str]:
                 if p in hw and cap < hw[p]:
                     first.setdefault(p, c.index)
                     lowest[p] = min(lowest.get(p, cap), cap)
+                elif p not in hw:
+                    at, low = blind.get(p, (c.index, cap))
+                    blind[p] = (at, min(low, cap))
     for p in sorted(first):
         out.append(f"{p} capped from cell {first[p] + 1} "
                    f"({hw[p] / 1e6:.2f} → {lowest[p] / 1e6:.2f} GHz)")
+    for p, (at, low) in sorted(blind.items()):
+        if p not in hw:
+            out.append(f"{p} cap {low / 1e6:.2f} GHz first seen at cell {at + 1}, hardware "
+                       "max unknown (capped or not cannot be told)")
     return out
 
 
@@ -148,21 +162,36 @@ def sentinel_drift(cells: list[CellStats], rec: dict[int, CellRecord],
     return out
 
 
-def _comparables(c: CellStats, cells: list[CellStats]) -> list[CellStats]:
-    """The cells `c` is held against: the one before it, and earlier runs of its config."""
-    prev = [x for x in cells if x.index == c.index - 1 and x.ok]
+def model_of(c: CellStats) -> str | None:
+    """The model a cell ran (its configuration's `model`), None when it does not say."""
+    if not c.config_key:
+        return None
+    try:
+        model = json.loads(c.config_key).get("model")
+    except (ValueError, AttributeError):
+        return None
+    return str(model) if model is not None else None
+
+
+def _comparables(c: CellStats, cells: list[CellStats],
+                 order_known: bool = True) -> list[CellStats]:
+    """The cells `c` is held against: the one before it (when the order is known), and
+    earlier runs of its configuration — only cells of the same model: a tell across models
+    would read a treatment effect as a slower CPU."""
+    prev = [x for x in cells if order_known and x.index == c.index - 1 and x.ok]
     same = [x for x in cells if x.index < c.index and x.name == c.name and x.ok]
-    return prev + [x for x in same if x not in prev]
+    return [x for x in prev + [x for x in same if x not in prev] if model_of(x) == model_of(c)]
 
 
 def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord],
-                        match: dict[str, object] | None = None) -> list[Tell]:
+                        match: dict[str, object] | None = None,
+                        order_known: bool = True) -> list[Tell]:
     """Flags, each with the numbers behind it (thresholds are the module constants)."""
     out: list[Tell] = []
     for c in cells:
         if not c.ok:
             continue
-        for r in _comparables(c, cells):
+        for r in _comparables(c, cells, order_known):
             ref = f"cell {r.index + 1} ({r.name})"
             if (c.compute_ms_per_token and r.compute_ms_per_token
                     and c.read_mib_per_token is not None and r.read_mib_per_token is not None
@@ -189,7 +218,8 @@ def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord],
             out.append(Tell(c.index, "drops",
                             f"drops {c.drop_rate:.1%} of routed experts: quote its drop rate "
                             "next to its speed (it does less work per token)"))
-    out.extend(_degrading(cells, rec, match))
+    if order_known:
+        out.extend(_degrading(cells, rec, match))
     return out
 
 
@@ -197,7 +227,8 @@ def _degrading(cells: list[CellStats], rec: dict[int, CellRecord],
                match: dict[str, object] | None = None) -> list[Tell]:
     """Entry state getting worse at every cell, over three or more cells in run order, by
     more than the matching tolerance in all (a 13 MiB slide of 128 GiB is not a tell)."""
-    ents = [rec[c.index].entry for c in cells if c.index in rec]
+    ran = [c for c in cells if c.index in rec]
+    ents = [rec[c.index].entry for c in ran]
     if len(ents) < 3:
         return []
     tol = tolerances(match or {})  # type: ignore[arg-type]
@@ -213,6 +244,13 @@ def _degrading(cells: list[CellStats], rec: dict[int, CellRecord],
         "capped policies": ([float(len([p for p, cap in e.caps_khz.items()
                                        if p in e.hw_max_khz and cap < e.hw_max_khz[p]]))
                              if e.caps_khz else None for e in ents], 1, "", 0, 0.0),
+        # What the cells left behind, in run order (the seed's 2026-07-17 matrix: the free
+        # RAM floor and the major faults degraded with position, not with configuration).
+        "free-RAM floor during the cell": ([c.during.mem_available_floor_mib for c in ran],
+                                           -1, " MiB", 0,
+                                           (mem0 or 0.0) * tol["mem_available_tol_frac"]),
+        "major faults per token": ([c.majflt_per_token for c in ran], 1, "", 0,
+                                   MAJFLT_FLOOR),
     }
     for what, (vals, sign, unit, decimals, counts) in series.items():
         if any(v is None for v in vals):
@@ -220,8 +258,9 @@ def _degrading(cells: list[CellStats], rec: dict[int, CellRecord],
         steps = [sign * (b - a) for a, b in zip(vals, vals[1:], strict=False)]  # type: ignore[operator]
         if all(s > 0 for s in steps) and sum(steps) > counts:
             shown = " → ".join(f"{v:.{decimals}f}" for v in vals)  # type: ignore[str-format]
+            at = "" if what.endswith(("cell", "token")) else " at entry"
             out.append(Tell(None, "entry_degrading",
-                            f"{what} at entry worsened at every cell in run order "
+                            f"{what}{at} worsened at every cell in run order "
                             f"({shown}{unit}): later cells ran on a worse device — "
                             "compare only matched pairs, or add a [gate]"))
     return out

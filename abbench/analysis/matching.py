@@ -148,8 +148,11 @@ def _mem(x: float | None, y: float | None, frac: float, a: CellStats,
 
 
 def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord | None,
-               match: dict[str, Any], device_state_recorded: bool) -> PairMatch:
-    """Every criterion of a matched pair for cells `a` and `b` (in any order)."""
+               match: dict[str, Any], device_state_recorded: bool,
+               order_known: bool = True) -> PairMatch:
+    """Every criterion of a matched pair for cells `a` and `b` (in any order). With the
+    execution order unknown (an import that recorded none) no two cells are adjacent; with
+    their times unknown the gap is not measured, and the pair is unverified at best."""
     if a.index > b.index:
         a, b, ra, rb = b, a, rb, ra
     tol = tolerances(match)
@@ -159,16 +162,32 @@ def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord
                           "both cells ok" if ok else
                           f"cell {a.index + 1} {a.status}, cell {b.index + 1} {b.status}"))
     adj = b.index - a.index == 1
-    crit.append(Criterion("adjacent", "ok" if adj else "fail", a.index + 1, b.index + 1, 1,
-                          f"cells {a.index + 1} and {b.index + 1}"
-                          + (" are adjacent" if adj else " are not adjacent in execution order")))
+    if not order_known:
+        crit.append(Criterion("adjacent", "fail", None, None, 1,
+                              "the execution order is unknown (nothing recorded it): no two "
+                              "cells are known to be adjacent"))
+    else:
+        crit.append(Criterion("adjacent", "ok" if adj else "fail", a.index + 1, b.index + 1, 1,
+                              f"cells {a.index + 1} and {b.index + 1}"
+                              + (" are adjacent" if adj
+                                 else " are not adjacent in execution order")))
     if ra is not None and rb is not None:
         gap = rb.t_start_wall - ra.t_end_wall
-        crit.append(Criterion("gap", "ok" if gap <= tol["max_gap_s"] else "fail",
-                              ra.t_end_wall, rb.t_start_wall, tol["max_gap_s"],
-                              f"{gap:.0f} s between the cells "
-                              f"({'<=' if gap <= tol['max_gap_s'] else '>'} "
-                              f"{tol['max_gap_s']:g} s)"))
+        if ra.t_end_wall <= 0 or rb.t_start_wall <= 0:  # 0: nothing recorded when it ran
+            crit.append(Criterion("gap", "not measured", None, None, tol["max_gap_s"],
+                                  "the gap between the cells is unknown (nothing recorded "
+                                  "when they ran)"))
+        elif gap < 0:
+            crit.append(Criterion("gap", "fail", ra.t_end_wall, rb.t_start_wall,
+                                  tol["max_gap_s"],
+                                  f"cell {b.index + 1} started {-gap:.0f} s before cell "
+                                  f"{a.index + 1} ended: the order or the times are wrong"))
+        else:
+            crit.append(Criterion("gap", "ok" if gap <= tol["max_gap_s"] else "fail",
+                                  ra.t_end_wall, rb.t_start_wall, tol["max_gap_s"],
+                                  f"{gap:.0f} s between the cells "
+                                  f"({'<=' if gap <= tol['max_gap_s'] else '>'} "
+                                  f"{tol['max_gap_s']:g} s)"))
         gave = [r.index + 1 for r in (ra, rb) if r.gate.gave_up]
         crit.append(Criterion("gate", "fail" if gave else "ok", ra.gate.gave_up,
                               rb.gate.gave_up, False,
@@ -197,8 +216,13 @@ def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord
     reasons = tuple(c.detail for c in crit if c.status == "fail")
     measured = [c.name for c in crit if c.name in DEVICE_CRITERIA and c.status != "not measured"]
     note = None
+    disagree = _sensors_disagree(a, b, ra, rb)
+    gap_unknown = any(c.name == "gap" and c.status == "not measured" for c in crit)
     if reasons:
         state = "unmatched"
+    elif gap_unknown:
+        state = "unverified"
+        note = "the gap between the cells is unknown: the pair cannot be verified as matched"
     elif not device_state_recorded or not measured:
         state = "unverified"
         note = "no device state recorded: the pair cannot be verified as matched"
@@ -211,7 +235,29 @@ def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord
                       if c.name in DEVICE_CRITERIA and c.status == "not measured"]
             if absent:
                 note = "not measured: " + ", ".join(absent)
+    if disagree:
+        note = f"{note}; {disagree}" if note else disagree
     return PairMatch(a.index, b.index, state, tuple(crit), reasons, note)
+
+
+def _sensors_disagree(a: CellStats, b: CellStats, ra: CellRecord | None,
+                      rb: CellRecord | None) -> str | None:
+    """When the CPU and battery sensors rank the two cells' entries the other way round:
+    the CPU sensor decides (it governs throttling; the battery lags the SoC by minutes)."""
+    if ra is None or rb is None:
+        return None
+    ea, eb = ra.entry, rb.entry
+    if None in (ea.cpu_temp_c, eb.cpu_temp_c, ea.battery_temp_c, eb.battery_temp_c):
+        return None
+    dc = eb.cpu_temp_c - ea.cpu_temp_c  # type: ignore[operator]
+    db = eb.battery_temp_c - ea.battery_temp_c  # type: ignore[operator]
+    if dc * db >= 0 or abs(dc) < 0.5 or abs(db) < 0.5:
+        return None
+    hotter = b if dc > 0 else a
+    return (f"the sensors disagree on which cell entered hotter: the battery says cell "
+            f"{(b if db > 0 else a).index + 1} (by {abs(db):.1f} °C), the CPU says cell "
+            f"{hotter.index + 1} (by {abs(dc):.1f} °C); the CPU sensor decides — it governs "
+            "throttling, and the battery lags the SoC by minutes")
 
 
 def device_state_recorded(records: list[CellRecord]) -> bool:

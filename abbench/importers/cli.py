@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from abbench.errors import UsageError
 from abbench.importers.folder import import_folder
-from abbench.records import read_journal, read_plan
+from abbench.records import read_import_info, read_journal, read_plan
+from abbench.report import print_report, write_reports
 
 
 def parse_decision(text: str) -> tuple[str, str, float]:
-    """`CANDIDATE:BASELINE[:MIN_EFFECT]`, MIN_EFFECT a fraction (0.03 = 3%)."""
+    """`CANDIDATE:BASELINE[:MIN_EFFECT]`, MIN_EFFECT a fraction (0.03 = 3%); each side an
+    arm's name, a run's file name (or a unique word of one), a glob, or key=value[,...]."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not all(parts[:2]):
         raise UsageError(f"--decision {text!r}: expected CANDIDATE:BASELINE[:MIN_EFFECT]")
@@ -39,20 +40,33 @@ def add_import_parser(sub: Any) -> None:
                    help="execution order, comma-separated run names (or a unique word of "
                    "each, e.g. E,F,H,I)")
     p.add_argument("--decision", action="append", default=[], metavar="CAND:BASE[:MIN_EFFECT]",
-                   help="a decision to record in the plan (repeatable)")
+                   help="a decision (repeatable): each side names an arm by its name, a run's "
+                   "file name, a glob (qwen_*) or its configuration (dense_weights=anon)")
+    p.add_argument("--warmup", type=int, default=0, metavar="N",
+                   help="tokens of each run left out of its statistics (default 0: the runs' "
+                   "own figures)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an earlier import at --out")
+    p.add_argument("--style", choices=("rich", "plain"), default="rich",
+                   help="the printed report's style (default rich)")
     p.set_defaults(func=run_import)
 
 
 def run_import(args: argparse.Namespace) -> int:
+    """Import, write the reports, print the summary and the report; the exit status is the
+    decisions' (0 all GO or none asked, 1 a NO-GO, 3 open), as for a campaign."""
     src: Path = args.dir
     out: Path = args.out or Path("reports") / f"import-{src.resolve().name}"
     order = [s.strip() for s in args.order.split(",") if s.strip()] if args.order else None
     decisions = [parse_decision(d) for d in args.decision]
-    folder = import_folder(src, out, order, decisions)
+    folder = import_folder(src, out, order, decisions, warmup=args.warmup, force=args.force)
     plan, journal = read_plan(folder), read_journal(folder)
-    source = plan.cells[0].config.get("order_source", "unknown") if plan.cells else "unknown"
+    info = read_import_info(folder)
+    source = (f"{info.order.kind}: {info.order.source}" if info is not None else "unknown")
     runs = f"{len(journal)} run{'s' if len(journal) != 1 else ''}"
-    print(f"imported {runs} from {src} into {folder} (order: {source})")
+    arms = len({c.name for c in plan.cells})
+    print(f"imported {runs} ({arms} arm{'s' if arms != 1 else ''}) from {src} into {folder} "
+          f"(order {source})")
     width = max(len(r.label) for r in journal)
     for r in journal:
         e = r.entry
@@ -63,5 +77,8 @@ def run_import(args: argparse.Namespace) -> int:
                 f"capped {','.join(e.capped())}" if e.capped() else None]
         state = ", ".join(b for b in bits if b) or "no entry state recorded"
         print(f"  {r.label:<{width}}  {r.tokens_per_s:8.3f} tok/s  {state}")
-    print(f"next: abbench report {folder}", file=sys.stderr)
-    return 0
+    a, rc = write_reports(folder)
+    print_report(a, args.style)
+    print(f"report: {folder / 'report.html'}, {folder / 'report.md'}, "
+          f"{folder / 'report.json'}")
+    return rc

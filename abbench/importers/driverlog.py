@@ -1,30 +1,59 @@
 """Reader for driver logs: the script that ran the runs, one `ENTRY STATE:` line per run.
 
-No driver log ships in `reference/bmoe/`; this is the line format abbench reads (see
-docs/import.md), one line per run in the order the runs were started:
+Driver logs come in the field's own variants; every one of these is read:
 
 ```
-[anything] ENTRY STATE: cell=NAME [t_wall=EPOCH_S] [cpu_temp_c=44.8] [battery_temp_c=38.1]
-           [mem_available_mib=5626.7] [thermal_status=1]
-           [caps=policy0:2188800/3321600,policy6:1651200/3801600]
+09:01:12 ENTRY STATE: cell=NAME t_wall=1783846872 cpu_temp_c=44.8 battery_temp_c=38.1
+         mem_available_mib=5626.7 thermal_status=1 caps=policy0:2188800/3321600,...
+=============== qwen_base ===============
+ENTRY STATE: batt=420 dC, memavail=6837980 kB, freq=1555200, waited=0s
+[2026-07-12 09:30:12] ENTRY STATE: cell=gemma_sg cpu=47100 mC batt=41.1 C
 ```
 
-`cell` names the run (its file name stem); `caps` gives per cpufreq policy the cap and,
-after the slash, the hardware maximum (kHz). Every other key is optional and an absent one
-is "not recorded"; unknown keys are skipped. Other lines of the log are skipped.
+- The run is `cell=NAME` (or `name=`), else the nearest `=== NAME ===` banner above the
+  line. A line naming neither is reported and skipped.
+- Items are `key=value`, separated by spaces and/or commas; a value may carry its unit
+  attached (`0s`) or as the next word (`420 dC`). Units: temperatures `C`, `dC`
+  (deci-degrees), `mC` (milli); memory `kB`, `MB`/`MiB`, `GB`/`GiB`; frequency `Hz`, `kHz`,
+  `MHz`, `GHz`; time `s`, `ms`. Without a unit a key's own convention holds (`*_c` °C,
+  `*_mib` MiB, `memavail` kB as /proc/meminfo prints it, `batt` deci-degrees when above 200
+  as `dumpsys battery` prints it, `freq`/`caps` kHz).
+- `caps=POLICY:CAP[/HW_MAX],...` gives per cpufreq policy the cap and the hardware maximum;
+  `freq=F` a cap of the CPU with no policy and no hardware maximum (policy `cpu`).
+- `waited=S` is how long the driver's gate waited before the run.
+- A timestamp at the start of the line (`2026-07-12 09:30:12`, `20260712-093012`) is the
+  run's start when no `t_wall=` says it: its differences are exact, its zone unknown.
+
+A value that does not read is reported for its line and left out; unknown keys are kept
+out silently. Nothing on such a line aborts the log, and no line aborts the folder.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
-from abbench.importers.errors import ForeignRunError, number, quote, read_text
+from abbench.importers.errors import clip, quote, read_text
 
 MARK = "ENTRY STATE:"
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*$")
-FLOATS = ("t_wall", "cpu_temp_c", "battery_temp_c", "mem_available_mib")
+BANNER = re.compile(r"^\s*={3,}\s*(\S(?:.*?\S)?)\s*={3,}\s*$")
+ITEM = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*([^\s,]*)(?:\s+([A-Za-z°%]+)(?=[\s,]|$))?")
+VALUE = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)([A-Za-z°%]*)$")
+CAPS = re.compile(r"(?<![A-Za-z0-9_])caps\s*=\s*(\S+)")
+STAMP = re.compile(r"(?<!\d)(\d{4})-?(\d{2})-?(\d{2})[T _-]?(\d{2}):?(\d{2}):?(\d{2})(?!\d)")
+
+TEMP_UNITS = {"c": 1.0, "°c": 1.0, "dc": 0.1, "mc": 0.001}
+MEM_UNITS = {"kb": 1 / 1024, "kib": 1 / 1024, "mb": 1.0, "mib": 1.0, "gb": 1024.0,
+             "gib": 1024.0, "b": 1 / 2**20}
+FREQ_UNITS = {"hz": 1e-3, "khz": 1.0, "mhz": 1e3, "ghz": 1e6}
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "min": 60.0}
+CPU_KEYS = ("cpu_temp_c", "cpu_temp", "cpu", "soc", "cpu_c")
+BATTERY_KEYS = ("battery_temp_c", "battery_temp", "batt", "battery", "batt_temp")
+MEM_KEYS = ("mem_available_mib", "memavail", "mem_available", "memavailable", "mem")
+FREQ_KEYS = ("freq", "cap", "scaling_max", "scaling_max_freq")
 
 
 @dataclass(frozen=True)
@@ -38,58 +67,170 @@ class DriverEntry:
     thermal_status: int | None = None
     caps_khz: dict[str, int] = field(default_factory=dict)
     hw_max_khz: dict[str, int] = field(default_factory=dict)
+    source: str = ""  # the log's file name
+    gate_waited_s: float | None = None
+    t_wall_how: str = ""  # "t_wall=" | "line timestamp": how the start time was read
+    named_by: str = "cell="  # "cell=" | "banner line N"
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}" if self.source else f"line {self.line}"
 
 
 def is_driver_log(text: str) -> bool:
     return MARK in text
 
 
-def _caps(body: str, source: str | Path, n: int) -> tuple[dict[str, int], dict[str, int]]:
-    caps, hw = {}, {}
+def _scaled(value: float, unit: str, units: dict[str, float], default: float) -> float | None:
+    if not unit:
+        return value * default
+    factor = units.get(unit.lower())
+    return None if factor is None else value * factor
+
+
+def _policies(body: str) -> tuple[dict[str, int], dict[str, int], list[str]]:
+    caps, hw, bad = {}, {}, []
     for item in filter(None, body.split(",")):
         policy, colon, freqs = item.partition(":")
         cap, slash, top = freqs.partition("/")
-        if not colon or not policy:
-            raise ForeignRunError(source, f"caps: {quote(item)} is not POLICY:CAP[/HW_MAX]", n)
-        caps[policy] = _khz(cap, source, n)
-        if slash:
-            hw[policy] = _khz(top, source, n)
-    return caps, hw
+        try:
+            if not colon or not policy:
+                raise ValueError
+            caps[policy] = _khz(cap)
+            if slash:
+                hw[policy] = _khz(top)
+        except ValueError:
+            bad.append(f"caps: {quote(item)} is not POLICY:CAP[/HW_MAX] in kHz")
+    return caps, hw, bad
 
 
-def _khz(text: str, source: str | Path, n: int) -> int:
-    value = number(text, source, n, "caps")
+def _khz(text: str) -> int:
+    value = float(text)
     if value != int(value) or value < 0:
-        raise ForeignRunError(source, f"caps: {quote(text)} is not a frequency in kHz", n)
+        raise ValueError(text)
     return int(value)
 
 
-def parse_driver_log(text: str, source: str | Path = "<text>") -> list[DriverEntry]:
+def _line_stamp(text: str) -> float | None:
+    m = STAMP.search(text)
+    if not m:
+        return None
+    try:  # the zone is not known: read as UTC, so differences between lines are exact
+        return datetime(*(int(g) for g in m.groups()), tzinfo=timezone.utc).timestamp()  # type: ignore[misc]
+    except ValueError:
+        return None
+
+
+def parse_driver_log(text: str, source: str | Path = "<text>",
+                     notes: list[str] | None = None) -> list[DriverEntry]:
+    """The log's entry lines, in file order. What could not be read is appended to `notes`
+    (one line each, naming the file and line) and left out."""
+    name = Path(str(source)).name
+    notes = notes if notes is not None else []
     entries: list[DriverEntry] = []
+    banner: tuple[str, int] | None = None
     for n, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
         if MARK not in raw:
+            if m := BANNER.match(raw):
+                banner = (m[1], n)
             continue
-        kv: dict[str, str] = {}
-        for pair in raw.split(MARK, 1)[1].split():
-            key, eq, value = pair.partition("=")
-            if not eq or not key:
-                raise ForeignRunError(source, f"`{MARK}` {quote(pair)} is not key=value", n)
-            kv[key] = value
-        cell = kv.get("cell", "")
+        prefix, _, body = raw.partition(MARK)
+        caps_text = ""
+        if m := CAPS.search(body):  # its value holds commas: read it before the rest
+            caps_text, body = m[1], body[:m.start()] + " " + body[m.end():]
+        kv: dict[str, tuple[str, str]] = {}
+        for m in ITEM.finditer(body):
+            kv.setdefault(m[1].lower(), (m[2], m[3] or ""))
+        leftover = ITEM.sub("", body).replace(",", " ").split()
+        if leftover:
+            notes.append(f"{name}:{n}: `{MARK}` {quote(' '.join(leftover))} is not key=value: "
+                         "left out")
+        cell = (kv.get("cell") or kv.get("name") or ("", ""))[0]
+        named_by = "cell="
+        if not cell and banner is not None:  # a banner names the one run under it
+            cell, named_by = banner[0], f"banner line {banner[1]}"
+            banner = None
         if not SAFE_NAME.match(cell) or cell in (".", ".."):
-            raise ForeignRunError(source, f"`{MARK}` needs cell=NAME (letters, digits, . _ + -),"
-                                  f" got {quote(cell)}", n)
-        values = {k: number(kv[k], source, n, k) for k in FLOATS if kv.get(k)}
-        caps, hw = _caps(kv.get("caps", ""), source, n)
-        status = None
-        if kv.get("thermal_status"):
-            status = number(kv["thermal_status"], source, n, "thermal_status")
-            if status != int(status):
-                raise ForeignRunError(source, "thermal_status: not a whole number", n)
-        entries.append(DriverEntry(cell=cell, line=n, caps_khz=caps, hw_max_khz=hw,
-                                   thermal_status=None if status is None else int(status),
-                                   **values))
+            notes.append(f"{name}:{n}: `{MARK}` names no run (no cell=NAME and no "
+                         f"`=== NAME ===` banner before it{f', got {quote(cell)}' if cell else ''}"
+                         "): line skipped")
+            continue
+        where = f"{name}:{n}"
+
+        def read(keys: tuple[str, ...], units: dict[str, float], default: float, what: str,
+                 per_key: dict[str, float] | None = None, kv: dict = kv,
+                 where: str = where) -> float | None:
+            return _read(kv, keys, units, default, what, where, notes, per_key)
+
+        cpu = read(CPU_KEYS, TEMP_UNITS, 1.0, "the CPU temperature")
+        bat = read(BATTERY_KEYS, TEMP_UNITS, 1.0, "the battery temperature")
+        mem = read(MEM_KEYS, MEM_UNITS, 1.0, "MemAvailable",
+                   {"memavail": 1 / 1024, "memavailable": 1 / 1024})
+        waited = read(("waited", "gate_waited_s", "wait"), TIME_UNITS, 1.0, "the gate wait")
+        t_wall = read(("t_wall", "time", "ts", "epoch"), TIME_UNITS, 1.0, "the start time")
+        how = "t_wall=" if t_wall is not None else ""
+        if t_wall is None and (t_wall := _line_stamp(prefix)) is not None:
+            how = "line timestamp"
+        status = read(("thermal_status", "status"), {}, 1.0, "the thermal status")
+        if status is not None and status != int(status):
+            notes.append(f"{name}:{n}: thermal_status {status:g} is not a whole number: "
+                         "left out")
+            status = None
+        caps, hw, bad = _policies(caps_text) if caps_text else ({}, {}, [])
+        notes.extend(f"{name}:{n}: {b}: left out" for b in bad)
+        freq = read(FREQ_KEYS, FREQ_UNITS, 1.0, "the CPU frequency cap")
+        if freq is not None and not caps:
+            caps = {"cpu": int(round(freq))}
+        values = {k: v for k, v in (("cpu_temp_c", cpu), ("battery_temp_c", bat),
+                                    ("mem_available_mib", mem)) if v is not None}
+        entries.append(DriverEntry(
+            cell=cell, line=n, t_wall=t_wall, caps_khz=caps, hw_max_khz=hw,
+            thermal_status=None if status is None else int(status), source=name,
+            gate_waited_s=waited, t_wall_how=how, named_by=named_by, **values))
     return entries
+
+
+def _read(kv: dict[str, tuple[str, str]], keys: tuple[str, ...], units: dict[str, float],
+          default: float, what: str, where: str, notes: list[str],
+          per_key: dict[str, float] | None = None) -> float | None:
+    """The first of `keys` on the line as a number in the unit asked for (`units`: factor
+    per unit name; `default`, or `per_key`'s, without one); a note and None when it does
+    not read."""
+    for key in keys:
+        if key not in kv:
+            continue
+        text_value, unit = kv[key]
+        m = VALUE.match(text_value)
+        if not m:
+            notes.append(f"{where}: `{key}` {quote(text_value)} is not a number: {what} "
+                         "left out")
+            return None
+        number, attached = float(m[1]), m[2] or unit
+        scale = (per_key or {}).get(key, default)
+        if key == "batt" and not attached and number > 200:
+            scale = 0.1  # dumpsys battery: deci-degrees
+        out = _scaled(number, attached, units, scale)
+        if out is None:
+            notes.append(f"{where}: `{key}` unit {quote(attached)} is not one abbench reads "
+                         f"for {what}: left out")
+        return out
+    return None
+
+
+def merge_driver_logs(logs: list[tuple[str, list[DriverEntry]]],
+                      notes: list[str]) -> tuple[list[DriverEntry], str]:
+    """Several driver logs of one folder as one sequence, and how it was ordered: by every
+    entry's start time when all have one, else log after log in file-name order (each
+    log's lines in file order), which a note says."""
+    entries = [e for _, es in logs for e in es]
+    if len(logs) <= 1:
+        return entries, "file order"
+    if all(e.t_wall is not None for e in entries):
+        return sorted(entries, key=lambda e: (e.t_wall, e.source, e.line)), "start times"
+    names = ", ".join(clip(n) for n, _ in logs)
+    notes.append(f"driver logs {names}: not every entry line has a time, so the logs are "
+                 "taken one after another in file-name order")
+    return entries, "file-name order of the logs"
 
 
 def read_driver_log(path: Path) -> list[DriverEntry]:

@@ -42,3 +42,66 @@ def parse_engine_log(text: str, source: str | Path = "<text>") -> dict[str, Any]
 
 def read_engine_log(path: Path) -> dict[str, Any]:
     return parse_engine_log(read_text(path), path)
+
+
+# What an engine log says of the run's configuration, in the CSV preamble's key names.
+LOADER_FILE = re.compile(r"llama_model_loader:.*?\bfrom\s+(\S+\.gguf)\b")
+GGUF_ARG = re.compile(r"(?:^|\s)(?:-m|--model)\s+(\S+\.gguf)\b")
+PRINT_INFO = re.compile(r"print_info:\s*(n_expert_used|n_expert|n_layer|arch)\s*=\s*(\S+)")
+KV = re.compile(r"-\s*kv\s+\d+:\s+(\S+)\s+\S+\s*=\s*(.+?)\s*$")
+FLAG = re.compile(r"(?:^|\s)(--?[A-Za-z][A-Za-z0-9-]*)(?:[ =]([^\s-][^\s]*))?")
+BUDGET = re.compile(rf"moe-cache:.*?budget\s*{NUM}\s*MiB\s*\((auto)?")
+# Command-line flags of the seed engine (and llama.cpp's) -> preamble keys; True: a switch.
+FLAGS: dict[str, tuple[str, bool]] = {
+    "--cache-mb": ("cache_mb", False), "--io-threads": ("io_threads", False),
+    "-t": ("threads", False), "--threads": ("threads", False),
+    "--overlap": ("overlap", True), "--prefetch": ("prefetch", False),
+    "--spec-gate": ("spec_gate", True), "--predict-prefetch": ("predict_prefetch", True),
+    "--predict-spec-max": ("predict_spec_max", False), "--predict-log": ("predict_log", True),
+    "--n-expert-used": ("n_expert_used", False), "--dense-weights": ("dense_weights", False),
+    "--drop-cold-experts": ("drop_cold_frac", False), "--no-o-direct": ("o_direct", True),
+    "--moe-stream": ("moe_stream", True), "-n": ("n_predict", False),
+}
+
+
+def engine_log_config(text: str) -> tuple[dict[str, Any], dict[str, int], bool]:
+    """The configuration an engine log states — its command line's flags, the loader's
+    lines (model file, architecture, expert counts) and which optional summary lines it
+    printed — as preamble keys, the line each came from, and whether a command line was
+    found (then the flags are the whole configuration)."""
+    out: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    command = False
+
+    def put(key: str, value: Any, n: int) -> None:
+        if key not in out:
+            out[key], lines[key] = value, n
+
+    for n, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+        if m := LOADER_FILE.search(line) or GGUF_ARG.search(line):
+            put("model", m[1].replace("\\", "/").rsplit("/", 1)[-1], n)
+        if GGUF_ARG.search(line) or " --moe-stream" in line or line.startswith("args:"):
+            command = True
+            for flag, value in FLAG.findall(line):
+                if flag in FLAGS:
+                    key, switch = FLAGS[flag]
+                    put(key, 0 if flag == "--no-o-direct" else 1 if switch else value, n)
+        if m := PRINT_INFO.search(line):
+            put(m[1], m[2], n)
+        elif m := KV.search(line):
+            key, value = m[1], m[2].strip()
+            if key == "general.architecture":
+                put("arch", value, n)
+            elif key.endswith(".expert_used_count"):
+                put("n_expert_used", value, n)
+            elif key.endswith(".expert_count"):
+                put("n_expert", value, n)
+            elif key.endswith(".block_count"):
+                put("n_layer", value, n)
+        if m := BUDGET.search(line):
+            put("cache_mb", "auto" if m[2] else m[1], n)
+        for prefix, key in (("moe-overlap:", "overlap"), ("moe-prefetch:", "prefetch_reads"),
+                            ("moe-spec-gate:", "spec_gate"), ("moe-drop:", "drops")):
+            if line.lstrip().startswith(prefix):
+                put(key, 1, n)
+    return out, lines, command

@@ -45,6 +45,24 @@ def read_text(path: Path) -> str:
     return text.removeprefix("\ufeff")
 
 
+def read_text_lossy(path: Path) -> tuple[str, str | None]:
+    """A foreign file's text and, when it is not UTF-8, what was done about it: the bytes
+    that do not decode become U+FFFD and the rest of the file is read (an engine log that
+    printed a token cut mid-character is still a log). An unreadable file is an error."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ForeignRunError(path, f"cannot read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff"), None
+    except UnicodeDecodeError as e:
+        text = data.decode("utf-8", errors="replace").removeprefix("\ufeff")
+        bad = text.count("\ufffd")
+        return text, (f"not UTF-8 from byte {e.start} ({bad} undecodable sequence"
+                      f"{'s' if bad != 1 else ''} read as U+FFFD; the rest of the file is "
+                      "used)")
+
+
 def number(text: str, source: str | Path, line: int | None, what: str) -> float:
     """A finite number, or ForeignRunError naming `what`."""
     try:

@@ -25,6 +25,7 @@ from abbench.report.markdown import (  # noqa: E402
     banners,
     cell_name,
     decision_lines,
+    import_lines,
     looks_lines,
 )
 
@@ -229,7 +230,7 @@ def verdicts(a: CampaignAnalysis) -> str:
                    "matched pairs"], rows)]
     unv = [p for d in a.decisions if d.verdict == UNVERIFIED for p in d.pairs]
     if unv:
-        out.append("<h3>Unverified pairs (no device state recorded — not matched)</h3>")
+        out.append("<h3>Unverified pairs (device state or times not recorded — not matched)</h3>")
         out.append(_table(["candidate", "baseline", "ratio", "95% CI"], [
             [e(cell_name(a, p.candidate)), e(cell_name(a, p.baseline)),
              e(t.num(p.ratio.estimate if p.ratio else None, ".3f")), e(t.ci(p.ratio))]
@@ -254,6 +255,7 @@ def verdicts(a: CampaignAnalysis) -> str:
 
 def cells_table(a: CampaignAnalysis) -> str:
     rows = []
+    apart = t.config_apart(a.cells)
     for c in a.cells:
         rec = next((r for r in a.records if r.index == c.index), None)
         gate = "-"
@@ -263,7 +265,7 @@ def cells_table(a: CampaignAnalysis) -> str:
         name = c.name + (f" (sentinel of {c.sentinel_of + 1})" if c.sentinel_of is not None
                          else "")
         rows.append([e(x) for x in (
-            c.index + 1, name, c.status, t.rate(c.tokens_per_s),
+            c.index + 1, name, apart[c.index], c.status, t.rate(c.tokens_per_s),
             t.num(c.drop_rate and 100 * c.drop_rate, ".1f", "%"),
             f"{t.num(c.median_ms, '.1f')} ({t.num(c.p5_ms, '.1f')}–{t.num(c.p95_ms, '.1f')})",
             t.num(c.read_mib_per_token), t.num(c.hit_pct, ".1f"),
@@ -271,7 +273,7 @@ def cells_table(a: CampaignAnalysis) -> str:
             t.num(c.cpu_occupancy and 100 * c.cpu_occupancy, ".0f", "%"),
             t.num(c.spec_useful_pct, ".0f", "%"), t.caps_during(c),
             t.entry(rec.entry) if rec else "-", gate)])
-    out = _table(["#", "cell", "status", "tok/s", "drop rate", "median ms (p5–p95)",
+    out = _table(["#", "cell", "config", "status", "tok/s", "drop rate", "median ms (p5–p95)",
                   "MiB/tok", "hit %", "stall ms/tok", "majflt/tok", "CPU occ.",
                   "spec useful", "caps during", "entry", "gate"], rows)
     notes = [f"<li>cell {c.index + 1} ({e(c.name)}): {e(n)}</li>" for c in a.cells
@@ -304,6 +306,8 @@ def render_html(a: CampaignAnalysis, folder: Path | None = None) -> str:
                     "(block ceil(n^(1/3)), seeded); verdicts' intervals: two levels, tokens "
                     "and cells (docs/method.md).</p>"]
     P += [f'<div class="banner">{e(b)}</div>' for b in banners(a)]
+    if a.imported is not None:
+        P += ["<h2>Import</h2>", "<pre>" + e("\n".join(import_lines(a))) + "</pre>"]
     P += ["<h2>Verdicts</h2>", verdicts(a), "<h2>Cells</h2>", cells_table(a)]
     P += ["<h2>Timeline</h2>",
           "<p class=muted>CPU caps (MHz, per policy; dotted: hardware max), temperatures "

@@ -22,6 +22,9 @@ def banners(a: CampaignAnalysis) -> list[str]:
     if not a.device_state_recorded:
         out.append("NO DEVICE STATE recorded: no pair can be verified as matched; ratios "
                    "below are unverified.")
+    if not a.plan.order_known:
+        out.append("EXECUTION ORDER UNKNOWN: nothing recorded the order the runs ran in, so no "
+                   "two cells are adjacent and none is compared.")
     return out
 
 
@@ -67,6 +70,27 @@ def decision_lines(a: CampaignAnalysis, d: Decision) -> list[str]:
     return out
 
 
+def import_lines(a: CampaignAnalysis) -> list[str]:
+    """An import's provenance: where the order and each cell's times came from, what each
+    cell's configuration rests on, and what the import could not read."""
+    info = a.imported
+    if info is None:
+        return []
+    out = [f"Imported from `{info.source}`. Execution order: **{info.order.kind}** — "
+           f"{info.order.source}.", ""]
+    if info.notes:
+        out += ["What the import could not read, or read only in part:", ""]
+        out += [f"- {n}" for n in info.notes] + [""]
+    out += ["| # | run | files | start | end | tok/s | configuration |",
+            "|---|---|---|---|---|---|---|"]
+    for k, c in enumerate(info.cells):
+        shown = {key: f"{x.kind}: {x.source}" for key, x in c.facts.items()}
+        out.append(f"| {k + 1} | {c.label} | {', '.join(c.files)} | "
+                   + " | ".join(shown.get(key, "-") for key in ("t_start", "t_end", "tok/s",
+                                                              "config")) + " |")
+    return [*out, ""]
+
+
 def looks_lines(a: CampaignAnalysis) -> list[str]:
     """A sequential campaign's looks: cells, alpha spent, each decision's interval."""
     if not a.looks:
@@ -101,6 +125,8 @@ def render(a: CampaignAnalysis) -> str:
           "docs/method.md).", ""]
     for b in banners(a):
         L += [f"> **{b}**", ""]
+    if a.imported is not None:
+        L += ["## Import", "", *import_lines(a)]
 
     L += ["## Verdicts", ""]
     if not a.decisions:
@@ -117,7 +143,7 @@ def render(a: CampaignAnalysis) -> str:
         L += looks_lines(a)
         unv = [(d, p) for d in a.decisions if d.verdict == UNVERIFIED for p in d.pairs]
         if unv:
-            L += ["### Unverified pairs (no device state recorded — not matched)", "",
+            L += ["### Unverified pairs (device state or times not recorded — not matched)", "",
                   "| candidate | baseline | ratio | 95% CI |", "|---|---|---|---|"]
             for _d, p in unv:
                 L.append(f"| {cell_name(a, p.candidate)} | {cell_name(a, p.baseline)} | "
@@ -127,10 +153,12 @@ def render(a: CampaignAnalysis) -> str:
         for d in a.decisions:
             L += decision_lines(a, d) + [""]
 
+    apart = t.config_apart(a.cells)
     L += ["## Cells", "",
-          "| # | cell | status | tok/s | drop rate | median ms (p5–p95) | MiB/tok | hit % | "
-          "stall ms/tok | majflt/tok | CPU occ. | spec useful | caps during | entry | gate |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| # | cell | config | status | tok/s | drop rate | median ms (p5–p95) | MiB/tok | "
+          "hit % | stall ms/tok | majflt/tok | CPU occ. | spec useful | caps during | entry | "
+          "pressure | gate |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in a.cells:
         rec = next((r for r in a.records if r.index == c.index), None)
         gate = "-"
@@ -139,14 +167,15 @@ def render(a: CampaignAnalysis) -> str:
         name = c.name + (f" (sentinel of {c.sentinel_of + 1})" if c.sentinel_of is not None
                          else "")
         L.append(
-            f"| {c.index + 1} | {name} | {c.status} | {t.rate(c.tokens_per_s)} | "
+            f"| {c.index + 1} | {name} | {apart[c.index]} | {c.status} | "
+            f"{t.rate(c.tokens_per_s)} | "
             f"{t.num(c.drop_rate and 100 * c.drop_rate, '.1f', '%')} | "
             f"{t.num(c.median_ms, '.1f')} ({t.num(c.p5_ms, '.1f')}–{t.num(c.p95_ms, '.1f')}) | "
             f"{t.num(c.read_mib_per_token)} | {t.num(c.hit_pct, '.1f')} | "
             f"{t.num(c.stall_ms_per_token, '.1f')} | {t.num(c.majflt_per_token)} | "
             f"{t.num(c.cpu_occupancy and 100 * c.cpu_occupancy, '.0f', '%')} | "
             f"{t.num(c.spec_useful_pct, '.0f', '%')} | {t.caps_during(c)} | "
-            f"{t.entry(rec.entry) if rec else '-'} | {gate} |")
+            f"{t.entry(rec.entry) if rec else '-'} | {t.pressure(c)} | {gate} |")
     L.append("")
     notes = [(c, n) for c in a.cells for n in c.notes]
     for c, n in notes:
@@ -163,7 +192,8 @@ def render(a: CampaignAnalysis) -> str:
         L.append("")
 
     if a.unverified_ratios:
-        L += ["### Unverified ratios (no device state recorded: not matched, no verdict)", "",
+        L += ["### Unverified ratios (device state or times not recorded: not matched, no "
+              "verdict)", "",
               "| second / first | ratio | 95% CI |", "|---|---|---|"]
         for f, s, r in a.unverified_ratios:
             L.append(f"| {cell_name(a, s)} / {cell_name(a, f)} | {r.estimate:.3f} | "

@@ -24,16 +24,25 @@ def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPL
             f"device {a.plan.device}, run folder {a.run}")
     for b in banners(a):
         c.print(f"[bold red]{b}[/]")
+    if a.imported is not None:
+        info = a.imported
+        c.print(f"import: order {info.order.kind} ({info.order.source})", markup=False)
+        for n in info.notes:
+            c.print(f"  WARNING: {n}", markup=False)
 
     cells = Table(title="cells (steady window; ± is the 95% bootstrap interval)",
                   box=table_box)
-    for col in ("#", "cell", "status", "tok/s", "drop", "median ms", "MiB/tok", "hit %",
-                "majflt/tok", "CPU occ.", "caps during", "entry"):
+    apart = t.config_apart(a.cells)
+    show_config = any(v != "-" for v in apart.values())
+    for col in ("#", "cell", *(("config",) if show_config else ()), "status", "tok/s",
+                "drop", "median ms", "MiB/tok", "hit %", "majflt/tok", "CPU occ.",
+                "caps during", "entry"):
         cells.add_column(col, overflow="fold")
     for s in a.cells:
         rec = next((r for r in a.records if r.index == s.index), None)
         cells.add_row(
-            str(s.index + 1), s.name + (" *" if s.sentinel_of is not None else ""), s.status,
+            str(s.index + 1), s.name + (" *" if s.sentinel_of is not None else ""),
+            *((apart[s.index],) if show_config else ()), s.status,
             t.rate(s.tokens_per_s), t.num(s.drop_rate and 100 * s.drop_rate, ".1f", "%"),
             t.num(s.median_ms, ".1f"), t.num(s.read_mib_per_token),
             t.num(s.hit_pct, ".1f"), t.num(s.majflt_per_token),
@@ -54,8 +63,8 @@ def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPL
                 c.print(f"    {MARK[cr.status]} {cr.name}: {cr.detail}", markup=False)
 
     if a.unverified_ratios:
-        c.print("[bold yellow]unverified ratios[/] (no device state recorded: not matched, "
-                "no verdict)")
+        c.print("[bold yellow]unverified ratios[/] (device state or times not recorded: not "
+                "matched, no verdict)")
         for f, s, r in a.unverified_ratios:
             c.print(f"  {cell_name(a, s)} / {cell_name(a, f)}: {r.estimate:.3f} "
                     f"(95% CI {r.low:.3f}–{r.high:.3f})", markup=False)
@@ -89,7 +98,7 @@ def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPL
         for d in a.decisions:
             if d.verdict == UNVERIFIED:
                 for p in d.pairs:
-                    c.print(f"  unverified pair (no device state): {cell_name(a, p.candidate)} "
+                    c.print(f"  unverified pair: {cell_name(a, p.candidate)} "
                             f"vs {cell_name(a, p.baseline)}: "
                             f"{t.times(d.candidate, d.baseline, p.ratio) if p.ratio else '-'}",
                             markup=False)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 from abbench.analysis.cells import CellStats
 from abbench.analysis.decide import UNVERIFIED, Decision
@@ -96,7 +98,15 @@ def entry(e: EntryState) -> str:
     parts: list[str] = []
     if e.caps_khz:
         capped = e.capped()
-        parts.append("capped " + ",".join(capped) if capped else "caps at max")
+        blind = sorted(p for p in e.caps_khz if p not in e.hw_max_khz)
+        if capped:
+            parts.append("capped " + ",".join(capped))
+        if blind:  # a cap with no hardware maximum is not "at max": unknown
+            parts.append(", ".join(f"{p} cap "
+                                   f"{e.caps_khz[p] / 1e6:.2f} GHz" for p in blind)
+                         + " (hardware max unknown)")
+        elif not capped:
+            parts.append("caps at max")
     if e.cpu_temp_c is not None:
         parts.append(f"cpu {e.cpu_temp_c:.1f} °C")
     if e.battery_temp_c is not None:
@@ -114,6 +124,71 @@ def caps_during(c: CellStats) -> str:
     d = c.during
     if not d.caps_measured:
         return "-"
+    blind = sorted({p for st in d.caps_states for p, _ in st if p not in d.hw_max_khz})
+    if blind and not d.capped:
+        lows = {p: min(cap for st in d.caps_states for q, cap in st if q == p) for p in blind}
+        return ", ".join(f"cap {lows[p] / 1e6:.2f} GHz" for p in blind) + \
+            " (hardware max unknown)"
     if not d.capped:
         return "at max" if d.caps_constant else "changed (at max)"
     return ("capped " if d.caps_constant else "changing, capped ") + ",".join(d.capped)
+
+
+DESCRIBE_MAX = 100  # characters of a configuration's description
+
+
+def _config(key: str) -> dict[str, Any]:
+    try:
+        cfg = json.loads(key)
+    except json.JSONDecodeError:
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def describe_configs(keys: list[str]) -> dict[str, str]:
+    """Each configuration named by the keys that set it apart from the others (all of
+    them differing nowhere: its model), shortened to a line."""
+    cfgs = {k: _config(k) for k in keys}
+    names = sorted({n for c in cfgs.values() for n in c})
+    apart = [n for n in names if len({json.dumps(c.get(n), sort_keys=True)
+                                      for c in cfgs.values()}) > 1]
+    out = {}
+    for key, cfg in cfgs.items():
+        if not cfg:
+            text = key
+        else:
+            shown = apart or [n for n in ("model", "engine", "command") if n in cfg]
+            text = " ".join(f"{n}={_short(cfg[n])}" for n in shown if n in cfg) or "(no keys)"
+        out[key] = text if len(text) <= DESCRIBE_MAX else text[:DESCRIBE_MAX - 3] + "..."
+    return out
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def config_apart(cells: Any) -> dict[int, str]:
+    """Per cell index, its configuration by the keys that set it apart from the other
+    cells' ("-" where every cell runs one configuration)."""
+    keys = [c.config_key for c in cells if c.config_key]
+    if len(set(keys)) <= 1:
+        return {c.index: "-" for c in cells}
+    names = describe_configs(sorted(set(keys)))
+    return {c.index: names.get(c.config_key, "-") if c.config_key else "-" for c in cells}
+
+
+def pressure(c: CellStats) -> str:
+    """What a cell did to the rest of the device: the free-RAM floor, the CPU and battery
+    maximum temperatures during it, its peak RSS (what was recorded)."""
+    d = c.during
+    parts = []
+    if d.mem_available_floor_mib is not None:
+        parts.append(f"floor {d.mem_available_floor_mib:.0f} MiB")
+    if d.cpu_temp_c is not None:
+        parts.append(f"CPU max {d.cpu_temp_c[1]:.1f} °C")
+    if d.battery_temp_c is not None:
+        parts.append(f"batt max {d.battery_temp_c[1]:.1f} °C")
+    if c.peak_rss_mib is not None:
+        parts.append(f"RSS {c.peak_rss_mib / 1024:.2f} GiB")
+    return ", ".join(parts) or "-"
