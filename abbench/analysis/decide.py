@@ -159,6 +159,11 @@ def contrast(by: dict[int, CellStats], weights: dict[int, float], noise: Noise,
 
 
 def _settle_owed(cand: str, base: str, comps: list[Comparison]) -> str:
+    if any("execution order is unknown" in cr.detail for c in comps for cr in c.match.criteria
+           if cr.name == "adjacent"):
+        return ("the order the runs ran in: `abbench import --order a,b,...` if you know it, "
+                "or the driver log that ran them (its ENTRY STATE lines), so that adjacent "
+                "runs can be compared")
     adjacent = [c for c in comps if abs(c.candidate - c.baseline) == 1]
     if not adjacent:
         return (f"run {cand} and {base} next to each other in `order` "

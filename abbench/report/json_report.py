@@ -53,6 +53,7 @@ def _cell(c: CellStats, a: CampaignAnalysis) -> dict[str, Any]:
         "drop_rate": plain(c.drop_rate),
         "spec_read_mib_per_token": plain(c.spec_read_mib_per_token),
         "spec_useful_pct": plain(c.spec_useful_pct), "threads": c.threads,
+        "peak_rss_mib": plain(c.peak_rss_mib),
         "entry": rec.entry.to_json() if rec else None,
         "gate": rec.gate.to_json() if rec else None,
         "t_start_wall": rec.t_start_wall if rec else None,
@@ -157,6 +158,8 @@ def build(a: CampaignAnalysis) -> dict[str, Any]:
         "repeat_groups": [list(g) for g in a.groups],
         "sequential": a.plan.sequential.to_json() if a.plan.sequential else None,
         "looks": [_look(lk) for lk in a.looks], "pending": list(a.pending),
+        "order_known": a.plan.order_known,
+        "import": a.imported.to_json() if a.imported is not None else None,
     }
 
 
