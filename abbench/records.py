@@ -462,33 +462,28 @@ class ImportInfo:
 
 def read_import_info(run: Path) -> ImportInfo | None:
     """A run's import provenance; None for a campaign's run folder."""
-    path = run / IMPORT_FILE
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise RecordError(f"{path}: malformed import provenance ({str(e)[:200]})") from None
-    try:
-        return ImportInfo.from_json(doc)
-    except _BadField as e:
-        raise RecordError(f"{path}: malformed import provenance: {e}") from None
+    return _read_record(run / IMPORT_FILE, ImportInfo, "import provenance")
 
 
 def read_noise_floor(run: Path) -> NoiseFloor | None:
     """The run's snapshot of its device's noise floor; None when there is none (runs from
     before it existed, imports). A snapshot that does not parse is an error."""
-    path = run / NOISE_FLOOR_FILE
+    return _read_record(run / NOISE_FLOOR_FILE, NoiseFloor, "noise floor")
+
+
+def _read_record(path: Path, cls: type[T], what: str) -> T | None:
+    """One JSON record file of a run folder: None when absent, a RecordError naming the
+    file when it does not parse."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise RecordError(f"{path}: malformed noise floor ({str(e)[:200]})") from None
+        raise RecordError(f"{path}: malformed {what} ({str(e)[:200]})") from None
     try:
-        return NoiseFloor.from_json(doc)
+        return _from_dict(cls, doc)
     except _BadField as e:
-        raise RecordError(f"{path}: malformed noise floor: {e}") from None
+        raise RecordError(f"{path}: malformed {what}: {e}") from None
 
 
 # -- files ---------------------------------------------------------------------------

@@ -65,8 +65,10 @@ def noise(n: Noise) -> str:
         return ("cell-to-cell noise unknown (no repeat of a configuration with equal work in "
                 "this campaign, no device history)")
     token = math.sqrt(n.token_variance) if n.token_variance > 0 else 0.0
+    split = (f"of which token noise ±{token:.1%}" if n.token_variance < n.variance else
+             f"no more than their own token noise, ±{token:.1%}")
     return (f"cell-to-cell noise ±{n.sd:.1%} ({n.repeats} repeats, {n.df} df; {n.source}; "
-            f"of it token noise ±{token:.1%})")
+            f"{split})")
 
 
 def question(d: Decision) -> str:
