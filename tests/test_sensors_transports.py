@@ -235,3 +235,24 @@ def test_batch_script_refuses_unsafe_text() -> None:
         batch_script(["/proc/meminfo; rm -rf /"])
     with pytest.raises(ValueError):
         batch_script(["/proc/meminfo"], {"/x": "dumpsys $(reboot)"})
+
+
+def test_an_ssh_cell_is_launched_with_the_samplers_options(
+        fakes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cell's command on ssh: goes through the device's own command line — BatchMode
+    # included — so it can never stop at a password prompt the sampler would not.
+    from abbench.cli import main
+
+    monkeypatch.setenv("FAKE_EXEC", "1")
+    cells = tmp_path / "cells.toml"
+    cells.write_text(
+        '[campaign]\nname = "ssh"\nspacing_s = 0\n[device]\ntransport = "ssh:bench@lab-box"\n'
+        '[cells.ext]\ncommand = ["sh", "-c", '
+        '"echo generation: 4 tokens, 0.500 s/token \\\\(2.000 tok/s\\\\)"]\n'
+        'output = "stdout-summary"\n')
+    rc = main(["campaign", str(cells), "--out", str(tmp_path / "r"), "--sentinels",
+               str(tmp_path / "s"), "--no-live"])
+    assert rc == 0
+    launched = [c for c in calls(fakes) if "generation:" in c[-1]]
+    assert launched and all(c[:4] == ["ssh", "-o", "BatchMode=yes", "bench@lab-box"]
+                            for c in launched), launched

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -134,17 +133,6 @@ def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
     argv.append("--o-direct" if cfg.get("o_direct", True) else "--no-o-direct")
     if cfg.get("route_trace"):
         argv += ["--route-trace", str(out_dir / "route.csv")]
-    return argv
-
-
-def device_argv(device: Device, argv: list[str]) -> list[str]:
-    """The argument list that runs `argv` on the device (never a shell string built from
-    user values: the remote shell gets one quoted word list)."""
-    kind, _, where = device.transport.partition(":")
-    if kind == "adb":
-        return ["adb", "-s", where, "shell", shlex.join(argv)]
-    if kind == "ssh":
-        return ["ssh", "--", where, shlex.join(argv)]
     return argv
 
 
@@ -360,7 +348,9 @@ class CampaignRun:
             if cfg.get("engine", "embedded") == "embedded":
                 argv = engine_argv(self.opts.python, cfg, out)
             else:
-                argv = device_argv(self.device, [str(x) for x in cfg["command"]])
+                # The device's own command line (ssh with BatchMode, adb -s SERIAL): a cell
+                # is launched with the same options as the sampler's reads.
+                argv = self.device.command([str(x) for x in cfg["command"]])
             with open(stderr_path, "wb") as err, open(out / "stdout.txt", "wb") as so:
                 self._child = subprocess.Popen(argv, stdout=so, stderr=err,
                                                stdin=subprocess.DEVNULL)
