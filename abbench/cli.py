@@ -1,4 +1,5 @@
-"""The `abbench` command: a thin dispatcher and the one error boundary.
+"""The `abbench` command: a dispatch table over `abbench.commands` and the one error
+boundary.
 
 A user's mistake (an `AbbenchError`) prints `ERROR: ...` and, where one helps, `TIP: ...`
 on stderr and exits with the error's status (2); it never prints a traceback.
@@ -13,15 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from abbench import __version__
-from abbench.analysis.replay_cli import add_replay_parser
-from abbench.campaign.cli import add_calibrate_parser, add_campaign_parser
-from abbench.engine.cli import add_engine_parser, add_model_parser
+from abbench.commands import COMMANDS
 from abbench.errors import AbbenchError
-from abbench.importers.cli import add_import_parser
-from abbench.report.cli import add_report_parser
-from abbench.sensors.cli import add_sensors_parser
-from abbench.sentinels_cmd import add_sentinels_parser
-from abbench.sim_cmd import add_sim_parser
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,16 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"abbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
-    add_calibrate_parser(sub)
-    add_campaign_parser(sub)
-    add_engine_parser(sub)
-    add_import_parser(sub)
-    add_model_parser(sub)
-    add_replay_parser(sub)
-    add_report_parser(sub)
-    add_sensors_parser(sub)
-    add_sentinels_parser(sub)
-    add_sim_parser(sub)
+    for command in COMMANDS:  # the dispatch table: each mounts its own parser
+        command.add_parser(sub)
     return p
 
 

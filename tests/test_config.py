@@ -83,7 +83,7 @@ def test_every_config_field_is_an_engine_run_flag() -> None:
     args = build_parser().parse_args(["engine", "run", "-m", "m.gguf"])
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     assert fields <= set(vars(args)), fields - set(vars(args))
-    from abbench.engine.cli import config_from_args
+    from abbench.commands.engine import config_from_args
 
     assert config_from_args(args) == EngineConfig(model="m.gguf")  # the same defaults
 

@@ -27,8 +27,8 @@ from abbench.analysis.replay import (
     replay,
     replay_cache,
 )
-from abbench.analysis.replay_cli import render, to_json
 from abbench.analysis.route_trace import parse_route_trace, read_route_trace
+from abbench.report.replay import render, to_json
 
 REFERENCE = BMOE / "route-trace-2026-07-15" / "qwen.route.csv"
 needs_reference = pytest.mark.skipif(not REFERENCE.exists(), reason="reference trace absent")

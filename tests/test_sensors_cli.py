@@ -65,4 +65,4 @@ def test_sensors_bad_sample_count(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["sensors", "--samples", "0"])
     assert e.value.code == 2
-    assert "ERROR: argument --samples: must be at least 1" in capsys.readouterr().err
+    assert "ERROR: argument --samples: the count must be >= 1, got 0" in capsys.readouterr().err

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from abbench.cli import main
+from abbench.commands.sentinels import history, load
 from abbench.records import RepeatRecord
-from abbench.sentinels_cmd import history, load
 
 KEY_A = json.dumps({"cache_mb": 2000, "engine": "embedded"}, sort_keys=True)
 KEY_B = json.dumps({"cache_mb": 4000, "engine": "embedded"}, sort_keys=True)

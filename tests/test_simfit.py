@@ -18,9 +18,9 @@ from conftest import run_main
 
 from abbench.analysis.simfit import read_timeline
 from abbench.analysis.simthermal import Segment, simulate
+from abbench.commands.sim import render_toml
 from abbench.records import CellRecord, EntryState, Plan, PlannedCell, Sample, append_jsonl
 from abbench.sensors.sim import Profile, SimulatedDevice, ThermalModel, Trip, load_profile
-from abbench.sim_cmd import render_toml
 
 HZ = 2.0
 FITTED = ("heat_c_per_s", "soc_tau_s", "case_tau_s", "ambient_tau_s", "ambient_c",

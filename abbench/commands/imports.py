@@ -28,7 +28,7 @@ def parse_decision(text: str) -> tuple[str, str, float]:
     return parts[0], parts[1], effect
 
 
-def add_import_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "import", help="turn a folder of runs made elsewhere into a run folder",
         description="Read bmoe_metrics CSVs, .log summaries, .metrics, .state and driver logs "
@@ -49,10 +49,10 @@ def add_import_parser(sub: Any) -> None:
                    help="replace an earlier import at --out")
     p.add_argument("--style", choices=("rich", "plain"), default="rich",
                    help="the printed report's style (default rich)")
-    p.set_defaults(func=run_import)
+    p.set_defaults(func=run)
 
 
-def run_import(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Import, write the reports, print the summary and the report; the exit status is the
     decisions' (0 all GO or none asked, 1 a NO-GO, 3 open), as for a campaign."""
     src: Path = args.dir

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 from abbench import __version__
 from abbench.analysis.simfit import THERMAL, Estimate, FitError, SimFit, fit_run
 from abbench.campaign._toml import dump_value
+from abbench.commands.args import fraction, positive
 from abbench.errors import UsageError
 from abbench.fsutil import atomic_write_text
 from abbench.sensors.sim import Profile, tomllib
@@ -43,27 +43,7 @@ COMMENTS = {
 }
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got `{text}`") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got `{text}`") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in 0..1, got {text}")
-    return value
-
-
-def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("sim", help="the simulated device: fit a profile to a recorded run",
                        description="Tools for the simulated device (`sim:PROFILE`).")
     sim_sub = p.add_subparsers(dest="sim_command", required=True, metavar="COMMAND",
@@ -77,10 +57,10 @@ def add_sim_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     f.add_argument("run", metavar="RUN", help="the run folder (reports/NAME-YYYYmmdd-HHMMSS)")
     f.add_argument("-o", "--output", required=True, metavar="PROFILE.toml",
                    help="the profile to write (replaced atomically)")
-    f.add_argument("--time-scale", type=_positive, metavar="X",
+    f.add_argument("--time-scale", type=positive, metavar="X",
                    help="simulated s per wall s, for the fit and the profile (default: the "
                    "profile's of a `sim:` run, else 1)")
-    f.add_argument("--idle-load", type=_fraction, metavar="X",
+    f.add_argument("--idle-load", type=fraction, metavar="X",
                    help="fix the load between cells instead of fitting it")
     f.add_argument("--name", help="the profile's name (default: the output file's stem)")
     f.set_defaults(func=run_sim_fit)

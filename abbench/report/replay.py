@@ -1,29 +1,19 @@
-"""`abbench replay TRACE`: the offline answers of `replay.py`, as a report or a JSON document.
-
-The report prints each figure with its denominator, and each section ends with the
-definitions it used, one line each. `--json` prints the same figures under stable keys
-(docs/replay.md); undefined figures are `null`.
-"""
+"""The replay report: `abbench replay`'s figures as text, each with its denominator and
+the definitions it used, one line each, or as a JSON document under stable keys
+(docs/replay.md); undefined figures are `null`."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from abbench.analysis.replay import (
-    DROP_FACTORS,
     MIB,
     POLICIES,
     CacheResult,
     Replay,
     recorded_budget_mib,
-    replay,
 )
-from abbench.analysis.route_trace import read_route_trace
 
 FORMAT = "abbench-replay v1"
 _POLICY_NAMES = {"lru": "LRU", "lfu": "LFU", "belady": "Belady"}
@@ -51,58 +41,6 @@ DEFINITIONS = {
     "reads_avoided_pct": "dropped miss bytes / all decode miss bytes",
     "weight_discarded_pct": "dropped router weight / all decode router weight",
 }
-
-
-def _mib(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size in MiB, got `{text}`") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"cache size must be a finite MiB >= 0, got {text}")
-    return value
-
-
-def _factor(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a factor of the uniform weight, got "
-                                         f"`{text}`") from None
-    if not (math.isfinite(value) and 0 < value <= 1):
-        raise argparse.ArgumentTypeError(f"drop factor must be in (0, 1], got {text}")
-    return value
-
-
-def add_replay_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "replay",
-        help="offline answers from a route trace: cache policies, predictors, drop trade",
-        description="Replay a route_trace v1 file: hit %% of LRU / LFU / Belady-optimal "
-        "caches at given budgets, decode predictor accuracies (previous token at lags "
-        "1/2/4/8, the run's and the prompt's hottest-k, random), and the drop policy's "
-        "trade per threshold. Definitions: docs/replay.md.",
-    )
-    p.add_argument("trace", metavar="TRACE", help="a route_trace v1 file (.route.csv)")
-    p.add_argument("--cache-mib", type=_mib, nargs="+", action="extend", metavar="MIB",
-                   help="cache budgets to replay (default: the trace's own, if its preamble "
-                   "says, plus a doubling ladder from half a token's experts to all of them)")
-    p.add_argument("--drop-factors", type=_factor, nargs="+", action="extend", metavar="F",
-                   help="drop thresholds as F x uniform weight (F/k); default "
-                   + " ".join(map(str, DROP_FACTORS)))
-    p.add_argument("--json", action="store_true", help="print a JSON document instead")
-    p.set_defaults(func=run_replay)
-
-
-def run_replay(args: argparse.Namespace) -> int:
-    trace = read_route_trace(args.trace)
-    result = replay(trace, args.cache_mib, args.drop_factors or DROP_FACTORS)
-    if args.json:
-        json.dump(to_json(result), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render(result))
-    return 0
 
 
 # -- JSON --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from abbench.commands.args import positive_int
 from abbench.sensors.device import Device, open_device, thermal_gaps
 from abbench.sensors.probe import speed_probe
 
@@ -23,17 +24,7 @@ SAMPLE_SPACING_S = 0.5
 PROBE_REPS = 5
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got `{text}`") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def add_sensors_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "sensors",
         help="list what a device's sensors expose and print a live reading",
@@ -45,14 +36,14 @@ def add_sensors_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
                    help="where the device is (default: local)")
     p.add_argument("--root", default="/", metavar="PATH",
                    help="read sysfs and /proc under PATH instead of / (local only; fixtures)")
-    p.add_argument("--samples", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--samples", type=positive_int, default=1, metavar="N",
                    help=f"readings to print, {SAMPLE_SPACING_S:g} s apart (default 1)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document (exposes, samples, probe) instead")
-    p.set_defaults(func=run_sensors)
+    p.set_defaults(func=run)
 
 
-def run_sensors(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     device = open_device(args.transport, args.root)
     rows = device.describe()
     samples: list[dict[str, Any]] = []

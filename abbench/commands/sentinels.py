@@ -145,7 +145,7 @@ def render(device: str, runs: list[SentinelRun], threshold: float,
     return lines
 
 
-def add_sentinels_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "sentinels", help="history of sentinel speeds per device and configuration",
         description="Show each device's sentinel speeds over time against its cool baseline, "
@@ -156,10 +156,10 @@ def add_sentinels_parser(sub: Any) -> None:
                    help="the sentinel history folder (default: sentinels)")
     p.add_argument("--threshold", type=float, default=0.9,
                    help="flag campaigns opening below this fraction of the baseline (0.9)")
-    p.set_defaults(func=run_sentinels)
+    p.set_defaults(func=run)
 
 
-def run_sentinels(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     folder: Path = args.dir
     if not 0 < args.threshold <= 1:
         raise UsageError(f"--threshold {args.threshold}: expected a fraction in (0, 1]")

@@ -10,7 +10,7 @@ from abbench.report import json_report, write_reports
 from abbench.report.terminal import print_report
 
 
-def add_report_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "report", help="re-render a run folder's report (runs nothing)",
         description="Analyze a run folder (plan, journal, samples, per-cell output), write "
@@ -22,10 +22,10 @@ def add_report_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--json", action="store_true", help="print report.json to stdout instead")
     p.add_argument("--style", choices=("rich", "plain"), default="rich",
                    help="terminal output style (default: rich)")
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=run)
 
 
-def cmd_report(a: argparse.Namespace) -> int:
+def run(a: argparse.Namespace) -> int:
     analysis, rc = write_reports(Path(a.run))
     if a.json:
         sys.stdout.write(json_report.dumps(analysis))

@@ -1,0 +1,107 @@
+"""`abbench model synth` and `abbench model info`: synthetic models, and what a model file
+holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from abbench.engine import synth
+from abbench.engine.gguf_file import ModelFile
+from abbench.engine.models import resolve_model
+from abbench.engine.session import model_info
+from abbench.errors import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    model = sub.add_parser("model", help="write synthetic models, describe model files")
+    msub = model.add_subparsers(dest="model_cmd", required=True, metavar="COMMAND")
+    sy = msub.add_parser("synth", help="write a synthetic qwen3moe GGUF model",
+                         description="Write a synthetic qwen3moe model whose routing behaves "
+                         "like a trained model's. Presets: " + ", ".join(
+                             f"{k} ({v.n_layer} layers, {v.n_expert} experts, top-{v.n_expert_used}"
+                             f", d={v.d_model})" for k, v in synth.PRESETS.items()))
+    sy.add_argument("--preset", default="tiny", choices=list(synth.PRESETS))
+    sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("-o", "--output", required=True, metavar="FILE")
+    for knob, default, text in (
+        ("popularity-skew", None, "Zipf-like expert popularity strength"),
+        ("update-early", None, "first layer's residual update size"),
+        ("update-late", None, "last layers' residual update size"),
+        ("router-scale", None, "spread of router logits"),
+    ):
+        sy.add_argument(f"--{knob}", type=float, default=default, help=text + " (preset default)")
+    sy.add_argument("--expert-type", choices=["F32", "F16", "BF16", "Q8_0"],
+                    help="storage type of expert tensors (default F32)")
+    sy.add_argument("--dense-type", choices=["F32", "F16", "BF16", "Q8_0"],
+                    help="storage type of large dense tensors (default F32)")
+    sy.set_defaults(func=cmd_model_synth)
+    info = msub.add_parser("info", help="architecture and sizes of a model file")
+    info.add_argument("model", help="a .gguf file or synthetic:PRESET")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(func=cmd_model_info)
+
+
+def cmd_model_synth(a: argparse.Namespace) -> int:
+    spec = synth.preset(a.preset, a.seed)
+    overrides = {k: v for k, v in (
+        ("popularity_skew", a.popularity_skew), ("update_early", a.update_early),
+        ("update_late", a.update_late), ("router_scale", a.router_scale),
+        ("expert_type", a.expert_type), ("dense_type", a.dense_type),
+    ) if v is not None}
+    if overrides:
+        from dataclasses import replace
+
+        spec = replace(spec, **overrides)
+    out = Path(a.output)
+    if not out.resolve().parent.is_dir():
+        raise UsageError(f"`-o`: folder {out.resolve().parent} does not exist")
+    print(f"writing {a.preset} (seed {a.seed}) to {out} ...", file=sys.stderr, flush=True)
+    synth.write_model(spec, out, name=f"abbench-synthetic-{a.preset}")
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    return 0
+
+
+def cmd_model_info(a: argparse.Namespace) -> int:
+    mf = ModelFile(resolve_model(a.model))
+    info = model_info(mf)
+    if a.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    mib = 2**20
+    slices = info["expert_slice_bytes"]
+    rows = [
+        ("file", f"{info['path']} ({info['file_bytes'] / mib:.1f} MiB, "
+                 f"alignment {info['alignment']})"),
+        ("architecture", f"{info['architecture']} ({info['name'] or 'unnamed'})"),
+        ("layers", info["n_layer"]),
+        ("experts", f"{info['n_expert']} per layer, top-{info['n_expert_used']}"),
+        ("d_model / expert ff", f"{info['d_model']} / {info['expert_ff']}"),
+        ("heads", f"{info['n_head']} q, {info['n_head_kv']} kv, head dim {info['head_dim']}"),
+        ("vocab / context", f"{info['vocab_size']} / {info['context_length']}"),
+        ("tensor types", ", ".join(info["tensor_types"])),
+        ("dense bytes", f"{info['dense_bytes'] / mib:.2f} MiB"),
+        ("expert slice bytes", f"gate {slices['gate']}, up {slices['up']}, down {slices['down']}"),
+        ("expert bytes", f"{info['expert_bytes'] / mib:.3f} MiB in the file, "
+                         f"{info['expert_f32_bytes'] / mib:.3f} MiB resident (F32)"),
+        ("all experts", f"{info['expert_file_bytes'] / mib:.1f} MiB"),
+        ("routed per token", f"{info['routed_bytes_per_token'] / mib:.1f} MiB"),
+    ]
+    number = (int, float)
+    stored = []
+    if isinstance(info["sampling_temp"], number):
+        stored.append(f"temp {info['sampling_temp']:.7g}")
+    if isinstance(info["sampling_penalty_repeat"], number):
+        last_n = info["sampling_penalty_last_n"]
+        stored.append(f"repeat penalty {info['sampling_penalty_repeat']:.7g}"
+                      + (f" over the last {last_n} tokens" if isinstance(last_n, int) else ""))
+    if stored:
+        rows.append(("sampling defaults", ", ".join(stored)))
+    if info["synthetic"]:
+        rows.append(("synthetic", ", ".join(f"{k}={v}" for k, v in info["synthetic"].items())))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
