@@ -258,3 +258,19 @@ def test_import_json_is_whole_and_names_every_source(tmp_path: Path) -> None:
                                                  "source": "a.metrics `cpu_temp_before_mC`"}
     assert cell["facts"]["t_start"]["kind"] == "unknown"
     assert cell["facts"]["config.model"]["kind"] == "derived"
+
+
+def test_a_driver_log_number_out_of_range_is_left_out_with_a_note() -> None:
+    from abbench.importers.driverlog import parse_driver_log
+
+    notes: list[str] = []
+    big = "9" * 400  # a float of this is infinite
+    (entry,) = parse_driver_log(
+        f"ENTRY STATE: cell=a cpu_temp_c={big} battery_temp_c=38.1 memavail=1e308 GB "
+        f"caps=policy0:{big}/3321600,policy6:1651200/3801600\n", "driver.log", notes)
+    assert entry.cpu_temp_c is None and entry.battery_temp_c == 38.1
+    assert entry.mem_available_mib is None
+    assert entry.caps_khz == {"policy6": 1651200}
+    assert any("cpu_temp_c" in n and "finite" in n for n in notes), notes
+    assert any("memavail" in n and "out of range" in n for n in notes), notes
+    assert any("policy0" in n for n in notes), notes

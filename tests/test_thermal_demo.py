@@ -9,7 +9,8 @@ That keeps each campaign under a minute and the story independent of the machine
 
 With fixed 30 s spacing: the closing sentinel is more than 10% slower than the opening one
 with an equal fingerprint, the report attributes it to caps engaged from the second cell,
-and at most one adjacent pair is matched. Gated: every adjacent pair is matched, no cell
+and at most one adjacent pair is matched. Gated: every adjacent pair is thermally matched
+(the real speed probe may still tell this host's own swings), no cell
 runs capped, and both B cells run on the same simulated device state (their measured
 speeds' agreement is not asserted: this host's own noise exceeds 3%).
 """
@@ -128,7 +129,13 @@ def _fixed_story(r: dict[str, Any]) -> None:
 
 
 def _gated_story(r: dict[str, Any]) -> None:
-    assert [p["state"] for p in r["pairs"]] == ["matched"] * 3, r["pairs"]
+    # Every adjacent pair is thermally matched: each criterion the simulated device decides
+    # holds. The speed probe runs for real on this host, whose speed moves 3-8% between
+    # cells on a shared VM; when it unmatches a pair, the probe is the only reason.
+    for pair in r["pairs"]:
+        failed = [c["name"] for c in pair["criteria"] if c["status"] == "fail"]
+        assert set(failed) <= {"probe"}, pair
+        assert pair["state"] == ("matched" if not failed else "unmatched"), pair
     assert not any(c["during"]["capped"] for c in r["cells"])
     assert all(not c["gate"]["gave_up"] for c in r["cells"])
     assert r["decisions"][0]["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE")

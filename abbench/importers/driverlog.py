@@ -30,6 +30,7 @@ out silently. Nothing on such a line aborts the log, and no line aborts the fold
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -106,7 +107,7 @@ def _policies(body: str) -> tuple[dict[str, int], dict[str, int], list[str]]:
 
 def _khz(text: str) -> int:
     value = float(text)
-    if value != int(value) or value < 0:
+    if not math.isfinite(value) or value != int(value) or value < 0:
         raise ValueError(text)
     return int(value)
 
@@ -209,10 +210,18 @@ def _read(kv: dict[str, tuple[str, str]], keys: tuple[str, ...], units: dict[str
         scale = (per_key or {}).get(key, default)
         if key == "batt" and not attached and number > 200:
             scale = 0.1  # dumpsys battery: deci-degrees
+        if not math.isfinite(number):
+            notes.append(f"{where}: `{key}` {quote(text_value)} is not a finite number: "
+                         f"{what} left out")
+            return None
         out = _scaled(number, attached, units, scale)
         if out is None:
             notes.append(f"{where}: `{key}` unit {quote(attached)} is not one abbench reads "
                          f"for {what}: left out")
+        elif not math.isfinite(out):
+            notes.append(f"{where}: `{key}` {quote(text_value)} is out of range: {what} "
+                         "left out")
+            return None
         return out
     return None
 
