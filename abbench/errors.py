@@ -1,12 +1,38 @@
-"""The exception tree. The CLI's single boundary turns these into `ERROR:`/`TIP:` lines."""
+"""The exception tree. The CLI's single boundary turns these into `ERROR:`/`TIP:` lines.
+
+```
+AbbenchError                 exit status 2 unless the class says otherwise
+├── UsageError               a command line that cannot be run as given
+├── ConfigError              an engine configuration out of range or inconsistent
+├── CampaignFileError        a cells.toml that cannot be run as written (names the key)
+├── ModelFileError           a model file the engine cannot run
+├── EngineError              the engine failed while running
+├── RecordError              a run-folder file that cannot be read (names file, line, key)
+├── ForeignRunError          a file from a run made elsewhere that cannot be imported
+├── TraceError               a route trace that cannot be read
+├── CellOutputError          a cell finished but what it wrote cannot be read
+├── FitError                 a timeline the simulated device cannot be fitted to
+├── WriteError               a file abbench writes could not be written
+├── SnapshotError            one remote sensor snapshot failed: that sample is a gap
+└── Interrupted              the user stopped the campaign (exit status 4)
+OrderWarning (UserWarning)   what an import also says in its report
+```
+"""
 
 from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+Key = tuple[str | int, ...]  # a key path in a TOML/JSON document; ints index arrays
+
+EXIT_OK, EXIT_NO_GO, EXIT_BAD, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 
 
 class AbbenchError(Exception):
     """A user-facing failure: printed as one `ERROR:` line (plus an optional `TIP:`)."""
 
-    exit_status = 2
+    exit_status = EXIT_BAD
 
     def __init__(self, message: str, tip: str | None = None) -> None:
         super().__init__(message)
@@ -22,9 +48,84 @@ class ConfigError(AbbenchError):
     """A configuration value out of range or inconsistent with another."""
 
 
+class CampaignFileError(AbbenchError):
+    """A campaign file that cannot be run as written."""
+
+    def __init__(self, message: str, tip: str | None = None, *, key: Key = (),
+                 problem: str | None = None, at: Key | None = None,
+                 located: bool = False) -> None:
+        super().__init__(message, tip)
+        self.key = key  # the key the message names
+        self.problem = message if problem is None else problem
+        self.at = key if at is None else at  # where to look for a line number
+        self.located = located  # the message already names the file
+
+
 class ModelFileError(AbbenchError):
     """A model file the engine cannot run: bad magic, truncated, unknown architecture or type."""
 
 
 class EngineError(AbbenchError):
     """The engine failed while running (an I/O error on the model file, for example)."""
+
+
+class RecordError(AbbenchError):
+    """A run folder file that cannot be read."""
+
+
+class ForeignRunError(AbbenchError):
+    """A file from a run made elsewhere that cannot be imported (names the file and line)."""
+
+    def __init__(self, source: str | Path, message: str, line: int | None = None,
+                 tip: str | None = None) -> None:
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(source))
+        where = f"{shown}:{line}" if line is not None else shown
+        super().__init__(f"{where}: {message}", tip=tip)
+        self.source = str(source)
+        self.line = line
+
+
+class TraceError(AbbenchError):
+    """A route trace that cannot be read: names the file and the line."""
+
+
+class CellOutputError(AbbenchError):
+    """A cell finished but what it wrote cannot be read."""
+
+
+class FitError(AbbenchError):
+    """A run whose timeline cannot be fitted."""
+
+
+class WriteError(AbbenchError):
+    """A file abbench writes could not be written (a full disk, a read-only folder)."""
+
+    @classmethod
+    def from_os(cls, e: OSError, then: str = "run the command again") -> WriteError:
+        """`cannot write FILE: WHY`, with a tip ending in `then`."""
+        what, first = (e.strerror or str(e)).lower(), None
+        if e.errno == errno.ENOSPC:
+            what, first = "no space left on device", "free some space on that disk"
+        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            first = "make it writable"
+        return cls(f"cannot write {e.filename or 'a file'}: {what}",
+                   f"{first}, then {then}" if first else then[0].upper() + then[1:])
+
+
+class SnapshotError(AbbenchError):
+    """A remote snapshot failed (device gone, timeout): that sample is a gap."""
+
+
+class Interrupted(AbbenchError):
+    """The user stopped the campaign (Ctrl-C); what finished is in the journal."""
+
+    exit_status = EXIT_INTERRUPTED
+
+    def __init__(self, message: str, tip: str | None = None, folder: Path | None = None):
+        super().__init__(message, tip)
+        self.folder = folder
+
+
+class OrderWarning(UserWarning):
+    """Something about the imported runs that the report also says (an unknown order, a
+    file left out)."""

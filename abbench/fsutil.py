@@ -27,26 +27,11 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-from abbench.errors import AbbenchError
-
 FAULT_ENV = "ABBENCH_FAULT"
 _fault_lock = threading.Lock()
 _fault_hits: Counter[str] = Counter()
 
 
-class WriteError(AbbenchError):
-    """A file abbench writes could not be written (a full disk, a read-only folder)."""
-
-    @classmethod
-    def from_os(cls, e: OSError, then: str = "run the command again") -> WriteError:
-        """`cannot write FILE: WHY`, with a tip ending in `then`."""
-        what, first = (e.strerror or str(e)).lower(), None
-        if e.errno == errno.ENOSPC:
-            what, first = "no space left on device", "free some space on that disk"
-        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            first = "make it writable"
-        return cls(f"cannot write {e.filename or 'a file'}: {what}",
-                   f"{first}, then {then}" if first else then[0].upper() + then[1:])
 
 
 def fault(point: str) -> None:

@@ -31,7 +31,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from abbench.errors import AbbenchError
+from abbench.errors import RecordError
 from abbench.fsutil import append_line
 
 FORMAT = "abbench-run v1"
@@ -40,8 +40,6 @@ EXPECT = ("faster", "not-slower")  # a decision's question (`[[decision]] expect
 T = TypeVar("T")
 
 
-class RecordError(AbbenchError):
-    """A run folder file that cannot be read."""
 
 
 # -- reading: every field checked against its annotation ---------------------------------

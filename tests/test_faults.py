@@ -43,7 +43,8 @@ from runs_helper import cell, make_run
 from abbench import fsutil
 from abbench.analysis.campaign import analyze
 from abbench.campaign.recovery import proc_start
-from abbench.fsutil import WriteError, atomic_write_text, cut_torn_tail
+from abbench.errors import WriteError
+from abbench.fsutil import atomic_write_text, cut_torn_tail
 from abbench.records import append_jsonl, read_journal, read_samples
 from abbench.sensors import Sampler
 

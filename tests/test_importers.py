@@ -14,9 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abbench.cli import main
+from abbench.errors import ForeignRunError, OrderWarning
 from abbench.importers import (
-    ForeignRunError,
-    OrderWarning,
     import_folder,
     parse_bmoe_csv,
     parse_driver_log,

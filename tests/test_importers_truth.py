@@ -13,7 +13,8 @@ import pytest
 
 from abbench.analysis.campaign import analyze
 from abbench.cli import main
-from abbench.importers import OrderWarning, import_folder
+from abbench.errors import OrderWarning
+from abbench.importers import import_folder
 from abbench.records import read_import_info, read_journal, read_plan
 from abbench.report import write_reports
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from abbench.campaign import CampaignFileError, describe_plan, load_campaign, plan_campaign
+from abbench.campaign import describe_plan, load_campaign, plan_campaign
 from abbench.campaign.plan import MAX_CELLS, estimate_s, run_order
 from abbench.engine.config import EngineConfig
+from abbench.errors import CampaignFileError
 from abbench.records import Plan
 
 ROOT = Path(__file__).resolve().parents[1]

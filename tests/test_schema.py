@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abbench.campaign import (
-    CampaignFileError,
     describe_plan,
     load_campaign,
     plan_campaign,
@@ -19,7 +18,7 @@ from abbench.campaign import (
 )
 from abbench.campaign._toml import KeyLines, dump_value, format_key, parse
 from abbench.engine.config import DEFAULT_PROMPT
-from abbench.errors import AbbenchError
+from abbench.errors import AbbenchError, CampaignFileError
 
 # DESIGN.md 5.1, whole.
 EXAMPLE = """\

@@ -2,7 +2,8 @@
 anything (it imports neither the engine nor campaigns)."""
 
 from abbench.analysis.replay import Replay, replay
-from abbench.analysis.route_trace import RouteTrace, TraceError, parse_route_trace, read_route_trace
+from abbench.analysis.route_trace import RouteTrace, parse_route_trace, read_route_trace
+from abbench.errors import TraceError
 
 __all__ = ["Replay", "RouteTrace", "TraceError", "parse_route_trace", "read_route_trace",
            "replay"]

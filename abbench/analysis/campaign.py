@@ -15,12 +15,12 @@ from abbench.analysis.matching import PairMatch, device_state_recorded, match_pa
 from abbench.analysis.noise import comparable, noise_for, repeat_groups
 from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
+from abbench.errors import RecordError
 from abbench.records import (
     CellRecord,
     ImportInfo,
     NoiseFloor,
     Plan,
-    RecordError,
     read_import_info,
     read_journal,
     read_noise_floor,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from abbench.errors import AbbenchError
+from abbench.errors import TraceError
 
 MAGIC = "# route_trace v1"
 REQUIRED = ("turn", "phase", "step", "layer", "slot", "expert", "weight", "residency",
@@ -37,8 +37,6 @@ _TIP = "a route trace starts with `# route_trace v1`, a `# model=... n_layer= n_
        "layer (docs/replay.md)"
 
 
-class TraceError(AbbenchError):
-    """A route trace that cannot be read: names the file and the line."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -36,13 +36,12 @@ import numpy as np
 from abbench.analysis.simthermal import (
     THERMAL,
     Estimate,
-    FitError,
     Segment,
     Series,
     fit_thermal,
 )
 from abbench.analysis.simtrips import TripFit, find_trips
-from abbench.errors import AbbenchError
+from abbench.errors import AbbenchError, FitError
 from abbench.records import read_journal, read_plan, read_samples
 from abbench.sensors.sim import Cluster, Profile, Trip, load_profile, profile_from_text
 

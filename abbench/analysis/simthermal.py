@@ -31,7 +31,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from abbench.errors import AbbenchError
+from abbench.errors import FitError
 from abbench.sensors.sim import MIN_TAU_S
 
 MAX_TAU_S = 1e6              # s: bounds of the search, far outside any device
@@ -40,8 +40,6 @@ THERMAL = ("heat_c_per_s", "soc_tau_s", "case_tau_s", "ambient_tau_s", "ambient_
            "idle_load")
 
 
-class FitError(AbbenchError):
-    """A run whose timeline cannot be fitted."""
 
 
 @dataclass(frozen=True)

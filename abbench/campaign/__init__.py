@@ -2,7 +2,6 @@
 
 from abbench.campaign.plan import describe_plan, plan_campaign, run_order
 from abbench.campaign.schema import (
-    CampaignFileError,
     CampaignSpec,
     CellSpec,
     Decision,
@@ -10,6 +9,7 @@ from abbench.campaign.schema import (
     load_campaign,
     resolved_toml,
 )
+from abbench.errors import CampaignFileError
 
 __all__ = [
     "CampaignFileError",

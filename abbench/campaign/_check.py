@@ -17,22 +17,7 @@ from dataclasses import MISSING, fields
 from typing import Any, NoReturn
 
 from abbench.campaign._toml import Key, dump_value, format_key
-from abbench.errors import AbbenchError
-
-
-class CampaignFileError(AbbenchError):
-    """A campaign file that cannot be run as written."""
-
-    exit_status = 2
-
-    def __init__(self, message: str, tip: str | None = None, *, key: Key = (),
-                 problem: str | None = None, at: Key | None = None,
-                 located: bool = False) -> None:
-        super().__init__(message, tip)
-        self.key = key  # the key the message names
-        self.problem = message if problem is None else problem
-        self.at = key if at is None else at  # where to look for a line number
-        self.located = located  # the message already names the file
+from abbench.errors import CampaignFileError
 
 
 def error_at(key: Key, problem: str, tip: str | None = None,

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from abbench.errors import Key
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
@@ -25,7 +27,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 TOMLDecodeError = tomllib.TOMLDecodeError
 
-Key = tuple[str | int, ...]  # a key path; ints index arrays (of tables)
 
 _BARE = re.compile(r"[A-Za-z0-9_-]+\Z")
 _KEY_PART = re.compile(r"""[ \t]*(?:([A-Za-z0-9_-]+)|"((?:[^"\\\n]|\\.)*)"|'([^'\n]*)')[ \t]*""")

@@ -16,13 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import AbbenchError
+from abbench.errors import CellOutputError
 from abbench.sensors import Device
-
-
-class CellOutputError(AbbenchError):
-    """A cell finished but what it wrote cannot be read."""
-
 
 GENERATION = re.compile(
     r"generation:\s*(\d+)\s+tokens,\s*([\d.]+)\s*s/token\s*\(([\d.]+)\s*tok/s\)"

@@ -20,8 +20,9 @@ import time
 import warnings
 from pathlib import Path
 
+from abbench.errors import RecordError
 from abbench.fsutil import atomic_write_text, cut_torn_tail
-from abbench.records import Plan, RecordError, Sample, read_samples
+from abbench.records import Plan, Sample, read_samples
 
 
 def repair(folder: Path, plan: Plan, done: set[int]) -> None:

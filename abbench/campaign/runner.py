@@ -40,15 +40,21 @@ from abbench.campaign.recovery import note_child, repair
 from abbench.campaign.sequential import LookFn, fits, fraction, next_round
 from abbench.campaign.view import CampaignView
 from abbench.engine.models import prepare_models
-from abbench.errors import AbbenchError, UsageError
-from abbench.fsutil import WriteError, atomic_write_text, fault
+from abbench.errors import (
+    EXIT_OK,
+    AbbenchError,
+    Interrupted,
+    RecordError,
+    UsageError,
+    WriteError,
+)
+from abbench.fsutil import atomic_write_text, fault
 from abbench.records import (
     CellRecord,
     EntryState,
     GateWait,
     Plan,
     PlannedCell,
-    RecordError,
     Sample,
     append_jsonl,
     config_key,
@@ -60,18 +66,9 @@ from abbench.sensors import Device, Sampler, open_device, speed_probe
 from abbench.sensors.probe import ProbeWorker
 
 PROFILE_FILE = "device-profile.toml"  # a simulated device's profile, as the run used it
-EXIT_OK, EXIT_NO_GO, EXIT_BAD, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 STDERR_TAIL = 4000
 
 
-class Interrupted(AbbenchError):
-    """The user stopped the campaign (Ctrl-C); what finished is in the journal."""
-
-    exit_status = EXIT_INTERRUPTED
-
-    def __init__(self, message: str, tip: str | None = None, folder: Path | None = None):
-        super().__init__(message, tip)
-        self.folder = folder
 
 
 @dataclass

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from abbench.campaign._check import (
-    CampaignFileError,
     as_array_of_tables,
     as_table,
     build,
@@ -58,7 +57,7 @@ from abbench.campaign.tables import (
     check_name,
 )
 from abbench.engine.config import EngineConfig
-from abbench.errors import ConfigError
+from abbench.errors import CampaignFileError, ConfigError
 
 __all__ = [
     "CampaignFileError", "CampaignSpec", "CampaignTable", "CellSpec", "Decision", "DeviceTable",

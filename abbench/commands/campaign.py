@@ -17,23 +17,23 @@ from abbench.analysis.noise import history_floor, repeat_records
 from abbench.analysis.sequential import look_alpha
 from abbench.campaign.gate import GateSpec
 from abbench.campaign.plan import describe_plan, plan_campaign
-from abbench.campaign.runner import (
-    EXIT_INTERRUPTED,
-    Interrupted,
-    RunOptions,
-    resume,
-    start,
-)
+from abbench.campaign.runner import RunOptions, resume, start
 from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
 from abbench.campaign.sequential import LookOutcome
-from abbench.errors import AbbenchError, UsageError
-from abbench.fsutil import WriteError, atomic_write_text
+from abbench.errors import (
+    EXIT_INTERRUPTED,
+    AbbenchError,
+    Interrupted,
+    RecordError,
+    UsageError,
+    WriteError,
+)
+from abbench.fsutil import atomic_write_text
 from abbench.records import (
     NOISE_FLOOR_FILE,
     Look,
     NoiseFloor,
     Plan,
-    RecordError,
     append_repeats,
     history_file,
     read_journal,

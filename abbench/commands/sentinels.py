@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from abbench.analysis.noise import HISTORY_MAX_DF, history_floor
-from abbench.errors import UsageError
-from abbench.records import RecordError, RepeatRecord, read_jsonl, read_repeats
+from abbench.errors import RecordError, UsageError
+from abbench.records import RepeatRecord, read_jsonl, read_repeats
 from abbench.report.text import describe_configs
 
 

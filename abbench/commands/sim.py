@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from abbench import __version__
-from abbench.analysis.simfit import THERMAL, Estimate, FitError, SimFit, fit_run
+from abbench.analysis.simfit import THERMAL, Estimate, SimFit, fit_run
 from abbench.campaign._toml import dump_value
 from abbench.commands.args import fraction, positive
-from abbench.errors import UsageError
+from abbench.errors import FitError, UsageError
 from abbench.fsutil import atomic_write_text
 from abbench.sensors.sim import Profile, tomllib
 

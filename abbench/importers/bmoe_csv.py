@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abbench.importers.errors import ForeignRunError, clip, number, quote, read_text
+from abbench.errors import ForeignRunError
+from abbench.importers.errors import clip, number, quote, read_text
 
 VERSION = re.compile(r"#\s*bmoe_metrics\s+(v\S+)\s*$")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./%-]*$")

@@ -4,19 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from abbench.errors import AbbenchError
-
-
-class ForeignRunError(AbbenchError):
-    """A file from a run made elsewhere that cannot be imported (names the file and line)."""
-
-    def __init__(self, source: str | Path, message: str, line: int | None = None,
-                 tip: str | None = None) -> None:
-        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(source))
-        where = f"{shown}:{line}" if line is not None else shown
-        super().__init__(f"{where}: {message}", tip=tip)
-        self.source = str(source)
-        self.line = line
+from abbench.errors import ForeignRunError
 
 
 def quote(text: str, n: int = 40) -> str:

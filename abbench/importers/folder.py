@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import UsageError
+from abbench.errors import ForeignRunError, OrderWarning, UsageError
 from abbench.fsutil import atomic_write_text
 from abbench.importers.bmoe_csv import BmoeRun, looks_like_bmoe_csv, parse_bmoe_csv
 from abbench.importers.driverlog import (
@@ -53,7 +53,7 @@ from abbench.importers.driverlog import (
     parse_driver_log,
 )
 from abbench.importers.enginelog import engine_log_config, parse_engine_log
-from abbench.importers.errors import ForeignRunError, clip, read_text_lossy
+from abbench.importers.errors import clip, read_text_lossy
 from abbench.importers.metrics import parse_metrics
 from abbench.importers.state import DeviceState, Snapshot, parse_state
 from abbench.records import (
@@ -83,9 +83,6 @@ NOT_IDENTITY = frozenset({"n_ctx", "turn", "seed"})
 SELECTOR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
-class OrderWarning(UserWarning):
-    """Something about the imported runs that the report also says (an unknown order, a
-    file left out)."""
 
 
 @dataclass

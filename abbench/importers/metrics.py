@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from abbench.importers.errors import ForeignRunError, clip, number, quote, read_text
+from abbench.errors import ForeignRunError
+from abbench.importers.errors import clip, number, quote, read_text
 
 
 def parse_metrics(text: str, source: str | Path = "<text>") -> dict[str, float | None]:

@@ -25,7 +25,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from abbench.importers.errors import ForeignRunError, clip, number, quote, read_text
+from abbench.errors import ForeignRunError
+from abbench.importers.errors import clip, number, quote, read_text
 
 SECTION = re.compile(r"---\s*([A-Za-z_ ]+?)\s*---$")
 POLICY = re.compile(r"(policy\d+):\s*(.*)$")

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from abbench.analysis.campaign import CampaignAnalysis, analyze
-from abbench.fsutil import WriteError, atomic_write_text
+from abbench.errors import WriteError
+from abbench.fsutil import atomic_write_text
 from abbench.report import json_report, markdown
 from abbench.report.terminal import print_report
 

@@ -18,7 +18,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from abbench.analysis.campaign import CampaignAnalysis  # noqa: E402
 from abbench.analysis.decide import UNVERIFIED  # noqa: E402
-from abbench.records import RecordError, Sample, read_samples  # noqa: E402
+from abbench.errors import RecordError
+from abbench.records import Sample, read_samples  # noqa: E402
 from abbench.report import text as t  # noqa: E402
 from abbench.report.markdown import (  # noqa: E402
     MARK,

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Protocol
 
-from abbench.errors import UsageError
+from abbench.errors import SnapshotError, UsageError
 from abbench.sensors.android import DUMPSYS
 from abbench.sensors.readers import REMOTE_GLOBS
 from abbench.sensors.tree import LocalTree, Tree, batch_script, parse_batch
@@ -28,8 +28,6 @@ SNAPSHOT_TIMEOUT_S = 10.0
 CHECK_TIMEOUT_S = 15.0
 
 
-class SnapshotError(Exception):
-    """A remote snapshot failed (device gone, timeout): that sample is a gap."""
 
 
 class Transport(Protocol):
