@@ -235,10 +235,10 @@ FAILING = {
              "timeout", "no result after the 1 s timeout", "hanging"),
     "garbage": ("import sys\nopen(sys.argv[1], 'wb').write(b'\\x00\\xff<html>not a csv\\n')\n"
                 "print('wrote garbage', file=sys.stderr)\n",
-                "failed", "no token rows", "wrote garbage"),
+                "failed", "is not a column name", "wrote garbage"),
     "nan": ("import sys\nopen(sys.argv[1], 'w').write('# summary tok/s=nan\\nwall_ms\\n1\\n')\n"
             "print('wrote nan', file=sys.stderr)\n",
-            "failed", "no usable throughput (tok/s = nan)", "wrote nan"),
+            "failed", "tok/s: 'nan' is not a finite number", "wrote nan"),
 }
 
 

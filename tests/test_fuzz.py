@@ -38,7 +38,6 @@ from runs_helper import cell, make_run
 from abbench.analysis import cells as cells_module
 from abbench.analysis.campaign import analyze
 from abbench.analysis.replay import DROP_FACTORS, replay
-from abbench.analysis.route_trace import read_route_trace
 from abbench.campaign.plan import describe_plan, plan_campaign
 from abbench.campaign.schema import load_campaign
 from abbench.engine import synth
@@ -56,7 +55,8 @@ from abbench.importers import (
     read_metrics,
     read_state,
 )
-from abbench.importers.errors import read_text_lossy
+from abbench.records.route_trace import read_route_trace
+from abbench.records.text import read_text_lossy
 from abbench.report import json_report, markdown
 from abbench.report.html import render_html
 from abbench.report.replay import render, to_json

@@ -27,7 +27,7 @@ from abbench.analysis.replay import (
     replay,
     replay_cache,
 )
-from abbench.analysis.route_trace import parse_route_trace, read_route_trace
+from abbench.records.route_trace import parse_route_trace, read_route_trace
 from abbench.report.replay import render, to_json
 
 REFERENCE = BMOE / "route-trace-2026-07-15" / "qwen.route.csv"

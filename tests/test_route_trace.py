@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abbench.analysis.replay import replay
-from abbench.analysis.route_trace import parse_route_trace, read_route_trace
 from abbench.errors import AbbenchError, TraceError
+from abbench.records.route_trace import parse_route_trace, read_route_trace
 
 REFERENCE = BMOE / "route-trace-2026-07-15" / "qwen.route.csv"
 needs_reference = pytest.mark.skipif(not REFERENCE.exists(), reason="reference trace absent")

@@ -21,8 +21,8 @@ import pytest
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
 from abbench.engine.experts import MIB
-from abbench.engine.route_trace import HEADER, RouteTraceWriter
 from abbench.engine.session import Engine, RunResult
+from abbench.records.route_trace import HEADER, RouteTraceWriter
 
 pytestmark = pytest.mark.filterwarnings("ignore:--drop-cold-experts with top-:RuntimeWarning")
 
@@ -150,7 +150,11 @@ def check_preamble(trace: Trace, path: Path, k: int | None = None) -> None:
                      for i, (e, d) in enumerate(sizes)]
     assert trace.header == HEADER == (
         "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped")
-    assert {r["expert_bytes"] for r in trace.rows} == {sizes[0][0]}
+    # A row says what it read: the layer's expert size on a miss, 0 on a hit or a drop
+    # (as the seed engine's traces do, and as replay reads them).
+    for r in trace.rows:
+        missed = r["residency"] == 0 and not r.get("dropped", 0)
+        assert r["expert_bytes"] == (sizes[r["layer"]][0] if missed else 0), r
 
 
 @pytest.mark.parametrize("name", ["plain", "tiny"])
@@ -167,9 +171,10 @@ def test_preamble_counts_file_bytes_not_f32_bytes(tmp_path: Path) -> None:
     t = traced_run(path, out, cache_mib=0, o_direct=False, n_expert_used=1)
     check_preamble(t.trace, path, k=1)
     f32_bytes = experts_mib(path, 1) * MIB
-    assert t.trace.rows[0]["expert_bytes"] < f32_bytes
-    assert sum(r.read_bytes for r in t.result.records) == len(t.trace.rows) * (
-        t.trace.rows[0]["expert_bytes"])
+    (size,) = {r["expert_bytes"] for r in t.trace.rows if r["expert_bytes"]}
+    assert size < f32_bytes
+    assert sum(r.read_bytes for r in t.result.records) == sum(
+        r["expert_bytes"] for r in t.trace.rows)
 
 
 @pytest.mark.parametrize("name", ["plain", "spec", "drop", "tiny"])
@@ -205,6 +210,7 @@ def test_rows_agree_with_the_counters(runs: dict[str, Traced], name: str) -> Non
         assert sum(r["residency"] > 0 for r in rows) == rec.hits, rec
         assert sum(r["dropped"] for r in rows) == rec.experts_dropped, rec
         assert sum(r["expert_bytes"] for r in read) == rec.read_bytes, rec
+        assert not any(r["expert_bytes"] for r in rows if r not in read), rec
     decode_misses = sum(1 for r in t.trace.rows
                         if r["phase"] == 1 and r["residency"] == 0 and not r["dropped"])
     assert decode_misses == t.decode_sum("misses") > 0
@@ -292,7 +298,7 @@ def test_writer_appears_only_on_close(tmp_path: Path) -> None:
         "# layer=0 expert_bytes=10 dense_bytes=20",
         HEADER,
         "0,1,0,0,0,3,0.750000,0,10,0",
-        "0,1,0,0,1,1,0.250000,1,10,0",
+        "0,1,0,0,1,1,0.250000,1,0,0",  # a hit reads nothing
     ]
     w2 = RouteTraceWriter(tmp_path / "u.csv", "m", "a", 1, 1, 1, [(1, 1)])
     w2.abandon()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from abbench.analysis.route_trace import RouteTrace
+from abbench.records.route_trace import RouteTrace
 
 MIB = 1 << 20
 NEVER = sys.maxsize                     # next use of an entry the trace never asks for again

@@ -8,8 +8,8 @@ import json
 import sys
 
 from abbench.analysis.replay import DROP_FACTORS, replay
-from abbench.analysis.route_trace import read_route_trace
 from abbench.commands.args import drop_factor, mib
+from abbench.records.route_trace import read_route_trace
 from abbench.report.replay import render, to_json
 
 

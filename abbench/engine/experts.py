@@ -36,7 +36,7 @@ from abbench.engine.streamer import ExpertBuffer, LayerExperts, ReadTicket, Slic
 
 if TYPE_CHECKING:
     from abbench.engine.predictor import RoutePredictor
-    from abbench.engine.route_trace import RouteTraceWriter
+    from abbench.records.route_trace import RouteTraceWriter
 
 MIB = 1024 * 1024
 

@@ -24,11 +24,11 @@ from abbench.engine.config import MAX_REPEAT_LAST_N, MAX_REPEAT_PENALTY, EngineC
 from abbench.engine.experts import MIB, ExpertRunner, Policies
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.predictor import RoutePredictor
-from abbench.engine.route_trace import RouteTraceWriter
 from abbench.engine.sampling import Sampler
 from abbench.engine.streamer import expert_layout
 from abbench.engine.tokenizer import ByteTokenizer
 from abbench.errors import ConfigError
+from abbench.records.route_trace import RouteTraceWriter
 
 
 @dataclass(frozen=True)

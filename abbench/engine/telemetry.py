@@ -12,9 +12,7 @@ a timing, so two runs doing the same work have the same fingerprint.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import math
 from typing import Any
@@ -23,8 +21,9 @@ from abbench.engine.experts import MIB
 from abbench.engine.predictor import predict_lines_from_dict
 from abbench.engine.session import RunResult, TokenRecord
 from abbench.fsutil import atomic_write_text
+from abbench.records.bmoe_csv import format_bmoe_csv
+from abbench.records.summary import JSON_FORMAT, generation_line
 
-JSON_FORMAT = "abbench-engine-run v1"
 CSV_COLUMNS = [
     "step", "steps", "wall_ms", "io_ms", "compute_ms", "read_bytes", "cache_hit_pct",
     "stall_ms", "mgmt_ms", "majflt", "cpu_ms", "rss_mib", "token", "hits", "misses",
@@ -110,7 +109,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
 def summary_lines(result: RunResult, s: dict[str, Any] | None = None) -> list[str]:
     s = s or summarize(result)
     lines = [
-        f"generation: {s['tokens']} tokens, {s['s/tok']:.3f} s/token ({s['tok/s']:.3f} tok/s)",
+        generation_line(s["tokens"], s["s/tok"], s["tok/s"]),
         f"compute: {s['threads']} threads, cpu {s['cpu_s/tok']:.3f} s/token "
         f"({100 * s['cpu_occupancy']:.0f}% occupancy), majflt {s['majflt/tok']:.2f}/token, "
         f"peak RSS {s['peak_rss_MiB']:.0f} MiB, load {s['load_s']:.2f} s, "
@@ -151,7 +150,7 @@ def _num(x: Any) -> Any:
     return x
 
 
-def _preamble(result: RunResult) -> list[str]:
+def _preamble(result: RunResult) -> dict[str, Any]:
     c = result.config
     m = result.model
     pairs = {
@@ -177,28 +176,19 @@ def _preamble(result: RunResult) -> list[str]:
         "repeat_last_n": result.repeat_last_n,
     }
     pairs.update(result.extra.get("preamble", {}))
-    return ["# bmoe_metrics v2", "# " + " ".join(f"{k}={str(v).replace(' ', '_')}"
-                                                  for k, v in pairs.items())]
+    return pairs
 
 
 def csv_text(result: RunResult) -> str:
-    buf = io.StringIO()
-    for line in _preamble(result):
-        buf.write(line + "\n")
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
     dec = result.decode
-    for r in dec:
-        row = _row(r, len(dec))
-        w.writerow([row[c] for c in CSV_COLUMNS])
     s = summarize(result)
     keys = ["tokens", "s/tok", "tok/s", "read_MiB", "cache_hit_pct", "stall_s/tok",
             "majflt/tok", "cpu_s/tok", "experts_routed", "experts_dropped", "spec_read_MiB",
             "spec_experts", "spec_useful", "io_s/tok", "compute_s/tok", "mgmt_s/tok",
             "n_prompt", "prefill_s", "load_s", "cache_resident_MiB", "cache_budget_MiB",
             "peak_rss_MiB"]
-    buf.write("# summary " + " ".join(f"{k}={_fmt(s[k])}" for k in keys) + "\n")
-    return buf.getvalue()
+    return format_bmoe_csv(_preamble(result), CSV_COLUMNS, (_row(r, len(dec)) for r in dec),
+                           {k: _fmt(s[k]) for k in keys})
 
 
 def _fmt(v: Any) -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from abbench.importers.errors import clip, quote, read_text
+from abbench.records.text import clip, quote, read_text
 
 MARK = "ENTRY STATE:"
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*$")

@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from abbench.importers.errors import number, read_text
+from abbench.records.summary import GENERATION, NUMBER
+from abbench.records.text import number, read_text
 
-NUM = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
-GENERATION = re.compile(rf"generation:\s*{NUM}\s+tokens,\s*{NUM}\s*s/token\s*\(\s*{NUM}\s*tok/s\)")
+NUM = NUMBER
 PREFILL = re.compile(rf"prefill:\s*{NUM}\s+tokens,\s*{NUM}\s*s\b.*?model load\s*{NUM}\s*s")
 CACHE = re.compile(rf"moe-cache:\s*{NUM}%\s*hit")
 

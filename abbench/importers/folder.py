@@ -31,7 +31,6 @@ runs are never taken for repeats on too little evidence.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
 import re
@@ -45,7 +44,6 @@ from typing import Any
 
 from abbench.errors import ForeignRunError, OrderWarning, UsageError
 from abbench.fsutil import atomic_write_text
-from abbench.importers.bmoe_csv import BmoeRun, looks_like_bmoe_csv, parse_bmoe_csv
 from abbench.importers.driverlog import (
     DriverEntry,
     is_driver_log,
@@ -53,7 +51,6 @@ from abbench.importers.driverlog import (
     parse_driver_log,
 )
 from abbench.importers.enginelog import engine_log_config, parse_engine_log
-from abbench.importers.errors import clip, read_text_lossy
 from abbench.importers.metrics import parse_metrics
 from abbench.importers.state import DeviceState, Snapshot, parse_state
 from abbench.records import (
@@ -70,6 +67,13 @@ from abbench.records import (
     append_jsonl,
     read_plan,
 )
+from abbench.records.bmoe_csv import (
+    BmoeRun,
+    looks_like_bmoe_csv,
+    parse_bmoe_csv,
+    work_fingerprint,
+)
+from abbench.records.text import clip, read_text_lossy
 
 FORMAT = "abbench-import v1"
 UNKNOWN = "unknown"
@@ -411,10 +415,7 @@ def _times(run: _Run, driver: DriverEntry | None, summary: dict[str, Any]
 def _fingerprint(table: BmoeRun | None) -> str | None:
     """The work the run reports, as the campaign's external cells fingerprint it: bytes read
     per token."""
-    reads = table.column("read_bytes") if table is not None else None
-    if not reads:
-        return None
-    return "sha256:" + hashlib.sha256(json.dumps([int(r) for r in reads]).encode()).hexdigest()
+    return work_fingerprint(table) if table is not None else None
 
 
 def _config(run: _Run) -> tuple[dict[str, Any], dict[str, Fact], bool]:

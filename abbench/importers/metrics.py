@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from abbench.errors import ForeignRunError
-from abbench.importers.errors import clip, number, quote, read_text
+from abbench.records.text import clip, number, quote, read_text
 
 
 def parse_metrics(text: str, source: str | Path = "<text>") -> dict[str, float | None]:

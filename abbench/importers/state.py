@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import ForeignRunError
-from abbench.importers.errors import clip, number, quote, read_text
+from abbench.records.text import clip, number, quote, read_text
 
 SECTION = re.compile(r"---\s*([A-Za-z_ ]+?)\s*---$")
 POLICY = re.compile(r"(policy\d+):\s*(.*)$")

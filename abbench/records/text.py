@@ -1,4 +1,6 @@
-"""The one error the importers raise: a foreign file that cannot be read, with where."""
+"""Text from files abbench did not write (archived runs, an external cell's output):
+decoding, numbers, and names quoted safely in messages. Errors are `ForeignRunError`s
+naming the file and line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Reader for `bmoe_metrics` per-token CSVs (DESIGN 6.1), every generation of them.
+"""The `bmoe_metrics` per-token CSV (DESIGN 6.1), every generation of it: read and write.
+
+The seed engine writes it, abbench's engine writes it (`--csv`, version 2), an external
+cell's `output = "bmoe-csv:PATH"` is one, and `abbench import` reads archives of them.
 
 ```
 # bmoe_metrics v1                                    optional: format and version
@@ -11,20 +14,26 @@ step,steps,wall_ms,io_ms,compute_ms,...              header row (names, any orde
 The oldest files have neither preamble nor summary and only 8 columns; the newest 22 or
 more. Columns are read by name and every one is optional; a cell that is empty is a gap
 (None). A row with the wrong number of fields, a non-numeric value or a header that repeats
-a name is an error naming the file and line.
+a name is an error naming the file and line — or, read `torn_ok` (a cell's own tokens.csv,
+which a crash can cut mid-row), the end of the table.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from abbench.errors import ForeignRunError
-from abbench.importers.errors import clip, number, quote, read_text
+from abbench.records.text import clip, number, quote, read_text
 
 VERSION = re.compile(r"#\s*bmoe_metrics\s+(v\S+)\s*$")
+WRITTEN_VERSION = "v2"  # what abbench's engine writes
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./%-]*$")
 
 
@@ -77,7 +86,19 @@ def parse_summary(body: str, source: str | Path, line: int) -> dict[str, Any]:
     return out
 
 
-def parse_bmoe_csv(text: str, source: str | Path = "<text>") -> BmoeRun:
+def parse_bmoe_csv(text: str, source: str | Path = "<text>", *, torn_ok: bool = False
+                   ) -> BmoeRun:
+    """The file's run. `torn_ok`: a row that does not read ends the table instead of being
+    an error, and a file with no header row is an empty run."""
+    try:
+        return _parse(text, source, torn_ok)
+    except ForeignRunError:
+        if not torn_ok:
+            raise
+        return BmoeRun(str(source), None, {}, {})
+
+
+def _parse(text: str, source: str | Path, torn_ok: bool) -> BmoeRun:
     text = text.removeprefix("\ufeff")
     version: str | None = None
     preamble: dict[str, str] = {}
@@ -117,13 +138,20 @@ def parse_bmoe_csv(text: str, source: str | Path = "<text>") -> BmoeRun:
             whats = [f"`{clip(name)}`" for name in header]
             columns = {name: [] for name in header}
             continue
-        if summary_line is not None:
-            raise ForeignRunError(source, "a token row after the `# summary` line", n)
-        if len(fields) != len(header):
-            raise ForeignRunError(source, f"{len(fields)} fields, the header has {len(header)}",
-                                  n)
-        for name, what, value in zip(header, whats, fields):
-            columns[name].append(None if value == "" else number(value, source, n, what))
+        try:
+            if summary_line is not None:
+                raise ForeignRunError(source, "a token row after the `# summary` line", n)
+            if len(fields) != len(header):
+                raise ForeignRunError(source, f"{len(fields)} fields, the header has "
+                                      f"{len(header)}", n)
+            row = [None if value == "" else number(value, source, n, what)
+                   for what, value in zip(whats, fields)]
+        except ForeignRunError:
+            if torn_ok:
+                break
+            raise
+        for name, value in zip(header, row):
+            columns[name].append(value)
     if header is None and summary_line is None:
         raise ForeignRunError(source, "no header row, no token rows and no `# summary` line"
                               " (empty, or not a bmoe_metrics CSV)")
@@ -132,3 +160,47 @@ def parse_bmoe_csv(text: str, source: str | Path = "<text>") -> BmoeRun:
 
 def read_bmoe_csv(path: Path) -> BmoeRun:
     return parse_bmoe_csv(read_text(path), path)
+
+
+def token_columns(run: BmoeRun) -> dict[str, list[float]]:
+    """Every column as floats, a gap as NaN (as a per-token JSON column's null)."""
+    return {k: [math.nan if v is None else v for v in vs] for k, vs in run.columns.items()}
+
+
+def run_summary(run: BmoeRun) -> dict[str, Any]:
+    """The run's summary: its own `# summary` line, else tokens, s/tok and tok/s from the
+    rows' wall times; {} when it has neither."""
+    summary = dict(run.summary)
+    walls = run.column("wall_ms")
+    if "tok/s" not in summary and walls and sum(walls) > 0:
+        summary["tokens"] = len(walls)
+        summary["s/tok"] = sum(walls) / len(walls) / 1e3
+        summary["tok/s"] = len(walls) / (sum(walls) / 1e3)
+    if summary:
+        summary.setdefault("tokens", len(walls or []))
+    return summary
+
+
+def work_fingerprint(run: BmoeRun) -> str | None:
+    """The work an engine outside abbench reports, as abbench fingerprints it: the bytes it
+    read per token (None without a read_bytes column)."""
+    reads = run.column("read_bytes")
+    if not reads:
+        return None
+    return "sha256:" + hashlib.sha256(json.dumps([int(r) for r in reads]).encode()).hexdigest()
+
+
+def _field(value: Any) -> str:
+    return str(value).replace(" ", "_")
+
+
+def format_bmoe_csv(preamble: dict[str, Any], columns: Sequence[str],
+                    rows: Iterable[dict[str, Any]], summary: dict[str, str]) -> str:
+    """The file abbench's engine writes: version line, preamble, header, one row per token
+    (values already formatted or numbers), `# summary` trailer."""
+    lines = [f"# bmoe_metrics {WRITTEN_VERSION}",
+             "# " + " ".join(f"{k}={_field(v)}" for k, v in preamble.items()),
+             ",".join(columns)]
+    lines += [",".join(str(row[c]) for c in columns) for row in rows]
+    lines.append("# summary " + " ".join(f"{k}={v}" for k, v in summary.items()))
+    return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""Reader of `route_trace v1` files (DESIGN 6.4): one row per routed expert, in run order.
+"""`route_trace v1` files (DESIGN 6.4), read and written: one row per routed expert, in run
+order. The engine writes them (`--route-trace`); `abbench replay` reads them.
 
     # route_trace v1
     # model=PATH arch=NAME n_layer=L n_expert=E n_expert_used=K     [more key=value pairs]
@@ -11,14 +12,21 @@
 `dropped` is optional (older traces, like the reference one, lack it: read as 0) and
 unknown columns are ignored. `#` lines after the header (a trailer) and blank lines are
 skipped. Anything else that does not fit raises `TraceError` naming the file and line.
+
+The writer puts a dropped expert in a row with residency 0, expert_bytes 0 and dropped 1
+(it was not read). A trace is written beside its destination and renamed into place when
+the run ends, so a crash never leaves half a trace.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -28,6 +36,7 @@ MAGIC = "# route_trace v1"
 REQUIRED = ("turn", "phase", "step", "layer", "slot", "expert", "weight", "residency",
             "expert_bytes")
 OPTIONAL = ("dropped",)
+HEADER = ",".join(REQUIRED + OPTIONAL)  # what the writer writes
 _INT_COLUMNS = tuple(c for c in REQUIRED + OPTIONAL if c != "weight")
 _MAX_INDEX = 1 << 40     # steps and turns; keeps every integer column inside int64
 _MAX_LAYERS = 1 << 14
@@ -305,3 +314,42 @@ def _clip(text: str, n: int = 40) -> str:
     """Quote user text safely inside one message line."""
     text = text.encode("unicode_escape").decode("ascii")
     return text if len(text) <= n else text[: n - 3] + "..."
+
+
+class RouteTraceWriter:
+    def __init__(self, path: str | os.PathLike[str], model: str, arch: str, n_layer: int,
+                 n_expert: int, n_expert_used: int,
+                 layer_bytes: list[tuple[int, int]]) -> None:
+        self.path = Path(path)
+        fd, tmp = tempfile.mkstemp(prefix="." + self.path.name + ".", suffix=".tmp",
+                                   dir=self.path.parent)
+        self._tmp = Path(tmp)
+        self._f: TextIO = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        self._f.write("# route_trace v1\n")
+        self._f.write(f"# model={model.replace(' ', '_')} arch={arch} n_layer={n_layer} "
+                      f"n_expert={n_expert} n_expert_used={n_expert_used}\n")
+        for i, (expert_bytes, dense_bytes) in enumerate(layer_bytes):
+            self._f.write(f"# layer={i} expert_bytes={expert_bytes} dense_bytes={dense_bytes}\n")
+        self._f.write(HEADER + "\n")
+
+    def layer(self, phase: int, step: int, layer: int, experts: list[int],
+              weights: list[float], residency: list[int], dropped: list[int],
+              expert_bytes: int) -> None:
+        """One layer's routed experts; `expert_bytes` is what a miss at this layer reads (a
+        row says what it read: that on a miss, 0 on a hit or a drop)."""
+        self._f.writelines(
+            f"0,{phase},{step},{layer},{slot},{e},{w:.6f},{r},"
+            f"{expert_bytes if r == 0 and not dr else 0},{dr}\n"
+            for slot, (e, w, r, dr) in enumerate(zip(experts, weights, residency, dropped))
+        )
+
+    def close(self) -> None:
+        """Finish the file and move it into place."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self._tmp, self.path)
+
+    def abandon(self) -> None:
+        self._f.close()
+        self._tmp.unlink(missing_ok=True)

@@ -1,0 +1,98 @@
+"""The run folder and every file format: what `campaign` (and importers) write and `analysis` reads.
+
+A run folder is the single source of truth; every report is re-rendered from it.
+
+```
+RUN/
+  campaign.toml          the campaign file as resolved (every cell's full configuration)
+  plan.json              Plan: the cells in execution order
+  journal.jsonl          one CellRecord per finished cell (appended, flushed, fsync'd)
+  samples.jsonl          one Sample per sampler tick
+  noise-floor.json       NoiseFloor: the device history's cell-to-cell noise when the run began
+  cells/NN-NAME/         tokens.csv, summary.json (the engine's --json), stderr.txt
+  report.md|json|html    rendered by `abbench report RUN`
+```
+
+Everything here is a frozen dataclass with `to_json()` / `from_json()`; unknown keys in a
+file are ignored on read (newer writers), missing optional keys take their defaults, and
+every other key is checked against its annotation: a value of the wrong type, a number
+that is not finite or beyond `LIMIT`, or a label that is not a folder name is a
+`RecordError` naming the file, the line and the key.
+
+One module per format: `journal` (journal.jsonl, samples.jsonl), `plan` (plan.json),
+`history` (the device history and noise-floor.json), `provenance` (import.json), `cell_files`
+(a cell's summary.json and tokens.csv), `bmoe_csv` (the seed engine's per-token CSV),
+`route_trace` (route-trace CSV), `summary` (the engine's run JSON and `generation:` line),
+`keys` (every sample key), `jsonl` (the file mechanics), `schema` (the one validator).
+"""
+
+from abbench.errors import RecordError
+from abbench.records.cell_files import read_cell_files
+from abbench.records.history import (
+    NOISE_FLOOR_FILE,
+    NoiseFloor,
+    RepeatRecord,
+    append_repeats,
+    history_file,
+    read_noise_floor,
+    read_repeats,
+)
+from abbench.records.journal import (
+    FORMAT,
+    CellRecord,
+    EntryState,
+    GateWait,
+    Sample,
+    check_label,
+    read_journal,
+    read_samples,
+)
+from abbench.records.jsonl import append_jsonl, numbered_jsonl, read_jsonl, read_record
+from abbench.records.plan import EXPECT, Look, Plan, PlannedCell, Sequential, config_key, read_plan
+from abbench.records.provenance import (
+    FACT_KINDS,
+    IMPORT_FILE,
+    IMPORT_FORMAT,
+    Fact,
+    ImportedCell,
+    ImportInfo,
+    read_import_info,
+)
+
+__all__ = [
+    "CellRecord",
+    "EXPECT",
+    "EntryState",
+    "FACT_KINDS",
+    "FORMAT",
+    "Fact",
+    "GateWait",
+    "IMPORT_FILE",
+    "IMPORT_FORMAT",
+    "ImportInfo",
+    "ImportedCell",
+    "Look",
+    "NOISE_FLOOR_FILE",
+    "NoiseFloor",
+    "Plan",
+    "PlannedCell",
+    "RecordError",
+    "RepeatRecord",
+    "Sample",
+    "Sequential",
+    "append_jsonl",
+    "append_repeats",
+    "check_label",
+    "config_key",
+    "history_file",
+    "numbered_jsonl",
+    "read_cell_files",
+    "read_import_info",
+    "read_journal",
+    "read_jsonl",
+    "read_noise_floor",
+    "read_plan",
+    "read_record",
+    "read_repeats",
+    "read_samples",
+]

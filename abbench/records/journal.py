@@ -1,0 +1,149 @@
+"""journal.jsonl (one CellRecord per finished cell, with its entry state and gate wait)
+and samples.jsonl (one Sample per sampler tick)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from abbench.errors import RecordError
+from abbench.records.jsonl import numbered_jsonl
+from abbench.records.schema import BadField, from_dict, shown, typed
+
+FORMAT = "abbench-run v1"
+
+
+@dataclass(frozen=True)
+class EntryState:
+    """The device's state when a cell starts. None = not measured on this device."""
+
+    t_wall: float
+    caps_khz: dict[str, int] = field(default_factory=dict)  # per cpufreq policy: the cap
+    hw_max_khz: dict[str, int] = field(default_factory=dict)  # per policy: hardware max
+    cpu_temp_c: float | None = None
+    battery_temp_c: float | None = None
+    mem_available_mib: float | None = None
+    probe_index: float | None = None  # speed probe relative to the campaign's first
+    thermal_status: int | None = None  # Android thermal status (0 none .. 6 shutdown)
+    simulated: bool = False
+
+    def capped(self) -> list[str]:
+        """Policies whose cap is below their hardware maximum."""
+        return [p for p, cap in self.caps_khz.items()
+                if p in self.hw_max_khz and cap < self.hw_max_khz[p]]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EntryState:
+        return from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class GateWait:
+    """What the thermal gate did before a cell."""
+
+    waited_s: float = 0.0
+    polls: int = 0
+    reasons: tuple[str, ...] = ()  # why it waited (first poll), e.g. "cpu 47.1 C > 45.0 C"
+    gave_up: bool = False  # the timeout fired: the cell ran anyway
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "reasons": list(self.reasons)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GateWait:
+        return from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One finished cell, as the journal holds it."""
+
+    index: int
+    name: str
+    label: str
+    status: str  # "ok" | "failed" | "timeout"
+    t_start_wall: float
+    t_end_wall: float
+    t_start_mono: float
+    t_end_mono: float
+    entry: EntryState
+    gate: GateWait = field(default_factory=GateWait)
+    summary: dict[str, Any] = field(default_factory=dict)  # the engine's JSON summary
+    fingerprint: str | None = None
+    tokens_per_s: float | None = None
+    exit_code: int | None = None
+    error: str | None = None  # one line: why the cell failed
+    stderr_tail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["entry"] = self.entry.to_json()
+        d["gate"] = self.gate.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CellRecord:
+        if isinstance(d, dict):  # older journals: no entry state or gate recorded
+            d = {**d, "entry": d.get("entry") or {"t_wall": 0.0}, "gate": d.get("gate") or {}}
+        return from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampler tick: timestamps and whatever readers answered (flat keys)."""
+
+    t_mono: float
+    t_wall: float
+    values: dict[str, Any]
+    cell: int | None = None  # the cell running at this tick, None between cells
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Sample:
+        return from_dict(cls, d)
+
+
+# the run folder.
+_LABEL = re.compile(r"[^/\\\x00]*")
+
+
+def check_label(label: str, key: str) -> None:
+    if not _LABEL.fullmatch(label) or label in (".", ".."):
+        raise BadField(key, f"is {shown(label)}, not a folder name (cells/NN-NAME)")
+
+
+def read_journal(run: Path) -> list[CellRecord]:
+    path = run / "journal.jsonl"
+    out = []
+    for n, d in numbered_jsonl(path):
+        try:
+            record = CellRecord.from_json(d)
+            check_label(record.label, "label")
+        except BadField as e:
+            raise RecordError(f"{path}:{n}: malformed cell record: {e}") from None
+        out.append(record)
+    return out
+
+
+def read_samples(run: Path) -> list[Sample]:
+    path = run / "samples.jsonl"
+    out = []
+    for n, d in numbered_jsonl(path):
+        try:
+            sample = Sample.from_json(d)
+            for k, v in sample.values.items():
+                # Readings are numbers (frequencies always), strings, booleans or null.
+                if (k.endswith("_khz") and v is not None) or (
+                        isinstance(v, (int, float)) and not isinstance(v, bool)):
+                    typed(v, float, f"values.{k}")
+        except BadField as e:
+            raise RecordError(f"{path}:{n}: malformed sample: {e}") from None
+        out.append(sample)
+    return out

@@ -1,0 +1,73 @@
+"""JSON-lines and JSON record files: appended whole or not at all, read with the line of
+every error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from abbench.errors import RecordError
+from abbench.fsutil import append_line
+from abbench.records.schema import BadField, T, from_dict
+
+# -- files ---------------------------------------------------------------------------
+
+
+def append_jsonl(path: Path, obj: dict[str, Any], fsync: bool = True) -> None:
+    """Append one JSON line, written whole or not at all (`fsutil.append_line`: one locked
+    write, a torn tail cut first, undone on failure) and by default fsync'd."""
+    append_line(path, json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n", fsync)
+
+
+def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every complete line of a JSON-lines file."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read ({e.strerror or e})") from None
+    out = []
+    lines = text.split("\n")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # no newline after it: torn by a crash
+                continue
+            raise RecordError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+        except ValueError:  # a number of thousands of digits
+            raise RecordError(f"{path}:{n}: not a JSON line (a number too long)") from None
+        except RecursionError:
+            raise RecordError(f"{path}:{n}: not a JSON line (nested too deeply)") from None
+        if not isinstance(obj, dict):
+            raise RecordError(f"{path}:{n}: expected a JSON object")
+        out.append((n, obj))
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a JSON-lines file; a torn last line (a crash mid-write) is
+    ignored, any other bad line is an error naming the file and line."""
+    return [obj for _, obj in numbered_jsonl(path)]
+
+
+# A cell's folder name: at most one path component, so that `cells/LABEL` stays inside
+
+
+def read_record(path: Path, cls: type[T], what: str) -> T | None:
+    """One JSON record file of a run folder: None when absent, a RecordError naming the
+    file when it does not parse."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise RecordError(f"{path}: malformed {what} ({str(e)[:200]})") from None
+    try:
+        return from_dict(cls, doc)
+    except BadField as e:
+        raise RecordError(f"{path}: malformed {what}: {e}") from None

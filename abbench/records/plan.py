@@ -1,0 +1,147 @@
+"""plan.json: the cells in execution order, the decisions asked, the match tolerances and
+the sequential looks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from abbench.errors import RecordError
+from abbench.records.journal import FORMAT, check_label
+from abbench.records.schema import BadField, from_dict, shown, typed
+
+EXPECT = ("faster", "not-slower")  # a decision's question (`[[decision]] expect`)
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    index: int  # 0-based execution order
+    name: str  # the cell name in cells.toml (sentinels repeat a name)
+    config: dict[str, Any]  # resolved configuration: engine flags or external command
+    sentinel_of: int | None = None  # index of the earlier cell this one repeats
+    label: str = ""  # NN-NAME, the cell's folder name
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PlannedCell:
+        return from_dict(cls, d)
+
+
+def config_key(config: dict[str, Any]) -> str:
+    """A configuration's identity: its resolved keys as canonical JSON, without the ones
+    that do not change the work (`timeout_s`). Cells with equal keys are one arm."""
+    return json.dumps({k: v for k, v in sorted(config.items()) if k != "timeout_s"},
+                      sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """`[campaign] until = "decided"`: rounds appended until every decision is decided or
+    the budget (cells, wall minutes; either may be absent) is spent."""
+
+    until: str = "decided"
+    max_cells: int | None = None
+    max_minutes: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look of a sequential campaign: the decisions are read on the first `cells`
+    cells at a two-sided level of 1 - `alpha` (the alpha spent at this look)."""
+
+    cells: int
+    fraction: float  # of the budget spent at this look (cells or minutes, whichever is more)
+    alpha: float
+    final: bool = False  # no further round fits the budget: the rest of the alpha is spent
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    campaign: str
+    cells: tuple[PlannedCell, ...]
+    spacing_s: float
+    warmup_tokens: int
+    device: str  # transport, e.g. "local", "adb:SERIAL", "sim:phone"
+    decisions: tuple[dict[str, Any], ...] = ()
+    match: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] | None = None
+    format: str = FORMAT
+    sequential: Sequential | None = None
+    looks: tuple[Look, ...] = ()  # taken so far (sequential campaigns)
+    planned_cells: int | None = None  # cells before any appended round (None: all of them)
+    # False for imported runs whose execution order nothing recorded: no two cells are
+    # adjacent, so none is compared (DESIGN 6.3)
+    order_known: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cells"] = [c.to_json() for c in self.cells]
+        d["decisions"] = list(self.decisions)
+        d["looks"] = [x.to_json() for x in self.looks]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Plan:
+        return from_dict(cls, d)
+
+
+def read_plan(run: Path) -> Plan:
+    path = run / "plan.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecordError(f"{run}: not a run folder (no plan.json)") from None
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError) as e:  # not JSON, not UTF-8, a huge number
+        raise RecordError(f"{path}: malformed plan ({str(e)[:200]})") from None
+    except RecursionError:
+        raise RecordError(f"{path}: malformed plan (nested too deeply)") from None
+    try:
+        plan = Plan.from_json(doc)
+        _check_plan(plan)
+    except BadField as e:
+        raise RecordError(f"{path}: malformed plan: {e}") from None
+    return plan
+
+
+def _check_plan(plan: Plan) -> None:
+    """What the analysis relies on beyond the types: cells in execution order, each in its
+    own folder, sentinels of earlier cells, decisions and tolerances that are numbers."""
+    for i, c in enumerate(plan.cells):
+        if c.index != i:
+            raise BadField(f"cells[{i}].index", f"is {c.index}, expected {i} (execution "
+                            "order)")
+        check_label(c.label, f"cells[{i}].label")
+        if c.sentinel_of is not None and not 0 <= c.sentinel_of < i:
+            raise BadField(f"cells[{i}].sentinel_of", f"is {c.sentinel_of}, not an earlier "
+                            "cell")
+    for i, d in enumerate(plan.decisions):
+        for name in ("candidate", "baseline"):
+            typed(d.get(name), str, f"decisions[{i}].{name}")
+        if d["candidate"] == d["baseline"]:
+            raise BadField(f"decisions[{i}]", f"compares `{d['candidate']}` with itself")
+        for key in ("min_effect", "max_regression"):
+            if key in d:
+                typed(d[key], float, f"decisions[{i}].{key}")
+        if d.get("expect", "faster") not in EXPECT:
+            raise BadField(f"decisions[{i}].expect", f"is {shown(d.get('expect'))}, "
+                            f"expected one of {', '.join(EXPECT)}")
+    last = 0
+    for i, look in enumerate(plan.looks):
+        if not last < look.cells <= len(plan.cells) or not 0 < look.alpha < 1:
+            raise BadField(f"looks[{i}]", "is not a look at more cells than the one before, "
+                            "within the plan, at an alpha in (0, 1)")
+        last = look.cells
+    for k, v in plan.match.items():
+        typed(v, float, f"match.{k}")
