@@ -4,6 +4,7 @@ commands compose campaign → analysis → report."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,50 @@ def test_data_flows_one_way(package: str, forbidden: tuple[str, ...]) -> None:
     for path in files(package):
         bad = {m for m in imports_of(path) if m.startswith(forbidden)}
         assert not bad, (path.relative_to(PACKAGE).as_posix(), bad)
+
+
+SAMPLE_KEY = re.compile(r"(temp|battery|mem|android|gpu|cpu|psi|load)\.[A-Za-z0-9_{}.]*\Z")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants of a module, its classes and functions."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def sample_key_literals(path: Path) -> list[tuple[int, str]]:
+    """String constants (and f-strings' leading text) spelled like a sample key."""
+    tree = ast.parse(path.read_text())
+    skip = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and node.values:
+            first = node.values[0]
+            if isinstance(first, ast.Constant) and SAMPLE_KEY.match(str(first.value)):
+                found.append((node.lineno, str(first.value)))
+                skip |= {id(v) for v in node.values}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in skip and SAMPLE_KEY.match(node.value)):
+            found.append((node.lineno, node.value))
+    return found
+
+
+def test_sample_keys_are_spelled_only_in_records_keys() -> None:
+    offenders = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel != "records/keys.py" and (found := sample_key_literals(path)):
+            offenders[rel] = found
+    assert not offenders, offenders
+
+
+def test_the_key_check_finds_a_literal(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""Reads temp.cpu_c."""\nx = {"temp.cpu_c": 1}\ny = f"cpu.{p}.cap_khz"\n')
+    assert sample_key_literals(bad) == [(3, "cpu."), (2, "temp.cpu_c")]

@@ -25,7 +25,7 @@ from abbench.analysis.stats import (
     seed_for,
     tokens_per_s,
 )
-from abbench.records import CellRecord, PlannedCell, Sample, config_key, read_cell_files
+from abbench.records import CellRecord, PlannedCell, Sample, config_key, keys, read_cell_files
 
 CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
 
@@ -127,17 +127,16 @@ def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
             continue
         n += 1
         v = s.values
-        caps = {k.split(".")[1]: int(x) for k, x in v.items()
-                if k.startswith("cpu.") and k.endswith(".cap_khz") and x is not None}
-        for k, x in v.items():
-            if k.startswith("cpu.") and k.endswith(".hw_max_khz") and x is not None:
-                hw[k.split(".")[1]] = int(x)
+        caps = {p: int(x) for p, x in keys.policies(v, "cap_khz").items() if x is not None}
+        for p, x in keys.policies(v, "hw_max_khz").items():
+            if x is not None:
+                hw[p] = int(x)
         if caps:
             st = tuple(sorted(caps.items()))
             if st not in states:
                 states.append(st)
-        for key, acc in (("temp.cpu_c", cpu), ("battery.temp_c", bat),
-                         ("mem.available_mib", mem)):
+        for key, acc in ((keys.CPU_TEMP_C, cpu), (keys.BATTERY_TEMP_C, bat),
+                         (keys.MEM_AVAILABLE_MIB, mem)):
             x = v.get(key)
             if isinstance(x, (int, float)):
                 acc.append(float(x))
@@ -154,8 +153,8 @@ def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
 def _matched_keys(values: dict[str, Any]) -> set[str]:
     """The readings matching compares, present as numbers in one sample."""
     return {k for k, v in values.items()
-            if (k in ("temp.cpu_c", "battery.temp_c", "mem.available_mib")
-                or (k.startswith("cpu.") and k.endswith(".cap_khz")))
+            if (k in (keys.CPU_TEMP_C, keys.BATTERY_TEMP_C, keys.MEM_AVAILABLE_MIB)
+                or keys.policy_of(k, "cap_khz") is not None)
             and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -169,16 +168,16 @@ def sensor_gaps(record: CellRecord, samples: list[Sample]) -> dict[str, int]:
     recorded: set[str] = set()
     mine: list[set[str]] = []
     for s in samples:
-        keys = _matched_keys(s.values)
-        recorded |= keys
+        present = _matched_keys(s.values)
+        recorded |= present
         if s.cell == record.index:
-            mine.append(keys)
+            mine.append(present)
     e = record.entry
-    had = {f"cpu.{p}.cap_khz" for p in e.caps_khz}
-    had |= {k for k, v in (("temp.cpu_c", e.cpu_temp_c), ("battery.temp_c", e.battery_temp_c),
-                           ("mem.available_mib", e.mem_available_mib)) if v is not None}
+    had = {keys.cap_khz(p) for p in e.caps_khz}
+    had |= {k for k, v in ((keys.CPU_TEMP_C, e.cpu_temp_c), (keys.BATTERY_TEMP_C, e.battery_temp_c),
+                           (keys.MEM_AVAILABLE_MIB, e.mem_available_mib)) if v is not None}
     had = (had | set().union(*mine)) & recorded
-    gaps = {k: sum(k not in keys for keys in mine) for k in sorted(had)}
+    gaps = {k: sum(k not in present for present in mine) for k in sorted(had)}
     return {k: n for k, n in gaps.items() if n}
 
 

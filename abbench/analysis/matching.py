@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from abbench.analysis.cells import CapsState, CellStats
-from abbench.records import CellRecord
+from abbench.records import CellRecord, keys
 
 DEFAULTS: dict[str, float] = {
     "cpu_temp_tol_c": 3.0, "battery_temp_tol_c": 0.5, "mem_available_tol_frac": 0.15,
@@ -133,7 +133,7 @@ def _abs(name: str, unit: str, x: float | None, y: float | None, tol: float,
 
 def _mem(x: float | None, y: float | None, frac: float, a: CellStats,
          b: CellStats) -> Criterion:
-    gap = _gap("MemAvailable", lambda k: k == "mem.available_mib", a, b)
+    gap = _gap("MemAvailable", lambda k: k == keys.MEM_AVAILABLE_MIB, a, b)
     if gap:
         return Criterion("mem_available", "fail", x, y, frac, gap)
     if x is None and y is None:
@@ -196,9 +196,9 @@ def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord
         ea, eb = ra.entry, rb.entry
         crit.append(_caps(a, b))
         crit.append(_abs("cpu_temp", " °C", ea.cpu_temp_c, eb.cpu_temp_c,
-                         tol["cpu_temp_tol_c"], a, b, "temp.cpu_c"))
+                         tol["cpu_temp_tol_c"], a, b, keys.CPU_TEMP_C))
         crit.append(_abs("battery_temp", " °C", ea.battery_temp_c, eb.battery_temp_c,
-                         tol["battery_temp_tol_c"], a, b, "battery.temp_c"))
+                         tol["battery_temp_tol_c"], a, b, keys.BATTERY_TEMP_C))
         crit.append(_mem(ea.mem_available_mib, eb.mem_available_mib,
                          tol["mem_available_tol_frac"], a, b))
         crit.append(_abs("probe", "", ea.probe_index, eb.probe_index, tol["probe_tol"], a, b))

@@ -42,7 +42,7 @@ from abbench.analysis.simthermal import (
 )
 from abbench.analysis.simtrips import TripFit, find_trips
 from abbench.errors import AbbenchError, FitError
-from abbench.records import read_journal, read_plan, read_samples
+from abbench.records import keys, read_journal, read_plan, read_samples
 from abbench.sensors.sim import Cluster, Profile, Trip, load_profile, profile_from_text
 
 __all__ = ["THERMAL", "Estimate", "FitError", "SimFit", "fit_run"]
@@ -60,7 +60,7 @@ TRIP_TOL_C = 0.15            # °C engagements may disagree by on the trips' nod
 DEFAULT_READINGS = {"mem_total_mib": 8192, "mem_available_mib": 4096,
                     "battery_capacity_pct": 80}
 
-SOC_KEY, CASE_KEY = "temp.cpu_c", "battery.temp_c"
+SOC_KEY, CASE_KEY = keys.CPU_TEMP_C, keys.BATTERY_TEMP_C
 
 
 @dataclass(frozen=True)
@@ -145,17 +145,15 @@ def read_timeline(run: Path, time_scale: float) -> Timeline:
                            "what a device exposes)")
     hw: dict[str, int] = {}
     for s in samples:
-        for k, v in s.values.items():
-            parts = k.split(".")
-            if (len(parts) == 3 and parts[0] == "cpu" and parts[2] == "hw_max_khz"
-                    and f"cpu.{parts[1]}.cap_khz" in s.values and isinstance(v, int)):
-                hw[parts[1]] = max(hw.get(parts[1], 0), v)
+        for p, v in keys.policies(s.values, "hw_max_khz").items():
+            if keys.cap_khz(p) in s.values and isinstance(v, int):
+                hw[p] = max(hw.get(p, 0), v)
     clusters = tuple(Cluster(p, hw[p]) for p in sorted(hw, key=_policy_order))
     t, soc, case, caps = [], [], [], []
     last = [c.hw_max_khz for c in clusters]  # a policy missing from a sample keeps its cap
     for s in samples:
         for i, c in enumerate(clusters):
-            cap = s.values.get(f"cpu.{c.policy}.cap_khz")
+            cap = s.values.get(keys.cap_khz(c.policy))
             if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
                 last[i] = min(cap, c.hw_max_khz)
         t.append(s.t_mono)
@@ -189,9 +187,9 @@ def read_timeline(run: Path, time_scale: float) -> Timeline:
                        f"{len(spans)} cell spans): the load never changed, so heat cannot "
                        "be told from ambient")
     extras = {}
-    for key, name in (("mem.total_mib", "mem_total_mib"),
-                      ("mem.available_mib", "mem_available_mib"),
-                      ("battery.capacity_pct", "battery_capacity_pct")):
+    for key, name in ((keys.MEM_TOTAL_MIB, "mem_total_mib"),
+                      (keys.MEM_AVAILABLE_MIB, "mem_available_mib"),
+                      (keys.BATTERY_CAPACITY_PCT, "battery_capacity_pct")):
         vals = [x for s in samples if (x := _num(s.values, key)) is not None]
         if vals:
             extras[name] = float(np.median(vals))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from abbench.campaign.tables import GateTable
-from abbench.records import GateWait
+from abbench.records import GateWait, keys
 from abbench.sensors import Device
 
 # The `[gate]` table as validated by the schema is the gate's configuration.
@@ -25,23 +25,21 @@ GateSpec = GateTable
 def unmet(spec: GateSpec, values: dict[str, Any], probe_index: float | None) -> list[str]:
     """Why the device is not ready (empty: ready)."""
     why = []
-    cpu = values.get("temp.cpu_c")
+    cpu = values.get(keys.CPU_TEMP_C)
     if spec.cpu_temp_max_c is not None and cpu is not None and cpu > spec.cpu_temp_max_c:
         why.append(f"cpu {cpu:.1f} C > {spec.cpu_temp_max_c:g} C")
-    bat = values.get("battery.temp_c")
+    bat = values.get(keys.BATTERY_TEMP_C)
     if spec.battery_temp_max_c is not None and bat is not None and bat > spec.battery_temp_max_c:
         why.append(f"battery {bat:.1f} C > {spec.battery_temp_max_c:g} C")
-    mem = values.get("mem.available_mib")
+    mem = values.get(keys.MEM_AVAILABLE_MIB)
     if (spec.mem_available_min_mib is not None and mem is not None
             and mem < spec.mem_available_min_mib):
         why.append(f"MemAvailable {mem:.0f} MiB < {spec.mem_available_min_mib:g} MiB")
     if spec.caps_at_max:
-        for key, cap in sorted(values.items()):
-            if key.startswith("cpu.") and key.endswith(".cap_khz"):
-                policy = key.split(".")[1]
-                hw = values.get(f"cpu.{policy}.hw_max_khz")
-                if hw is not None and cap < hw:
-                    why.append(f"{policy} capped at {cap / 1e3:.0f} of {hw / 1e3:.0f} MHz")
+        for policy, cap in sorted(keys.policies(values, "cap_khz").items()):
+            hw = values.get(keys.hw_max_khz(policy))
+            if hw is not None and cap < hw:
+                why.append(f"{policy} capped at {cap / 1e3:.0f} of {hw / 1e3:.0f} MHz")
     if spec.probe_min is not None and probe_index is not None and probe_index < spec.probe_min:
         why.append(f"speed probe {probe_index:.3f} < {spec.probe_min:g}")
     return why

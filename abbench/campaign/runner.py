@@ -58,6 +58,7 @@ from abbench.records import (
     Sample,
     append_jsonl,
     config_key,
+    keys,
     read_journal,
     read_jsonl,
     read_plan,
@@ -134,15 +135,13 @@ def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
 
 
 def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bool) -> EntryState:
-    caps = {k.split(".")[1]: int(v) for k, v in values.items()
-            if k.startswith("cpu.") and k.endswith(".cap_khz")}
-    hw = {k.split(".")[1]: int(v) for k, v in values.items()
-          if k.startswith("cpu.") and k.endswith(".hw_max_khz")}
-    status = values.get("android.thermal_status")
+    caps = {p: int(v) for p, v in keys.policies(values, "cap_khz").items()}
+    hw = {p: int(v) for p, v in keys.policies(values, "hw_max_khz").items()}
+    status = values.get(keys.ANDROID_THERMAL_STATUS)
     return EntryState(
         t_wall=time.time(), caps_khz=caps, hw_max_khz=hw,
-        cpu_temp_c=values.get("temp.cpu_c"), battery_temp_c=values.get("battery.temp_c"),
-        mem_available_mib=values.get("mem.available_mib"), probe_index=probe_index,
+        cpu_temp_c=values.get(keys.CPU_TEMP_C), battery_temp_c=values.get(keys.BATTERY_TEMP_C),
+        mem_available_mib=values.get(keys.MEM_AVAILABLE_MIB), probe_index=probe_index,
         thermal_status=int(status) if status is not None else None, simulated=simulated,
     )
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from abbench.records import CellRecord, Plan, PlannedCell
+from abbench.records import CellRecord, Plan, PlannedCell, keys
 from abbench.sensors import Device
 
 PLAIN_GATE_EVERY_S = 10.0  # wall seconds between repeated plain-text gate lines
@@ -108,11 +108,11 @@ class CampaignView:
                                                        else ""),
                           self.status.get(c.index, "planned"), tps)
         latest = getattr(self.sampler, "latest", None) or {}
-        temps = ", ".join(f"{k[5:-2]} {v:.1f} C" for k, v in sorted(latest.items())
-                          if k.startswith("temp.") and k.endswith("_c")
-                          and isinstance(v, (int, float)))
+        temps = ", ".join(f"{k[len(keys.ZONE_PREFIX):-2]} {v:.1f} C"
+                          for k, v in sorted(latest.items())
+                          if keys.is_zone_temp(k) and isinstance(v, (int, float)))
         caps = ", ".join(
-            f"{k.split('.')[1]} {v / 1e3:.0f}/{latest.get(k.replace('cap', 'hw_max'), v) / 1e3:.0f}"
-            for k, v in sorted(latest.items()) if k.endswith(".cap_khz"))
+            f"{p} {v / 1e3:.0f}/{latest.get(keys.hw_max_khz(p), v) / 1e3:.0f}"
+            for p, v in sorted(keys.policies(latest, "cap_khz").items()))
         table.caption = f"temps: {temps or 'not measured'} | caps MHz: {caps or 'not measured'}"
         return table

@@ -65,6 +65,7 @@ from abbench.records import (
     PlannedCell,
     Sample,
     append_jsonl,
+    keys,
     read_plan,
 )
 from abbench.records.bmoe_csv import (
@@ -645,14 +646,14 @@ def _sample_values(s: Snapshot) -> dict[str, Any]:
         for key, val in (("cap_khz", pol.scaling_max_khz), ("hw_max_khz", pol.hw_max_khz),
                          ("cur_khz", pol.cur_khz)):
             if val is not None:
-                v[f"cpu.{p}.{key}"] = val
-    for key, val in (("temp.cpu_c", s.cpu_temp_c), ("battery.temp_c", s.battery_temp_c),
-                     ("mem.available_mib", s.mem_available_mib),
-                     ("android.thermal_status", s.thermal_status)):
+                v[keys.policy_key(p, key)] = val
+    for key, val in ((keys.CPU_TEMP_C, s.cpu_temp_c), (keys.BATTERY_TEMP_C, s.battery_temp_c),
+                     (keys.MEM_AVAILABLE_MIB, s.mem_available_mib),
+                     (keys.ANDROID_THERMAL_STATUS, s.thermal_status)):
         if val is not None:
             v[key] = val
     for name, (c, _) in s.temperatures.items():
-        v[f"android.temp.{name}_c"] = c
+        v[keys.android_zone(name)] = c
     return v
 
 

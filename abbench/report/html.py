@@ -19,7 +19,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from abbench.analysis.campaign import CampaignAnalysis  # noqa: E402
 from abbench.analysis.decide import UNVERIFIED  # noqa: E402
 from abbench.errors import RecordError
-from abbench.records import Sample, read_samples  # noqa: E402
+from abbench.records import Sample, keys, read_samples  # noqa: E402
 from abbench.report import text as t  # noqa: E402
 from abbench.report.markdown import (  # noqa: E402
     MARK,
@@ -74,11 +74,10 @@ def timeline(a: CampaignAnalysis, samples: list[Sample]) -> tuple[str, list[str]
     """The timeline plot and the list of series that were not measured."""
     starts = [r.t_start_wall - r.gate.waited_s for r in a.records]
     t0 = min([s.t_wall for s in samples] + starts, default=0.0)
-    policies = sorted({k.split(".")[1] for s in samples for k in s.values
-                       if k.startswith("cpu.") and k.endswith(".cap_khz")})
-    temps = [(k, lbl) for k, lbl in (("temp.cpu_c", "CPU"), ("battery.temp_c", "battery"))
+    policies = sorted({p for s in samples for p in keys.policies(s.values, "cap_khz")})
+    temps = [(k, lbl) for k, lbl in ((keys.CPU_TEMP_C, "CPU"), (keys.BATTERY_TEMP_C, "battery"))
              if _series(samples, k, t0)[0]]
-    mem = _series(samples, "mem.available_mib", t0)
+    mem = _series(samples, keys.MEM_AVAILABLE_MIB, t0)
     ent = [(r.t_start_wall - t0, r.entry.cpu_temp_c, r.entry.battery_temp_c)
            for r in a.records]
     has_ent = any(c is not None or b is not None for _, c, b in ent)
@@ -90,9 +89,9 @@ def timeline(a: CampaignAnalysis, samples: list[Sample]) -> tuple[str, list[str]
     axes = fig.subplots(n, 1, sharex=True)
     ax_caps, ax_temp = axes[0], axes[1]
     for p in policies:
-        xs, ys = _series(samples, f"cpu.{p}.cap_khz", t0)
+        xs, ys = _series(samples, keys.cap_khz(p), t0)
         ax_caps.step(xs, [y / 1000 for y in ys], where="post", label=f"{p} cap")
-        hx, hy = _series(samples, f"cpu.{p}.hw_max_khz", t0)
+        hx, hy = _series(samples, keys.hw_max_khz(p), t0)
         if hy:
             ax_caps.axhline(max(hy) / 1000, ls=":", lw=0.8, color="#999")
     if policies:

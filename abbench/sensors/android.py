@@ -13,6 +13,7 @@ import re
 from collections.abc import Collection
 from typing import Any
 
+from abbench.records import keys
 from abbench.sensors.readers import Root, Zone, fail_soft, unique_key, zone_values
 from abbench.sensors.tree import as_tree
 
@@ -58,22 +59,22 @@ def parse_dumpsys_battery(text: str) -> dict[str, Any]:
             fields.setdefault(name.strip().lower(), value.strip())
     out: dict[str, Any] = {}
     with contextlib.suppress(KeyError, ValueError):
-        out["battery.temp_c"] = int(fields["temperature"]) / 10.0
+        out[keys.BATTERY_TEMP_C] = int(fields["temperature"]) / 10.0
     try:
         status = int(fields["status"])
-        out["battery.status"] = BATTERY_STATUS.get(status, f"status {status}")
+        out[keys.BATTERY_STATUS] = BATTERY_STATUS.get(status, f"status {status}")
     except (KeyError, ValueError):
         pass
     try:
         level, scale = int(fields["level"]), int(fields.get("scale", "100"))
-        out["battery.capacity_pct"] = round(100 * level / scale) if scale > 0 else level
+        out[keys.BATTERY_CAPACITY_PCT] = round(100 * level / scale) if scale > 0 else level
     except (KeyError, ValueError):
         pass
     plugged = [fields.get(f"{source} powered") for source in ("ac", "usb", "wireless", "dock")]
     if any(p is not None for p in plugged):
-        out["battery.plugged"] = "true" in plugged
+        out[keys.BATTERY_PLUGGED] = "true" in plugged
     if out and "UPDATES STOPPED" in text:
-        out["android.battery_overridden"] = True
+        out[keys.ANDROID_BATTERY_OVERRIDDEN] = True
     return out
 
 
@@ -126,7 +127,7 @@ def parse_thermalservice(text: str) -> tuple[int | None, list[Zone]]:
         if not name or name in names or math.isnan(value) or kind in HAL_NOT_TEMPERATURE:
             continue
         names.add(name)
-        key = unique_key("android.temp.", name, taken)
+        key = unique_key(keys.ANDROID_ZONE_PREFIX, name, taken)
         zones.append(Zone(f"hal:{name}", name, HAL_KIND.get(kind, "other"), value, key))
     return status, zones
 
@@ -143,8 +144,8 @@ def read_android_thermal(root: Root = "/") -> tuple[int | None, list[Zone]]:
 def status_values(status: int | None) -> dict[str, Any]:
     if status is None:
         return {}
-    return {"android.thermal_status": status,
-            "android.thermal_status_name": THERMAL_STATUS.get(status, str(status))}
+    return {keys.ANDROID_THERMAL_STATUS: status,
+            keys.ANDROID_THERMAL_STATUS_NAME: THERMAL_STATUS.get(status, str(status))}
 
 
 def collect_android_thermal(root: Root = "/", ignore: Collection[str] = ()) -> dict[str, Any]:

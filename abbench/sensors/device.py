@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from abbench.errors import UsageError
+from abbench.records import keys
 from abbench.sensors import host, readers
 from abbench.sensors.android import (
     THERMAL_STATUS,
@@ -83,9 +84,9 @@ class _Reading:
 def thermal_gaps(values: dict[str, Any]) -> list[str]:
     """The thermal signals a sample lacks (frequency caps, CPU temperature)."""
     gaps = []
-    if not any(k.startswith("cpu.") and k.endswith(".cap_khz") for k in values):
+    if not keys.policies(values, "cap_khz"):
         gaps.append("cpufreq caps")
-    if "temp.cpu_c" not in values:
+    if keys.CPU_TEMP_C not in values:
         gaps.append("CPU temperature")
     return gaps
 
@@ -189,17 +190,17 @@ class Device:
         rows.append(("cpufreq", _describe_cpufreq(v, r.sources.get("cpufreq"))))
         rows.append(("thermal zones", self._describe_zones(r)))
         rows.append(("battery", _describe_battery(v, r.sources.get("battery"))))
-        mem = v.get("mem.available_mib")
+        mem = v.get(keys.MEM_AVAILABLE_MIB)
         rows.append(("memory", f"MemAvailable {mem:.0f} MiB ({r.sources['memory']})"
                      if mem is not None else "missing: no /proc/meminfo"))
-        psi = sorted({k.split(".")[1] for k in v if k.startswith("psi.")})
+        psi = sorted({k.split(".")[1] for k in v if k.startswith(keys.PSI_PREFIX)})
         rows.append(("pressure", f"/proc/pressure: {' '.join(psi)}" if psi
                      else "missing: no readable /proc/pressure (kernel without PSI?)"))
-        load = v.get("load.1m")
+        load = v.get(keys.LOAD_KEYS[0])
         rows.append(("load average", f"{load:.2f} ({r.sources['load']})" if load is not None
                      else "missing: no /proc/loadavg"))
         rows.append(("GPU (NVML)", _describe_nvml(v, self._transport.on_host)))
-        status = v.get("android.thermal_status")
+        status = v.get(keys.ANDROID_THERMAL_STATUS)
         hal = sum(1 for z in r.zones if z.id.startswith("hal:"))
         rows.append(("Android", f"thermal status {status} ({THERMAL_STATUS.get(status, '?')}), "
                      f"{hal} HAL temperature sensors" if "android" in r.sources
@@ -215,8 +216,8 @@ class Device:
         text = (f"{len(sysfs)} zones via {r.sources.get('thermal', 'sysfs')}, "
                 f"{len(cpu)} CPU" + (f" ({', '.join(cpu[:6])}{', ...' if len(cpu) > 6 else ''})"
                                      if cpu else ""))
-        if "temp.cpu_c" in r.values:
-            text += f"; hottest CPU sensor {r.values['temp.cpu_c']:.1f} °C"
+        if keys.CPU_TEMP_C in r.values:
+            text += f"; hottest CPU sensor {r.values[keys.CPU_TEMP_C]:.1f} °C"
         frozen = [z.label for z in r.zones if z.id in self._freeze.frozen]
         if frozen:
             text += f"; ignored as constant: {', '.join(frozen)}"
@@ -238,15 +239,14 @@ class Device:
 
 
 def _describe_cpufreq(v: dict[str, Any], how: str | None) -> str:
-    policies = sorted({k.split(".")[1] for k in v if k.endswith(".cap_khz")},
-                      key=natural_key)
+    policies = sorted(keys.policies(v, "cap_khz"), key=natural_key)
     if not policies:
-        note = " (psutil: current frequency only, no cap)" if "cpu.all.cur_khz" in v else ""
+        note = " (psutil: current frequency only, no cap)" if keys.CPU_ALL_CUR_KHZ in v else ""
         return f"missing: no {CPUFREQ_GLOB}{note}"
     parts = []
     for p in policies:
-        cap, hw = v.get(f"cpu.{p}.cap_khz"), v.get(f"cpu.{p}.hw_max_khz")
-        parts.append(f"{p} cap {cap} of {hw} kHz" + (" CAPPED" if v.get(f"cpu.{p}.capped")
+        cap, hw = v.get(keys.cap_khz(p)), v.get(keys.hw_max_khz(p))
+        parts.append(f"{p} cap {cap} of {hw} kHz" + (" CAPPED" if v.get(keys.capped(p))
                                                       else ""))
     return f"{len(policies)} policies via {how}: " + "; ".join(parts)
 
@@ -254,11 +254,11 @@ def _describe_cpufreq(v: dict[str, Any], how: str | None) -> str:
 def _describe_battery(v: dict[str, Any], how: str | None) -> str:
     if how is None:
         return "missing: no power_supply of type Battery"
-    parts = [f"{v['battery.temp_c']:.1f} °C" if "battery.temp_c" in v else "no temperature",
-             str(v.get("battery.status", "status unknown"))]
-    if "battery.capacity_pct" in v:
-        parts.append(f"{v['battery.capacity_pct']}%")
-    if v.get("android.battery_overridden"):
+    parts = [f"{v[keys.BATTERY_TEMP_C]:.1f} °C" if keys.BATTERY_TEMP_C in v else "no temperature",
+             str(v.get(keys.BATTERY_STATUS, "status unknown"))]
+    if keys.BATTERY_CAPACITY_PCT in v:
+        parts.append(f"{v[keys.BATTERY_CAPACITY_PCT]}%")
+    if v.get(keys.ANDROID_BATTERY_OVERRIDDEN):
         parts.append("OVERRIDDEN by `dumpsys battery set` (run `dumpsys battery reset`)")
     return f"{', '.join(parts)} ({how})"
 
@@ -266,11 +266,11 @@ def _describe_battery(v: dict[str, Any], how: str | None) -> str:
 def _describe_nvml(v: dict[str, Any], on_host: bool) -> str:
     if not on_host:
         return "not read (NVML describes this machine, not the device)"
-    if "gpu.temp_c" in v or "gpu.sm_clock_mhz" in v:
+    if keys.GPU_TEMP_C in v or keys.GPU_SM_CLOCK_MHZ in v:
         gpus = 1 + len({k.split(".")[1] for k in v if k.split(".")[1].isdigit()})
-        return (f"{gpus} GPU(s); GPU 0 {v.get('gpu.temp_c', '?')} °C, SM "
-                f"{v.get('gpu.sm_clock_mhz', '?')} MHz, throttle "
-                f"{v.get('gpu.throttle_reasons', '?')}")
+        return (f"{gpus} GPU(s); GPU 0 {v.get(keys.GPU_TEMP_C, '?')} °C, SM "
+                f"{v.get(keys.GPU_SM_CLOCK_MHZ, '?')} MHz, throttle "
+                f"{v.get(keys.GPU_THROTTLE_REASONS, '?')}")
     if host.import_pynvml() is None:
         return "pynvml not importable (optional: pip install nvidia-ml-py)"
     return "pynvml importable, but no GPU answered"

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from abbench.records import keys
 from abbench.sensors.readers import (
     PLAUSIBLE_C,
     Zone,
@@ -40,7 +41,7 @@ def read_psutil_temperatures() -> list[Zone]:
     if read is None:
         return []
     zones: list[Zone] = []
-    taken: set[str] = {"temp.cpu_c"}
+    taken: set[str] = {keys.CPU_TEMP_C}
     for chip, entries in sorted(read().items()):
         for i, entry in enumerate(entries):
             temp = float(entry.current)
@@ -48,7 +49,7 @@ def read_psutil_temperatures() -> list[Zone]:
                 continue
             label = f"{chip}-{entry.label}" if entry.label else chip
             kind = "cpu" if _PSUTIL_CPU_CHIPS.search(label) else zone_kind(label)
-            key = None if kind == "cpu" else unique_key("temp.", label, taken)
+            key = None if kind == "cpu" else unique_key(keys.ZONE_PREFIX, label, taken)
             zones.append(Zone(f"psutil:{chip}:{i}", label, kind, temp, key))
     return zones
 
@@ -67,9 +68,9 @@ def collect_psutil_cpufreq() -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     if freq.current:
-        out["cpu.all.cur_khz"] = round(freq.current * 1000)
+        out[keys.CPU_ALL_CUR_KHZ] = round(freq.current * 1000)
     if freq.max:
-        out["cpu.all.hw_max_khz"] = round(freq.max * 1000)
+        out[keys.CPU_ALL_HW_MAX_KHZ] = round(freq.max * 1000)
     return out
 
 
@@ -79,8 +80,8 @@ def collect_psutil_memory() -> dict[str, Any]:
     import psutil
 
     vm = psutil.virtual_memory()
-    return {"mem.available_mib": round(vm.available / 2**20, 1),
-            "mem.total_mib": round(vm.total / 2**20, 1)}
+    return {keys.MEM_AVAILABLE_MIB: round(vm.available / 2**20, 1),
+            keys.MEM_TOTAL_MIB: round(vm.total / 2**20, 1)}
 
 
 @fail_soft
@@ -92,9 +93,9 @@ def collect_psutil_battery() -> dict[str, Any]:
     battery = read() if read is not None else None
     if battery is None:
         return {}
-    out: dict[str, Any] = {"battery.capacity_pct": round(battery.percent)}
+    out: dict[str, Any] = {keys.BATTERY_CAPACITY_PCT: round(battery.percent)}
     if battery.power_plugged is not None:
-        out["battery.plugged"] = bool(battery.power_plugged)
+        out[keys.BATTERY_PLUGGED] = bool(battery.power_plugged)
     return out
 
 
@@ -102,7 +103,7 @@ def collect_psutil_battery() -> dict[str, Any]:
 def collect_os_loadavg() -> dict[str, Any]:
     """os.getloadavg() where /proc/loadavg is absent (macOS, BSD)."""
     one, five, fifteen = os.getloadavg()
-    return {"load.1m": one, "load.5m": five, "load.15m": fifteen}
+    return dict(zip(keys.LOAD_KEYS, (one, five, fifteen), strict=True))
 
 
 # NVML (optional: only when pynvml is importable)
@@ -160,7 +161,7 @@ def collect_nvml(module: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for i in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        prefix = "gpu." if i == 0 else f"gpu.{i}."
+        prefix = keys.gpu_prefix(i)
         reads: list[tuple[str, Callable[[], Any]]] = [
             ("temp_c", lambda h=handle: float(
                 nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))),

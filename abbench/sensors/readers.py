@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from abbench.records import keys
 from abbench.sensors.tree import Tree, as_tree
 
 Root = str | os.PathLike[str] | Tree
@@ -109,9 +110,9 @@ def collect_cpufreq(root: Root = "/") -> dict[str, Any]:
         cur = _int(tree.read(f"{folder}/scaling_cur_freq"))
         for name, value in (("cap_khz", cap), ("hw_max_khz", hw), ("cur_khz", cur)):
             if value is not None:
-                out[f"cpu.{policy}.{name}"] = value
+                out[keys.policy_key(policy, name)] = value
         if cap is not None and hw is not None:
-            out[f"cpu.{policy}.capped"] = cap < hw
+            out[keys.capped(policy)] = cap < hw
     return out
 
 
@@ -181,7 +182,7 @@ def read_thermal_zones(root: Root = "/") -> list[Zone]:
     """
     tree = as_tree(root)
     zones: list[Zone] = []
-    taken: set[str] = {"temp.cpu_c"}
+    taken: set[str] = {keys.CPU_TEMP_C}
     for folder in tree.glob(THERMAL_GLOB):
         label = _text(tree.read(f"{folder}/type"))
         raw = _int(tree.read(f"{folder}/temp"))
@@ -191,7 +192,7 @@ def read_thermal_zones(root: Root = "/") -> list[Zone]:
         if not PLAUSIBLE_C[0] <= temp <= PLAUSIBLE_C[1]:
             continue
         kind = zone_kind(label)
-        key = None if kind == "cpu" else unique_key("temp.", label, taken)
+        key = None if kind == "cpu" else unique_key(keys.ZONE_PREFIX, label, taken)
         zones.append(Zone(f"{folder.rsplit('/', 1)[-1]}:{label}", label, kind, temp, key))
     return zones
 
@@ -212,7 +213,7 @@ def zone_values(zones: Iterable[Zone], ignore: Collection[str] = ()) -> dict[str
             out[z.key] = round(z.temp_c, 3)
         if z.kind in ("cpu", "gpu", "battery"):
             hottest[z.kind] = max(hottest.get(z.kind, z.temp_c), z.temp_c)
-    aggregate = {"cpu": "temp.cpu_c", "gpu": "gpu.temp_c", "battery": "battery.temp_c"}
+    aggregate = {"cpu": keys.CPU_TEMP_C, "gpu": keys.GPU_TEMP_C, "battery": keys.BATTERY_TEMP_C}
     for kind, temp in hottest.items():
         out[aggregate[kind]] = round(temp, 3)
     return out
@@ -242,13 +243,13 @@ def collect_battery(root: Root = "/") -> dict[str, Any]:
         out: dict[str, Any] = {}
         temp = _int(tree.read(f"{folder}/temp"))
         if temp is not None:
-            out["battery.temp_c"] = temp / 10.0
+            out[keys.BATTERY_TEMP_C] = temp / 10.0
         status = _text(tree.read(f"{folder}/status"))
         if status is not None:
-            out["battery.status"] = status
+            out[keys.BATTERY_STATUS] = status
         capacity = _int(tree.read(f"{folder}/capacity"))
         if capacity is not None:
-            out["battery.capacity_pct"] = capacity
+            out[keys.BATTERY_CAPACITY_PCT] = capacity
         if out:
             return out
     return {}
@@ -256,8 +257,8 @@ def collect_battery(root: Root = "/") -> dict[str, Any]:
 
 # --- /proc -------------------------------------------------------------------------------
 
-_MEMINFO_KEYS = {"MemAvailable": "mem.available_mib", "MemTotal": "mem.total_mib",
-                 "MemFree": "mem.free_mib"}
+_MEMINFO_KEYS = {"MemAvailable": keys.MEM_AVAILABLE_MIB, "MemTotal": keys.MEM_TOTAL_MIB,
+                 "MemFree": keys.MEM_FREE_MIB}
 
 
 @fail_soft
@@ -306,7 +307,7 @@ def collect_pressure(root: Root = "/") -> dict[str, Any]:
             wanted = ("avg10", "avg60") if kind == "some" else ("avg10",)
             for name in wanted:
                 with contextlib.suppress(KeyError, ValueError):
-                    out[f"psi.{resource}.{kind}_{name}"] = float(fields[name])
+                    out[keys.psi_key(resource, kind, name)] = float(fields[name])
     return out
 
 
@@ -321,7 +322,7 @@ def collect_loadavg(root: Root = "/") -> dict[str, Any]:
         return {}
     fields = text.split()
     out: dict[str, Any] = {}
-    for key, field in zip(("load.1m", "load.5m", "load.15m"), fields[:3]):
+    for key, field in zip(keys.LOAD_KEYS, fields[:3]):
         with contextlib.suppress(ValueError):
             out[key] = float(field)
     return out
