@@ -94,3 +94,78 @@ def test_the_key_check_finds_a_literal(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text('"""Reads temp.cpu_c."""\nx = {"temp.cpu_c": 1}\ny = f"cpu.{p}.cap_khz"\n')
     assert sample_key_literals(bad) == [(3, "cpu."), (2, "temp.cpu_c")]
+
+
+@pytest.mark.parametrize(("package", "allowed"), [
+    ("records", ("abbench.errors", "abbench.fsutil", "abbench.records")),
+    ("sim", ("abbench.errors", "abbench.fsutil", "abbench.records", "abbench.sensors",
+             "abbench.sim")),
+])
+def test_the_lower_layers_import_only_what_is_below_them(package: str,
+                                                         allowed: tuple[str, ...]) -> None:
+    for path in files(package):
+        bad = {m for m in imports_of(path) if not m.startswith(allowed)}
+        assert not bad, (path.relative_to(PACKAGE).as_posix(), bad)
+
+
+def test_sensors_know_nothing_of_the_simulation() -> None:
+    for path in files("sensors"):
+        assert not {m for m in imports_of(path) if m.startswith("abbench.sim")}, path
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the abbench modules it imports (anywhere in the file): `from X import y`
+    is an edge to X.y when that is a module, else to X."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and \
+                    node.module.startswith("abbench"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    edges.add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+        graph[name] = edges - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            # a package's __init__ importing its own modules is how it states its face
+            if n.startswith(m + "."):
+                continue
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (cycle := visit(n)):
+                return cycle
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle() -> None:
+    assert find_cycle(_graph()) is None
+
+
+def test_the_cycle_check_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"p": {"p.x"}, "p.x": set()}) is None

@@ -20,6 +20,7 @@ from abbench.errors import UsageError
 from abbench.sensors import open_device, transports
 from abbench.sensors.readers import REMOTE_GLOBS
 from abbench.sensors.tree import MARKER, LocalTree, batch_script, parse_batch
+from abbench.sim import open_device as open_any_device
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sensors"
 PHONE = FIXTURES / "android-qwen"
@@ -204,7 +205,7 @@ def test_ssh_unreachable(fakes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_bad_transports(spec: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        open_device(spec)
+        open_any_device(spec)
 
 
 def test_root_is_for_local_only(fakes: Path) -> None:

@@ -30,12 +30,12 @@ import pytest
 
 from abbench.campaign.schema import load_campaign
 from abbench.records import read_journal
-from abbench.sensors.sim import load_profile
+from abbench.sim.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ROOT / "cells" / "thermal-demo.toml"
 GATED = ROOT / "cells" / "thermal-demo-gated.toml"
-PHONE = ROOT / "abbench" / "sensors" / "profiles" / "phone.toml"
+PHONE = ROOT / "abbench" / "sim" / "profiles" / "phone.toml"
 CELL_SIM_S = 70.0  # simulated seconds a cell should last: mid-range of the profile's 50-80
 # From a cool start the phone keeps a cell below its first trip for up to ~80 simulated
 # seconds. The gated story needs that of its longest cell (retention-only and spec-2 run

@@ -14,16 +14,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from collections.abc import Iterable
 from typing import Any
 
 from abbench.errors import Key
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+from abbench.records.schema import tomllib
 
 TOMLDecodeError = tomllib.TOMLDecodeError
 

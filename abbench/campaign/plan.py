@@ -27,7 +27,7 @@ from abbench.campaign.tables import MAX_CELLS
 from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError
 from abbench.records import Plan, PlannedCell, Sequential
-from abbench.sensors.sim import load_profile
+from abbench.sim.profile import load_profile
 
 # The duration estimate: a rough speed of the embedded engine on the synthetic `default`
 # preset (the README's run: 12.6 tok/s decode, 11 tok/s prefill, 256 MiB cache, 2 threads),

@@ -63,8 +63,9 @@ from abbench.records import (
     read_jsonl,
     read_plan,
 )
-from abbench.sensors import Device, Sampler, open_device, speed_probe
+from abbench.sensors import Device, Sampler, speed_probe
 from abbench.sensors.probe import ProbeWorker
+from abbench.sim import open_device
 
 PROFILE_FILE = "device-profile.toml"  # a simulated device's profile, as the run used it
 STDERR_TAIL = 4000
@@ -183,15 +184,15 @@ class CampaignRun:
         return self.first_probe / t
 
     def _probe_seconds(self) -> float:
-        if not self.device.simulated or getattr(self.device, "attach", None) is None:
+        if not self.device.simulated:
             return speed_probe()
         if self._probe is None:
             self._probe = ProbeWorker(self.opts.python)
-        self.device.attach(self._probe.pid, loads=False)  # type: ignore[attr-defined]
+        self.device.throttle(self._probe.pid, loads=False)
         try:
-            return self._probe.measure(3, float(getattr(self.device, "probe_rep_s", 0.0)))
+            return self._probe.measure(3, self.device.probe_rep_s)
         finally:
-            self._detach()
+            self.device.unthrottle()
 
     def run(self) -> int:
         try:
@@ -228,7 +229,7 @@ class CampaignRun:
         view = CampaignView(self.plan, self.device, live=self.opts.live)
         # A simulated device runs its clock `time_scale` times faster than the wall: the
         # spacing and the gate's poll and timeout are in device seconds.
-        scale = float(getattr(self.device, "time_scale", 1.0))
+        scale = self.device.time_scale
         last_end: float | None = None
         try:
             with Sampler(self.device, self.hz, self._sink) as sampler, view:
@@ -352,9 +353,7 @@ class CampaignRun:
                                                stdin=subprocess.DEVNULL)
                 try:
                     # A simulated device throttles the child from its first instruction.
-                    attach = getattr(self.device, "attach", None)
-                    if attach is not None:
-                        attach(self._child.pid)
+                    self.device.throttle(self._child.pid)
                     note_child(out / "child.json", self._child.pid)
                     code = self._child.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
@@ -368,7 +367,7 @@ class CampaignRun:
         except OSError as e:
             status, error = "failed", f"could not start: {e.strerror or e}"
         finally:
-            self._detach()
+            self.device.unthrottle()
             self._child = None
             with self._lock:
                 self.current = None
@@ -397,14 +396,8 @@ class CampaignRun:
             exit_code=code, error=error, stderr_tail=_tail(stderr_path),
         )
 
-    def _detach(self) -> None:
-        """Stop a simulated device's duty-cycling; it leaves the child continued."""
-        detach = getattr(self.device, "detach", None)
-        if detach is not None:
-            detach()
-
     def _kill_child(self) -> None:
-        self._detach()  # a stopped child ignores SIGTERM: continue it first
+        self.device.unthrottle()  # a stopped child ignores SIGTERM: continue it first
         child = self._child
         if child is not None and child.poll() is None:
             child.send_signal(signal.SIGKILL)
@@ -499,7 +492,7 @@ def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
             atomic_write_text(folder / "campaign.toml", resolved_toml)
             atomic_write_text(folder / "plan.json",
                               json.dumps(plan.to_json(), indent=1) + "\n")
-            profile = getattr(device, "profile_toml", None)
+            profile = device.profile_toml
             if profile is not None:  # a simulated device: the run keeps the model it ran on
                 atomic_write_text(folder / PROFILE_FILE, profile)
             if prepare is not None:
@@ -508,7 +501,7 @@ def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
             raise WriteError.from_os(e) from None
         return folder, CampaignRun(folder, plan, device, opts, hz, gate).run()
     finally:
-        _close(device)
+        device.close()
 
 
 def resume(folder: Path, opts: RunOptions, hz: float, gate: GateSpec | None,
@@ -518,14 +511,9 @@ def resume(folder: Path, opts: RunOptions, hz: float, gate: GateSpec | None,
     try:
         return CampaignRun(folder, plan, device, opts, hz, gate).run()
     finally:
-        _close(device)
+        device.close()
 
 
-def _close(device: Device) -> None:
-    """Release what a device owns (the simulated device's thread and tree)."""
-    close = getattr(device, "close", None)
-    if close is not None:
-        close()
 
 
 Progress = Callable[[str], None]

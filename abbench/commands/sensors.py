@@ -17,8 +17,9 @@ import time
 from typing import Any, TextIO
 
 from abbench.commands.args import positive_int
-from abbench.sensors.device import Device, open_device, thermal_gaps
+from abbench.sensors.device import Device, thermal_gaps
 from abbench.sensors.probe import speed_probe
+from abbench.sim import open_device
 
 SAMPLE_SPACING_S = 0.5
 PROBE_REPS = 5

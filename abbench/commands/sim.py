@@ -1,6 +1,6 @@
 """`abbench sim fit RUN -o PROFILE.toml`: a simulated device fitted to a recorded run.
 
-The fit is `abbench.analysis.simfit`'s; this module is the command: its parser, the profile
+The fit is `abbench.sim.fit`'s; this module is the command: its parser, the profile
 written as TOML (with comments naming the run and the fit's residuals, checked to load the
 way `sim:PROFILE.toml` will load it before it replaces anything) and the printed summary.
 """
@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from abbench import __version__
-from abbench.analysis.simfit import THERMAL, Estimate, SimFit, fit_run
 from abbench.campaign._toml import dump_value
 from abbench.commands.args import fraction, positive
 from abbench.errors import FitError, UsageError
 from abbench.fsutil import atomic_write_text
-from abbench.sensors.sim import Profile, tomllib
+from abbench.records.schema import tomllib
+from abbench.sim.fit import THERMAL, Estimate, SimFit, fit_run
+from abbench.sim.profile import Profile
 
 UNITS = {"heat_c_per_s": "°C/s", "soc_tau_s": "s", "case_tau_s": "s", "ambient_tau_s": "s",
          "ambient_c": "°C", "idle_load": ""}

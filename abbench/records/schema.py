@@ -9,10 +9,17 @@ format turn it into a `RecordError` naming the file and line. Unknown keys are i
 from __future__ import annotations
 
 import json
+import sys
 import types
 from dataclasses import MISSING, fields, is_dataclass
 from functools import cache
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+# The one TOML reader (cells.toml, sim profiles): tomllib, tomli before Python 3.11.
+if sys.version_info >= (3, 11):
+    import tomllib as tomllib  # re-exported
+else:  # pragma: no cover - exercised on Python 3.10 only
+    pass
 
 T = TypeVar("T")
 

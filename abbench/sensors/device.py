@@ -111,6 +111,34 @@ class Device:
     def __repr__(self) -> str:
         return f"Device({self.name!r}, {self.transport!r})"
 
+    # -- what every device offers beyond its readings (a real one: nothing to do) ----------
+
+    @property
+    def time_scale(self) -> float:
+        """Device seconds per wall second: spacing and gate times are device seconds."""
+        return 1.0
+
+    @property
+    def probe_rep_s(self) -> float:
+        """Wall seconds one speed-probe repetition must run (0: the probe's own default)."""
+        return 0.0
+
+    @property
+    def profile_toml(self) -> str | None:
+        """The model the device runs on, kept with a run (a simulated device's profile)."""
+        return None
+
+    def throttle(self, pid: int, loads: bool = True) -> None:
+        """Run process `pid` as this device would (a simulated device slows it by its caps,
+        and heats while it runs unless `loads` is False) until `unthrottle()`. A real
+        device throttles by itself."""
+
+    def unthrottle(self) -> None:
+        """Stop `throttle`; the process is left running."""
+
+    def close(self) -> None:
+        """Release what the device holds (a simulated device's thread and tree)."""
+
     def sample(self) -> dict[str, Any]:
         """One flat dict of readings; absent or failing sources leave their keys out."""
         return self._sample().values
@@ -277,9 +305,8 @@ def _describe_nvml(v: dict[str, Any], on_host: bool) -> str:
 
 
 def open_device(transport: str, root: str | os.PathLike[str] = "/") -> Device:
-    """`local`, `adb:SERIAL`, `ssh:HOST` or `sim:PROFILE` as a Device; anything else is a
-    UsageError. `sim:` gives a `SimulatedDevice` (see `sim.py`), which owns a thread and a
-    temporary tree: call its `close()` when done.
+    """`local`, `adb:SERIAL` or `ssh:HOST` as a Device; anything else is a UsageError
+    (`sim:PROFILE` is opened by `abbench.sim.open_device`, which opens these as well).
 
     Remote transports are checked now (adb present, device attached; ssh host reachable
     without a password), so a campaign fails before its first cell, not during it.
@@ -298,11 +325,8 @@ def open_device(transport: str, root: str | os.PathLike[str] = "/") -> Device:
         ssh = SshTransport(arg)
         ssh.check()
         return Device(ssh, ssh.host)
-    if kind == "sim":
-        if str(root) not in ("/", ""):
-            raise UsageError(f"--root applies to the local transport only, not `{spec}`")
-        from abbench.sensors.sim import open_simulated  # sim imports this module
-
-        return open_simulated(spec)
+    if kind == "sim":  # abbench.sim.open_device opens these; sensors knows no simulation
+        raise UsageError(f"`{spec}` is a simulated device", tip="open it with "
+                         "abbench.sim.open_device")
     raise UsageError(f"unknown transport `{transport}`: expected local, adb:SERIAL, "
                      "ssh:HOST or sim:PROFILE")

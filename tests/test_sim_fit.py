@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from conftest import run_main
 
-from abbench.analysis.simfit import read_timeline
-from abbench.analysis.simthermal import Segment, simulate
 from abbench.commands.sim import render_toml
 from abbench.records import CellRecord, EntryState, Plan, PlannedCell, Sample, append_jsonl
-from abbench.sensors.sim import Profile, SimulatedDevice, ThermalModel, Trip, load_profile
+from abbench.sim.device import SimulatedDevice, ThermalModel
+from abbench.sim.fit import read_timeline
+from abbench.sim.profile import Profile, Trip, load_profile
+from abbench.sim.thermal import Segment, simulate
 
 HZ = 2.0
 FITTED = ("heat_c_per_s", "soc_tau_s", "case_tau_s", "ambient_tau_s", "ambient_c",
@@ -174,9 +175,9 @@ def test_recorded_on_the_simulated_device(tmp_path: Path,
         for k in range(int(END_S / 4 * HZ) + 1):
             clock.t = k / HZ
             if any(clock.t == a for a, _ in spans):
-                dev.attach(child.pid)
+                dev.throttle(child.pid)
             elif any(clock.t == b for _, b in spans):
-                dev.detach()
+                dev.unthrottle()
             samples.append(Sample(clock.t, 1e9 + clock.t, dev.sample(),
                                   _cell_at(clock.t, spans)))
     finally:

@@ -1,4 +1,5 @@
-"""Reports: report.json keys, report.md verdict table, terminal text, `abbench report`."""
+"""The report package: report.json keys, report.md verdict table, terminal text, and
+`abbench report`."""
 
 from __future__ import annotations
 

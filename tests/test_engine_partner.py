@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from test_compute import make_buffers
+from test_engine_compute import make_buffers
 
 from abbench.engine import partner
 from abbench.engine.compute import ComputeTeam, Job, matvec

@@ -1,7 +1,7 @@
 """The thermal half of `abbench sim fit`: the simulated device's model, integrated over a
 recorded timeline, fitted to its temperatures.
 
-The model is the simulated device's (abbench/sensors/sim.py, DESIGN section 8), in
+The model is the simulated device's (abbench/sim/device.py, DESIGN section 8), in
 simulated seconds (wall seconds × time scale), with u = load × clock fraction:
 
     dSoC/dt  = heat_c_per_s · u − (SoC − case) / soc_tau_s
@@ -32,7 +32,7 @@ from itertools import accumulate
 import numpy as np
 
 from abbench.errors import FitError
-from abbench.sensors.sim import MIN_TAU_S
+from abbench.sim.profile import MIN_TAU_S
 
 MAX_TAU_S = 1e6              # s: bounds of the search, far outside any device
 HEAT_RANGE = (1e-6, 1e3)     # °C per s

@@ -4,8 +4,8 @@ From a run folder: the SoC as `temp.cpu_c`, the case as `battery.temp_c`, the cl
 fraction as the mean over policies of `cap_khz / hw_max_khz` (each policy with a cap and a
 hardware max is a cluster, at the largest hardware max seen), and the load as 1 between each
 journal record's `t_start_mono` and `t_end_mono`, `idle_load` otherwise. Those feed the
-thermal fit (abbench/analysis/simthermal.py, which documents the model and the method) and
-the trip reading (abbench/analysis/simtrips.py).
+thermal fit (abbench/sim/thermal.py, which documents the model and the method) and
+the trip reading (abbench/sim/trips.py).
 
 Time scale: a run recorded on `sim:PROFILE` ran in simulated seconds, so its timeline is
 stretched by that profile's time scale; a real device's by 1; `--time-scale` overrides both
@@ -33,17 +33,17 @@ from typing import Any
 
 import numpy as np
 
-from abbench.analysis.simthermal import (
+from abbench.errors import AbbenchError, FitError
+from abbench.records import keys, read_journal, read_plan, read_samples
+from abbench.sim.profile import Cluster, Profile, Trip, load_profile, profile_from_text
+from abbench.sim.thermal import (
     THERMAL,
     Estimate,
     Segment,
     Series,
     fit_thermal,
 )
-from abbench.analysis.simtrips import TripFit, find_trips
-from abbench.errors import AbbenchError, FitError
-from abbench.records import keys, read_journal, read_plan, read_samples
-from abbench.sensors.sim import Cluster, Profile, Trip, load_profile, profile_from_text
+from abbench.sim.trips import TripFit, find_trips
 
 __all__ = ["THERMAL", "Estimate", "FitError", "SimFit", "fit_run"]
 

@@ -1,7 +1,7 @@
 """Trip points and hysteresis read off a run's caps, for `abbench sim fit`.
 
 A trip engages when its sensor's temperature reaches `temp_c` and lifts once it is
-`hysteresis_c` below (abbench/sensors/sim.py). Sampled, an engagement shows as the caps
+`hysteresis_c` below (abbench/sim/device.py). Sampled, an engagement shows as the caps
 dropping to a new set between two samples, so the trip lies in (temperature before,
 temperature at]; every engagement of the same cap set narrows that interval, and the trip
 is its midpoint. A lift brackets trip − hysteresis the same way, from above. A cap set that
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from abbench.sensors.sim import Cluster, Trip
+from abbench.sim.profile import Cluster, Trip
 
 CapSet = tuple[int, ...]  # kHz per cluster, in the clusters' order
 

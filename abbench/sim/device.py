@@ -1,7 +1,7 @@
 """The simulated device, `sim:PROFILE`: a thermal model behind a sysfs-shaped tree.
 
 For demos, tests and planning on machines without sensors (DESIGN.md section 8). A
-`Profile` (TOML, shipped in `abbench/sensors/profiles/`, or any `sim:PATH.toml`) gives
+`Profile` (TOML, shipped in `abbench/sim/profiles/`, or any `sim:PATH.toml`) gives
 clusters, a two-node thermal model, trip points and a time scale. `SimulatedDevice` writes
 what a phone's kernel would expose (cpufreq policies, a CPU thermal zone, a battery, meminfo)
 into a temporary folder and reads it back through the SAME readers as a real device (a
@@ -20,7 +20,7 @@ mean over clusters of cap / hardware max.
 
 Throttling without the engine knowing: `attach(pid)` marks the device loaded and starts a
 thread that duty-cycles the process with SIGSTOP/SIGCONT (as `cpulimit` does), letting it
-run the clock fraction of every period; `detach()` stops that and always leaves the process
+run the clock fraction of every period; `unthrottle()` stops that and always leaves the process
 continued. `probe_factor()` is the clock fraction (the share of each period the process
 runs). The campaign's speed probe runs in a child process attached the same way, so it
 reads the simulated caps and the host's own load together, as on a real device.
@@ -29,7 +29,6 @@ reads the simulated caps and the host's own load together, as on a real device.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
 import signal
@@ -37,186 +36,22 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from importlib import resources
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from abbench.errors import UsageError
 from abbench.sensors.device import Device, _Reading
 from abbench.sensors.transports import LocalTransport
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-STEP_S = 0.25            # s (simulated): Euler integration step, well below every tau
-MIN_TAU_S = 1.0          # s (simulated): shortest time constant a profile may give
-DUTY_PERIOD_S = 0.02     # s (wall): one SIGSTOP/SIGCONT period while attached (short, so
-                         # that per-token times spread less around the mean slowdown)
-TICK_S = 0.2             # s (wall): the background thread advances the model this often
-IDLE_CLOCK_SHARE = 0.3   # fraction of the cap an idle cluster runs at (scaling_cur_freq)
-
-
-def shipped_profiles() -> list[str]:
-    """The names of the profiles shipped in the package (`sim:NAME`)."""
-    folder = resources.files("abbench.sensors") / "profiles"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
-
-
-@dataclass(frozen=True)
-class Cluster:
-    policy: str          # cpufreq policy folder name, e.g. "policy4"
-    hw_max_khz: int      # kHz, cpuinfo_max_freq
-
-
-@dataclass(frozen=True)
-class Trip:
-    temp_c: float                 # °C on the SoC node at which the trip engages
-    caps_khz: Mapping[str, int]   # kHz per policy while engaged (others: hardware max)
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A simulated device; every field validated by `from_dict` (units in the names)."""
-
-    name: str
-    clusters: tuple[Cluster, ...]
-    trips: tuple[Trip, ...]
-    time_scale: float           # simulated s per wall s
-    idle_load: float            # 0..1, load when no cell is attached
-    ambient_c: float            # °C
-    start_soc_c: float          # °C
-    start_case_c: float         # °C
-    heat_c_per_s: float         # °C per simulated s at full load and full clocks
-    soc_tau_s: float            # s
-    case_tau_s: float           # s
-    ambient_tau_s: float        # s
-    hysteresis_c: float         # °C
-    trip_sensor: str            # "soc" or "case": the node the trip points read
-    mem_total_mib: int          # MiB
-    mem_available_mib: int      # MiB
-    battery_capacity_pct: int   # %
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], source: str) -> Profile:
-        def bad(msg: str) -> UsageError:
-            return UsageError(f"simulated device profile {source}: {msg}")
-
-        def num(key: str, lo: float = -math.inf, hi: float = math.inf,
-                lo_open: bool = False) -> float:
-            v = d.get(key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise bad(f"`{key}` must be a number, got {v!r}")
-            if v < lo or v > hi or (lo_open and v == lo):
-                raise bad(f"`{key}` = {v} is out of range")
-            return float(v)
-
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise bad(f"unknown keys: {', '.join(unknown)}")
-        name = d.get("name")
-        if not isinstance(name, str) or not name:
-            raise bad("`name` must be a non-empty string")
-        raw_clusters = d.get("clusters")
-        if not isinstance(raw_clusters, list) or not raw_clusters:
-            raise bad("needs at least one [[clusters]] with policy and hw_max_khz")
-        clusters = []
-        for c in raw_clusters:
-            policy, hw = (c.get("policy"), c.get("hw_max_khz")) if isinstance(c, dict) else (
-                None, None)
-            if not isinstance(policy, str) or not policy.startswith("policy"):
-                raise bad(f"cluster policy must be a name like `policy0`, got {policy!r}")
-            if isinstance(hw, bool) or not isinstance(hw, int) or hw <= 0:
-                raise bad(f"cluster {policy}: hw_max_khz must be a positive integer")
-            clusters.append(Cluster(policy, hw))
-        hw_max = {c.policy: c.hw_max_khz for c in clusters}
-        if len(hw_max) != len(clusters):
-            raise bad("cluster policies must be distinct")
-        trips: list[Trip] = []
-        for t in d.get("trips", []):
-            temp, caps = (t.get("temp_c"), t.get("caps_khz", {})) if isinstance(t, dict) else (
-                None, None)
-            if isinstance(temp, bool) or not isinstance(temp, (int, float)):
-                raise bad(f"trip temp_c must be a number, got {temp!r}")
-            if not isinstance(caps, dict) or not caps:
-                raise bad(f"trip at {temp} °C needs caps_khz for at least one policy")
-            for p, cap in caps.items():
-                if p not in hw_max:
-                    raise bad(f"trip at {temp} °C caps unknown policy `{p}`")
-                if isinstance(cap, bool) or not isinstance(cap, int) or not 0 < cap <= hw_max[p]:
-                    raise bad(f"trip at {temp} °C: cap of {p} must be in 1..{hw_max[p]} kHz")
-            if trips and temp <= trips[-1].temp_c:
-                raise bad("trip points must be in ascending temperature order")
-            trips.append(Trip(float(temp), dict(caps)))
-        taus = {k: num(k, MIN_TAU_S) for k in ("soc_tau_s", "case_tau_s", "ambient_tau_s")}
-        trip_sensor = d.get("trip_sensor", "soc")
-        if trip_sensor not in ("soc", "case"):
-            raise bad(f"`trip_sensor` must be \"soc\" or \"case\", got {trip_sensor!r}")
-        heat = num("heat_c_per_s", 0.0)
-        idle = num("idle_load", 0.0, 1.0)
-        ambient = num("ambient_c", -40.0, 60.0)
-        # Without start temperatures the device starts at its idle equilibrium (cool).
-        eq_soc, eq_case = idle_equilibrium(ambient, heat * idle, taus["soc_tau_s"],
-                                           taus["case_tau_s"], taus["ambient_tau_s"])
-        start = {k: (num(k, -40.0, 150.0) if k in d else default)
-                 for k, default in (("start_soc_c", eq_soc), ("start_case_c", eq_case))}
-        return cls(
-            name=name, clusters=tuple(clusters), trips=tuple(trips),
-            time_scale=num("time_scale", 0.0, 10_000.0, lo_open=True),
-            idle_load=idle, ambient_c=ambient, **start, heat_c_per_s=heat, **taus,
-            hysteresis_c=num("hysteresis_c", 0.0), trip_sensor=trip_sensor,
-            mem_total_mib=int(num("mem_total_mib", 1.0)),
-            mem_available_mib=int(num("mem_available_mib", 0.0, num("mem_total_mib"))),
-            battery_capacity_pct=int(num("battery_capacity_pct", 0.0, 100.0)),
-        )
-
-
-def idle_equilibrium(ambient_c: float, heat_c_per_s: float, soc_tau_s: float,
-                     case_tau_s: float, ambient_tau_s: float) -> tuple[float, float]:
-    """(SoC, case) °C where the model rests under a constant `heat_c_per_s` (load × rate)."""
-    soc_over_case = heat_c_per_s * soc_tau_s
-    case = ambient_c + soc_over_case * ambient_tau_s / case_tau_s
-    return case + soc_over_case, case
-
-
-def load_profile(spec: str) -> Profile:
-    """A shipped profile by name (`phone`), or a TOML file (`path/to/x.toml`)."""
-    return profile_from_text(*profile_text(spec))
-
-
-def profile_from_text(text: str, source: str) -> Profile:
-    """A profile from its TOML text; `source` names it in error messages."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"simulated device profile {source}: {e}") from None
-    return Profile.from_dict(data, source)
-
-
-def profile_text(spec: str) -> tuple[str, str]:
-    """(TOML text, source name) of a shipped profile or a profile file."""
-    if spec.endswith(".toml"):
-        path = Path(spec).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise UsageError(f"cannot read simulated device profile {path}: "
-                             f"{e.strerror or e}") from None
-        source = str(path)
-    else:
-        if spec not in shipped_profiles():
-            raise UsageError(f"unknown simulated device profile `{spec}`",
-                             tip="shipped profiles: " + ", ".join(
-                                 f"sim:{n}" for n in shipped_profiles())
-                             + "; or give sim:PATH.toml")
-        text = (resources.files("abbench.sensors") / "profiles" / f"{spec}.toml").read_text(
-            encoding="utf-8")
-        source = f"`{spec}`"
-    return text, source
+from abbench.sim.profile import (
+    DUTY_PERIOD_S,
+    IDLE_CLOCK_SHARE,
+    STEP_S,
+    TICK_S,
+    Profile,
+    profile_from_text,
+    profile_text,
+    shipped_profiles,
+)
 
 
 class ThermalModel:
@@ -274,7 +109,7 @@ class SimulatedDevice(Device):
     def __init__(self, profile: Profile, spec: str | None = None, *,
                  clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
         self.profile = profile
-        self.profile_toml: str | None = None  # the profile's text, kept with a run
+        self._profile_toml: str | None = None  # the profile's text, kept with a run
         self.model = ThermalModel(profile)
         self.root = Path(tempfile.mkdtemp(prefix=f"abbench-sim-{profile.name}-"))
         # removed by close(), or at exit by a caller that never closes (`abbench sensors`)
@@ -323,6 +158,10 @@ class SimulatedDevice(Device):
         """Simulated seconds per wall second: a campaign's spacing and gate times are
         simulated seconds on this device."""
         return self.profile.time_scale
+
+    @property
+    def profile_toml(self) -> str | None:
+        return self._profile_toml
 
     @property
     def probe_rep_s(self) -> float:
@@ -382,12 +221,12 @@ class SimulatedDevice(Device):
 
     # -- throttling the cell --------------------------------------------------------------
 
-    def attach(self, pid: int, loads: bool = True) -> None:
-        """Load the device and duty-cycle `pid` at the clock fraction until `detach()`.
+    def throttle(self, pid: int, loads: bool = True) -> None:
+        """Load the device and duty-cycle `pid` at the clock fraction until `unthrottle()`.
         `loads=False` throttles without heating: the speed probe, a fraction of a second of
         one core on a real device, which the time scale would otherwise stretch into
         seconds of full load."""
-        self.detach()
+        self.unthrottle()
         with self._sim_lock:
             self.advance()  # the idle time so far counts as idle
             self._loads = loads
@@ -401,7 +240,7 @@ class SimulatedDevice(Device):
                                       name="abbench-sim-duty", daemon=True)
         self._duty.start()
 
-    def detach(self) -> None:
+    def unthrottle(self) -> None:
         """Stop duty-cycling; the process is left continued (if it still exists)."""
         self._duty_stop.set()
         if self._duty is not None and self._duty is not threading.current_thread():
@@ -446,7 +285,7 @@ class SimulatedDevice(Device):
 
     def close(self) -> None:
         """Detach, stop the background thread and remove the tree."""
-        self.detach()
+        self.unthrottle()
         self._closed.set()
         if self._ticker is not None and self._ticker is not threading.current_thread():
             self._ticker.join(5.0)
@@ -462,5 +301,5 @@ def open_simulated(spec: str) -> SimulatedDevice:
                              f"sim:{n}" for n in shipped_profiles()))
     text, source = profile_text(arg)
     device = SimulatedDevice(profile_from_text(text, source), spec)
-    device.profile_toml = text
+    device._profile_toml = text
     return device

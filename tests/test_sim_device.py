@@ -17,15 +17,10 @@ from test_campaign_run import abbench, run_folder, write_campaign
 
 from abbench.errors import UsageError
 from abbench.records import read_journal, read_samples
-from abbench.sensors import open_device
-from abbench.sensors.sim import (
-    Profile,
-    SimulatedDevice,
-    ThermalModel,
-    load_profile,
-    shipped_profiles,
-    tomllib,
-)
+from abbench.records.schema import tomllib
+from abbench.sim import open_device
+from abbench.sim.device import SimulatedDevice, ThermalModel
+from abbench.sim.profile import Profile, load_profile, shipped_profiles
 
 HOT = Path(__file__).parent / "fixtures" / "sim-hot.toml"
 
@@ -167,12 +162,12 @@ def _busy(seconds: float, dev: SimulatedDevice | None) -> float:
     child = subprocess.Popen([sys.executable, "-c", BUSY, str(seconds)],
                              stdout=subprocess.PIPE, text=True)
     if dev is not None:
-        dev.attach(child.pid)
+        dev.throttle(child.pid)
     try:
         out, _ = child.communicate(timeout=30)
     finally:
         if dev is not None:
-            dev.detach()
+            dev.unthrottle()
     return float(out)
 
 
@@ -188,9 +183,9 @@ def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> No
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         dev.force_clock_fraction(0.1)
-        dev.attach(child.pid)
+        dev.throttle(child.pid)
         time.sleep(0.3)
-        dev.detach()
+        dev.unthrottle()
         time.sleep(0.05)
         state = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         assert state in ("S", "R"), state
@@ -210,11 +205,11 @@ def test_the_speed_probe_runs_for_real_and_is_throttled_like_a_cell(sim) -> None
         free = worker.measure(3, dev.probe_rep_s)
         for fraction in (0.5, 0.8):
             dev.force_clock_fraction(fraction)
-            dev.attach(worker.pid)
+            dev.throttle(worker.pid)
             try:
                 throttled = worker.measure(3, dev.probe_rep_s)
             finally:
-                dev.detach()
+                dev.unthrottle()
             # Timed over whole duty periods, the probe reads the clock fraction (within
             # this host's own noise), not a repetition that fell between two stops.
             assert 0.75 / fraction < throttled / free < 1.3 / fraction, (fraction, free,
