@@ -760,3 +760,14 @@ def test_the_reference_documents_every_key() -> None:
     for key in [*keys, *WORKLOAD_KEYS, *CELL_HINTS, "candidate", "baseline", "min_effect",
                 "cell", "key", "values"]:
         assert f"| `{key}` |" in doc, key
+
+
+def test_tokens_beyond_the_models_context_fail_at_plan_time(tmp_path: Path) -> None:
+    text = edit('model = "synthetic:default"', 'model = "synthetic:tiny"')
+    text = re.sub(r"\ntokens = \d+", "\ntokens = 1000000000000", text, count=1)
+    e = problem(tmp_path, text)
+    assert "1000000000000 tokens and a prompt do not fit the model's context (512 tokens" in \
+        e.message
+    assert f":{line_of(text, 'tokens = 1000000000000')}:" in e.message  # names the line
+    assert e.tip == "at most 511 tokens on this model"
+

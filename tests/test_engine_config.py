@@ -143,3 +143,33 @@ def test_cli_value_invalid_for_the_model(
     rc, out, err = run_main(["engine", "run", "-m", str(tiny_model), "-q", *flags], capsys)
     assert rc == 2, err
     assert needle in error_line(err)
+
+
+@pytest.mark.parametrize("values", [
+    {"model": "m.gguf"},
+    {"model": "m.gguf", "n_tokens": 7, "temp": 0.0, "seed": 3, "prompt": "-starts with a dash",
+     "dense": "mmap", "cache_mib": 12.5, "overlap": True, "o_direct": False, "threads": 2},
+    {"model": "m.gguf", "drop_cold_experts": 0.75, "drop_in_prefill": True,
+     "drop_no_renorm": True, "prompt_tokens": (1, 2, 3), "predict_prefetch": True,
+     "predict_spec_max": 0, "prefetch_sync": True, "predict_log": True, "stop_at_eos": True},
+    {"model": "m.gguf", "prefetch": 2, "repeat_penalty": 1.3, "repeat_last_n": 8,
+     "n_expert_used": 1, "n_ctx": 99, "io_lanes": 2, "resident": True},
+])
+def test_the_one_declaration_round_trips_through_the_command_line(values: dict[str, Any]
+                                                                  ) -> None:
+    """to_argv and the parser are both made from EngineConfig's fields: what a campaign
+    passes its cell is the configuration the cell's engine runs."""
+    import argparse
+
+    from abbench.engine.config import EngineConfig, add_options, from_args, to_argv
+
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    assert from_args(parser.parse_args(to_argv(values))) == EngineConfig(**values)
+
+
+def test_every_option_has_help_and_a_group() -> None:
+    from abbench.engine.config import EngineConfig
+
+    for f in dataclasses.fields(EngineConfig):
+        assert f.metadata["help"] and f.metadata["group"], f.name

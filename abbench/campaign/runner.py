@@ -39,6 +39,7 @@ from abbench.campaign.plan import planned_cells
 from abbench.campaign.recovery import note_child, repair
 from abbench.campaign.sequential import LookFn, fits, fraction, next_round
 from abbench.campaign.view import CampaignView
+from abbench.engine.config import to_argv
 from abbench.engine.models import prepare_models
 from abbench.errors import (
     EXIT_OK,
@@ -102,37 +103,9 @@ def new_run_folder(root: Path, name: str) -> Path:
 
 def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
     """`python -m abbench engine run ...` for a cell's resolved configuration."""
-    argv = [python, "-m", "abbench", "engine", "run", "-m", str(cfg["model"]),
-            "--json", str(out_dir / "summary.json"), "--csv", str(out_dir / "tokens.csv"),
-            "-q"]
-    flags = {
-        "prompt": "--prompt", "n_tokens": "--n-tokens", "temp": "--temp", "seed": "--seed",
-        "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
-        "n_expert_used": "--n-expert-used", "n_ctx": "--n-ctx", "dense": "--dense",
-        "cache_mib": "--cache-mib", "io_lanes": "--io-lanes", "threads": "--threads",
-        "drop_cold_experts": "--drop-cold-experts", "prefetch": "--prefetch",
-        "predict_spec_max": "--predict-spec-max",
-    }
-    switches = {
-        "stop_at_eos": "--stop-at-eos", "resident": "--resident",
-        "drop_in_prefill": "--drop-in-prefill", "drop_no_renorm": "--drop-no-renorm",
-        "prefetch_sync": "--prefetch-sync", "predict_log": "--predict-log",
-        "predict_prefetch": "--predict-prefetch",
-    }
-    for key, flag in flags.items():
-        value = cfg.get(key)
-        if value is not None and not (key == "prefetch" and value == 0):
-            argv += [flag, str(value)]
-    for key, flag in switches.items():
-        if cfg.get(key):
-            argv.append(flag)
-    if cfg.get("prompt_tokens"):
-        argv += ["--prompt-tokens", ",".join(str(t) for t in cfg["prompt_tokens"])]
-    argv.append("--overlap" if cfg.get("overlap") else "--no-overlap")
-    argv.append("--o-direct" if cfg.get("o_direct", True) else "--no-o-direct")
-    if cfg.get("route_trace"):
-        argv += ["--route-trace", str(out_dir / "route.csv")]
-    return argv
+    return [python, "-m", "abbench", "engine", "run", "--json", str(out_dir / "summary.json"),
+            "--csv", str(out_dir / "tokens.csv"), "-q",
+            *to_argv(cfg, route_trace=str(out_dir / "route.csv"))]
 
 
 def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bool) -> EntryState:

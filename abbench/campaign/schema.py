@@ -57,6 +57,7 @@ from abbench.campaign.tables import (
     check_name,
 )
 from abbench.engine.config import EngineConfig
+from abbench.engine.models import context_length
 from abbench.errors import CampaignFileError, ConfigError
 
 __all__ = [
@@ -324,6 +325,12 @@ def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folde
         config = EngineConfig(**kwargs)
     except ConfigError as e:
         _engine_problem(e, name, values, home, at_home)
+    # What the engine would reject in the cell, found now: more tokens than the model holds.
+    ctx = context_length(config.model)
+    if ctx is not None and config.n_tokens + 1 > ctx:
+        where = values["tokens"][1] if "tokens" in values else (*home, "tokens")
+        fail(where, f"{config.n_tokens} tokens and a prompt do not fit the model's context "
+             f"({ctx} tokens: {config.model})", tip=f"at most {ctx - 1} tokens on this model")
     for k, ok, must in (("seed", config.seed >= 0, ">= 0"),
                         ("prompt_tokens", min(config.prompt_tokens or (0,)) >= 0,
                          "token ids >= 0")):

@@ -6,9 +6,11 @@ and a campaign file can name the same keys.
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any, get_type_hints
 
 from abbench.errors import ConfigError
 
@@ -21,38 +23,102 @@ def default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+MODEL, STREAMING, POLICIES = "model and workload", "streaming", "policies (all off by default)"
+
+
+def option(default: Any, help: str, group: str, *, short: str | None = None,
+           metavar: str | None = None, choices: tuple[str, ...] | None = None,
+           toggle: bool = False, parse: Callable[[str], Any] | None = None) -> Any:
+    """An engine option: its default and how the command line shows it. Its flag is the
+    field name with `-` for `_`; a bool is a switch (`--flag`, or `--flag/--no-flag` when
+    `toggle`), anything else takes a value of the field's type (or `parse`'s)."""
+    return field(default=default, metadata={
+        "help": help, "group": group, "short": short, "metavar": metavar, "choices": choices,
+        "toggle": toggle, "parse": parse})
+
+
+def _token_ids(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(t) for t in text.replace(" ", "").split(",") if t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids, got `{text}`") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("expected at least one token id")
+    return ids
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str
-    prompt: str = DEFAULT_PROMPT
-    prompt_tokens: tuple[int, ...] | None = None
-    n_tokens: int = 64
-    temp: float | None = None  # None: the model's `general.sampling.temp`, else greedy
-    seed: int = 0
+    """Every option of `abbench engine run`, declared once: the command line, a campaign
+    cell's TOML keys, the child process's argv and the run JSON's `config` all come from
+    these fields (see docs/architecture.md, "adding an engine flag")."""
+
+    model: str = option(MISSING, "a .gguf file, or synthetic:tiny|small|default[@SEED] "
+                        "(built once)", MODEL, short="-m")
+    prompt: str = option(DEFAULT_PROMPT, "prompt text (byte vocabularies)", MODEL, short="-p")
+    prompt_tokens: tuple[int, ...] | None = option(
+        None, "prompt as comma-separated token ids (overrides --prompt)", MODEL,
+        metavar="IDS", parse=_token_ids)
+    n_tokens: int = option(64, "tokens to decode (default 64)", MODEL, short="-n", metavar="N")
+    temp: float | None = option(  # None: the model's `general.sampling.temp`, else greedy
+        None, "sampling temperature; 0 = greedy (default: the model's general.sampling.temp, "
+        "1.0 on synthetic models, else greedy)", MODEL)
+    seed: int = option(0, "sampling seed (default 0)", MODEL)
     # None: the model's `general.sampling.penalty_repeat` / `penalty_last_n`, else 1.0 / 64
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    n_expert_used: int | None = None
-    n_ctx: int | None = None
-    stop_at_eos: bool = False
+    repeat_penalty: float | None = option(
+        None, "divide the positive logits (multiply the negative ones) of tokens among the "
+        "last --repeat-last-n by P; 1 = off (default: the model's "
+        "general.sampling.penalty_repeat, 1.1 on synthetic models, else 1)", MODEL,
+        metavar="P")
+    repeat_last_n: int | None = option(
+        None, "how many of the context's last tokens the penalty covers, prompt included "
+        "(default: the model's general.sampling.penalty_last_n, else 64)", MODEL, metavar="N")
+    n_expert_used: int | None = option(None, "override the model's top-k", MODEL, metavar="K")
+    n_ctx: int | None = option(None, "KV cache length (default: prompt + N)", MODEL)
+    stop_at_eos: bool = option(False, "stop at the end-of-sequence token (default: always "
+                               "decode N)", MODEL)
     # streaming
-    dense: str = "pinned"
-    resident: bool = False
-    cache_mib: float = 256.0
-    io_lanes: int = 4
-    o_direct: bool = True
-    overlap: bool = False
-    threads: int = 0  # 0: one per core (up to 8)
+    dense: str = option("pinned", "dense weights read into anonymous memory at load (pinned, "
+                        "default) or left to the page cache (mmap)", STREAMING,
+                        choices=("pinned", "mmap"))
+    resident: bool = option(False, "load every expert at startup (the reference for the "
+                            "gates)", STREAMING)
+    cache_mib: float = option(256.0, "LRU expert cache budget in MiB; 0 = no cache "
+                              "(default 256)", STREAMING, metavar="MIB")
+    io_lanes: int = option(4, "reader threads, each with its own descriptor (default 4)",
+                           STREAMING, metavar="N")
+    o_direct: bool = option(True, "bypass the page cache for expert reads (default on; falls "
+                            "back with a warning where the filesystem refuses)", STREAMING,
+                            toggle=True)
+    overlap: bool = option(False, "compute resident experts while missing ones load "
+                           "(default off)", STREAMING, toggle=True)
+    threads: int = option(0, "expert compute threads (default: one per core, up to 8)",
+                          STREAMING, metavar="N")  # 0: one per core (up to 8)
     # policies (all off by default)
-    drop_cold_experts: float | None = None  # F: skip non-resident experts below F/k
-    drop_in_prefill: bool = False
-    drop_no_renorm: bool = False
-    prefetch: int = 0  # K: speculate the previous token's routing of layers l+1..l+K
-    prefetch_sync: bool = False
-    predict_log: bool = False
-    predict_prefetch: bool = False
-    predict_spec_max: int = 2
-    route_trace: str | None = None
+    drop_cold_experts: float | None = option(  # F: skip non-resident experts below F/k
+        None, "in decode, skip a routed expert that is not resident and whose weight is "
+        "below F/k (0 < F <= 1; the top expert is never skipped; needs the cache)", POLICIES,
+        metavar="F")
+    drop_in_prefill: bool = option(False, "drop during prefill too", POLICIES)
+    drop_no_renorm: bool = option(False, "do not renormalise the surviving experts' weights",
+                                  POLICIES)
+    prefetch: int = option(  # K: speculate the previous token's routing of layers l+1..l+K
+        0, "after each layer's load, speculatively read the experts the previous token "
+        "routed at the next K layers (needs the cache)", POLICIES, metavar="K")
+    prefetch_sync: bool = option(False, "complete speculative reads at once (deterministic; "
+                                 "for tests)", POLICIES)
+    predict_log: bool = option(False, "score the stale-gate, previous-token and control "
+                               "predictors per layer (reads the same bytes; do not read tok/s "
+                               "off a probed run)", POLICIES)
+    predict_prefetch: bool = option(False, "speculate the stale-gate prediction of the next "
+                                    "layer (exclusive with --prefetch; needs the cache)",
+                                    POLICIES)
+    predict_spec_max: int = option(2, "speculate at most the top N predicted misses per "
+                                   "layer, 0..8; 0 = retention only (default 2)", POLICIES,
+                                   metavar="N")
+    route_trace: str | None = option(None, "write one row per routed expert (route_trace v1)",
+                                     POLICIES, metavar="FILE")
 
     def __post_init__(self) -> None:
         def bad(flag: str, msg: str) -> ConfigError:
@@ -120,3 +186,73 @@ class EngineConfig:
         d["prompt_tokens"] = list(self.prompt_tokens) if self.prompt_tokens else None
         d["threads"] = self.compute_threads
         return d
+
+
+# -- the command line, from the declarations ----------------------------------------------
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _options() -> list[tuple[Field[Any], type]]:
+    hints = get_type_hints(EngineConfig)
+    out = []
+    for f in fields(EngineConfig):
+        hint = hints[f.name]
+        base = next((t for t in getattr(hint, "__args__", (hint,)) if t is not type(None)), hint)
+        out.append((f, base))
+    return out
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Every engine option as an argparse flag, in its group, with its default and help."""
+    groups: dict[str, Any] = {}
+    for f, base in _options():
+        m = f.metadata
+        group = groups.get(m["group"]) or groups.setdefault(
+            m["group"], parser.add_argument_group(m["group"]))
+        names = [m["short"], flag(f.name)] if m["short"] else [flag(f.name)]
+        kw: dict[str, Any] = {"help": m["help"], "dest": f.name}
+        if f.name == "model":
+            kw["required"] = True
+        elif base is bool:
+            kw["action"] = argparse.BooleanOptionalAction if m["toggle"] else "store_true"
+            kw["default"] = f.default
+        else:
+            kw["default"] = f.default
+        if base is not bool:
+            kw["type"] = m["parse"] or base
+            if m["metavar"]:
+                kw["metavar"] = m["metavar"]
+            if m["choices"]:
+                kw["choices"] = list(m["choices"])
+                del kw["type"]
+        group.add_argument(*names, **kw)
+
+
+def from_args(a: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(a, f.name) for f in fields(EngineConfig)})
+
+
+def to_argv(values: dict[str, Any], route_trace: str | None = None) -> list[str]:
+    """The flags that give an `EngineConfig` of these field values (a campaign cell's
+    resolved configuration; absent and None fields take their defaults). A route trace is
+    written to `route_trace` when the values ask for one."""
+    argv: list[str] = [f"--model={values['model']}"]
+    for f, base in _options():
+        value = values.get(f.name)
+        if f.name == "route_trace":
+            if value and route_trace:
+                argv += [flag(f.name), route_trace]
+            continue
+        if f.metadata["toggle"]:
+            on = f.default if value is None else bool(value)
+            argv.append(flag(f.name) if on else "--no-" + flag(f.name)[2:])
+        elif base is bool:
+            if value:
+                argv.append(flag(f.name))
+        elif value is not None and value != f.default and f.name != "model":
+            shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+            argv.append(f"{flag(f.name)}={shown}")  # one word: a prompt may start with `-`
+    return argv

@@ -31,6 +31,7 @@ import numpy as np
 from abbench.engine import partner
 from abbench.engine.cache import ExpertCache
 from abbench.engine.compute import ComputeTeam, Job
+from abbench.engine.config import EngineConfig
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.streamer import ExpertBuffer, LayerExperts, ReadTicket, SliceReader
 
@@ -76,6 +77,15 @@ class Policies:
     prefetch_sync: bool = False
     predict_prefetch: bool = False
     spec_max: int = 2
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> Policies:
+        """The policies an engine configuration asks for (the config is the one
+        declaration; this is its expert-side view)."""
+        return cls(drop_frac=config.drop_cold_experts, drop_in_prefill=config.drop_in_prefill,
+                   drop_renorm=not config.drop_no_renorm, prefetch=config.prefetch,
+                   prefetch_sync=config.prefetch_sync,
+                   predict_prefetch=config.predict_prefetch, spec_max=config.predict_spec_max)
 
 
 class ExpertRunner:

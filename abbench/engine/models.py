@@ -67,3 +67,23 @@ def prepare_models(specs: list[str]) -> list[Path]:
     """Build every synthetic model in `specs` that is not built yet (a campaign does this
     before its first cell, so that no cell's time, memory or heat includes a build)."""
     return [resolve_model(s) for s in dict.fromkeys(specs) if s.startswith(PREFIX)]
+
+
+def context_length(spec: str) -> int | None:
+    """The model's context length without loading it (a preset's from its definition, a
+    file's from its header); None where this machine cannot tell (a path that is not here,
+    as on a remote device, or a file the engine would reject with its own message)."""
+    if spec.startswith(PREFIX):
+        name, seed = parse_synthetic(spec)
+        return synth.preset(name, seed).context_length
+    if not Path(spec).is_file():
+        return None
+    from abbench.engine.arch import architecture  # the model code only where a file is read
+    from abbench.engine.gguf_file import ModelFile
+    from abbench.errors import AbbenchError
+
+    try:
+        mf = ModelFile(spec)
+        return int(architecture(mf.architecture, mf.path).ModelArgs.from_file(mf).context_length)
+    except (AbbenchError, OSError, ValueError):
+        return None

@@ -193,15 +193,7 @@ class Engine:
             overlap=config.overlap,
             threads=config.compute_threads,
             max_k=k,
-            policies=Policies(
-                drop_frac=config.drop_cold_experts,
-                drop_in_prefill=config.drop_in_prefill,
-                drop_renorm=not config.drop_no_renorm,
-                prefetch=config.prefetch,
-                prefetch_sync=config.prefetch_sync,
-                predict_prefetch=config.predict_prefetch,
-                spec_max=config.predict_spec_max,
-            ),
+            policies=Policies.of(config),
         )
         self.model = arch.Model(self.mf, args, self.runner, config.dense == "pinned", n_ctx, k)
         self.runner.start_partner(self.model.gemv_matrices())
