@@ -771,3 +771,11 @@ def test_tokens_beyond_the_models_context_fail_at_plan_time(tmp_path: Path) -> N
     assert f":{line_of(text, 'tokens = 1000000000000')}:" in e.message  # names the line
     assert e.tip == "at most 511 tokens on this model"
 
+
+
+def test_an_unknown_synthetic_preset_fails_at_plan_time_naming_the_key(tmp_path: Path) -> None:
+    text = edit('model = "synthetic:default"', 'model = "synthetic:0efault"')
+    e = problem(tmp_path, text)
+    assert e.message.startswith(str(tmp_path / "cells.toml")), e.message
+    assert "unknown synthetic preset `0efault`" in e.message
+    assert f":{line_of(text, 'synthetic:0efault')}:" in e.message

@@ -58,7 +58,7 @@ from abbench.campaign.tables import (
 )
 from abbench.engine.config import EngineConfig
 from abbench.engine.models import context_length
-from abbench.errors import CampaignFileError, ConfigError
+from abbench.errors import CampaignFileError, ConfigError, UsageError
 
 __all__ = [
     "CampaignFileError", "CampaignSpec", "CampaignTable", "CellSpec", "Decision", "DeviceTable",
@@ -326,7 +326,10 @@ def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folde
     except ConfigError as e:
         _engine_problem(e, name, values, home, at_home)
     # What the engine would reject in the cell, found now: more tokens than the model holds.
-    ctx = context_length(config.model)
+    try:
+        ctx = context_length(config.model)
+    except UsageError as e:  # an unknown synthetic preset or seed
+        fail(values["model"][1], e.message, e.tip)
     if ctx is not None and config.n_tokens + 1 > ctx:
         where = values["tokens"][1] if "tokens" in values else (*home, "tokens")
         fail(where, f"{config.n_tokens} tokens and a prompt do not fit the model's context "
