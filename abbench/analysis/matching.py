@@ -29,12 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from abbench.analysis.cells import CapsState, CellStats
-from abbench.records import CellRecord, keys
+from abbench.records import MATCH_DEFAULTS, CellRecord, keys
 
-DEFAULTS: dict[str, float] = {
-    "cpu_temp_tol_c": 3.0, "battery_temp_tol_c": 0.5, "mem_available_tol_frac": 0.15,
-    "probe_tol": 0.03, "max_gap_s": 900.0,
-}
+DEFAULTS = MATCH_DEFAULTS
 DEVICE_CRITERIA = ("caps", "cpu_temp", "battery_temp", "mem_available", "probe",
                    "thermal_status")
 

@@ -15,6 +15,7 @@ from typing import Any
 from abbench.campaign._check import did_you_mean, fail, in_range, show
 from abbench.campaign._toml import Key, dump_value
 from abbench.engine.config import EngineConfig
+from abbench.records import MATCH_DEFAULTS
 
 NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # cell names name folders
 NAME_MAX = 100
@@ -167,11 +168,11 @@ class GateTable:
 class MatchTable:
     """`[match]`: how close two cells' entry states must be to be compared."""
 
-    cpu_temp_tol_c: float = 3.0
-    battery_temp_tol_c: float = 0.5
-    mem_available_tol_frac: float = 0.15
-    probe_tol: float = 0.03
-    max_gap_s: float = 900.0
+    cpu_temp_tol_c: float = MATCH_DEFAULTS["cpu_temp_tol_c"]
+    battery_temp_tol_c: float = MATCH_DEFAULTS["battery_temp_tol_c"]
+    mem_available_tol_frac: float = MATCH_DEFAULTS["mem_available_tol_frac"]
+    probe_tol: float = MATCH_DEFAULTS["probe_tol"]
+    max_gap_s: float = MATCH_DEFAULTS["max_gap_s"]
 
     def __post_init__(self) -> None:
         in_range("cpu_temp_tol_c", self.cpu_temp_tol_c >= 0, ">= 0 °C", self.cpu_temp_tol_c)

@@ -65,6 +65,10 @@ class TokenCounters:
         for f in fields(self):
             setattr(self, f.name, type(getattr(self, f.name))())
 
+    def counts(self) -> dict[str, int]:
+        """The pass's counts, which a TokenRecord carries as they are (times it converts)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
+
 
 @dataclass(frozen=True)
 class Policies:

@@ -340,20 +340,10 @@ class Engine:
             compute_ms=max(0.0, wall - tok.stall_s - tok.mgmt_s) * 1e3,
             stall_ms=tok.stall_s * 1e3,
             mgmt_ms=tok.mgmt_s * 1e3,
-            read_bytes=tok.read_bytes,
-            hits=tok.hits,
-            misses=tok.misses,
-            evictions=tok.evictions,
             majflt=ru1.ru_majflt - ru0.ru_majflt,
             cpu_ms=cpu * 1e3,
             rss_mib=_rss_mib(),
-            experts_routed=tok.experts_routed,
-            experts_dropped=tok.experts_dropped,
-            spec_read_bytes=tok.spec_read_bytes,
-            spec_experts=tok.spec_experts,
-            spec_useful=tok.spec_useful,
-            spec_cancelled=tok.spec_cancelled,
-            retained=tok.retained,
+            **tok.counts(),
         )
 
 

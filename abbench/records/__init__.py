@@ -48,7 +48,16 @@ from abbench.records.journal import (
     read_samples,
 )
 from abbench.records.jsonl import append_jsonl, numbered_jsonl, read_jsonl, read_record
-from abbench.records.plan import EXPECT, Look, Plan, PlannedCell, Sequential, config_key, read_plan
+from abbench.records.plan import (
+    EXPECT,
+    MATCH_DEFAULTS,
+    Look,
+    Plan,
+    PlannedCell,
+    Sequential,
+    config_key,
+    read_plan,
+)
 from abbench.records.provenance import (
     FACT_KINDS,
     IMPORT_FILE,
@@ -72,6 +81,7 @@ __all__ = [
     "ImportInfo",
     "ImportedCell",
     "Look",
+    "MATCH_DEFAULTS",
     "NOISE_FLOOR_FILE",
     "NoiseFloor",
     "Plan",

@@ -12,6 +12,12 @@ from abbench.errors import RecordError
 from abbench.records.journal import FORMAT, check_label
 from abbench.records.schema import BadField, from_dict, shown, typed
 
+# `[match]`: the entry-state tolerances two cells must meet to be compared, as a plan
+# records them; cells.toml's [match] table and the analysis both start from these.
+MATCH_DEFAULTS: dict[str, float] = {
+    "cpu_temp_tol_c": 3.0, "battery_temp_tol_c": 0.5, "mem_available_tol_frac": 0.15,
+    "probe_tol": 0.03, "max_gap_s": 900.0,
+}
 EXPECT = ("faster", "not-slower")  # a decision's question (`[[decision]] expect`)
 
 
