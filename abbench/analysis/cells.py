@@ -153,7 +153,7 @@ def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
 def _matched_keys(values: dict[str, Any]) -> set[str]:
     """The readings matching compares, present as numbers in one sample."""
     return {k for k, v in values.items()
-            if (k in (keys.CPU_TEMP_C, keys.BATTERY_TEMP_C, keys.MEM_AVAILABLE_MIB)
+            if (k in keys.ENTRY_KEYS
                 or keys.policy_of(k, "cap_khz") is not None)
             and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
@@ -174,8 +174,7 @@ def sensor_gaps(record: CellRecord, samples: list[Sample]) -> dict[str, int]:
             mine.append(present)
     e = record.entry
     had = {keys.cap_khz(p) for p in e.caps_khz}
-    had |= {k for k, v in ((keys.CPU_TEMP_C, e.cpu_temp_c), (keys.BATTERY_TEMP_C, e.battery_temp_c),
-                           (keys.MEM_AVAILABLE_MIB, e.mem_available_mib)) if v is not None}
+    had |= {k for k, name in keys.ENTRY_READINGS if getattr(e, name) is not None}
     had = (had | set().union(*mine)) & recorded
     gaps = {k: sum(k not in present for present in mine) for k in sorted(had)}
     return {k: n for k, n in gaps.items() if n}

@@ -114,8 +114,7 @@ def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bo
     status = values.get(keys.ANDROID_THERMAL_STATUS)
     return EntryState(
         t_wall=time.time(), caps_khz=caps, hw_max_khz=hw,
-        cpu_temp_c=values.get(keys.CPU_TEMP_C), battery_temp_c=values.get(keys.BATTERY_TEMP_C),
-        mem_available_mib=values.get(keys.MEM_AVAILABLE_MIB), probe_index=probe_index,
+        **{name: values.get(key) for key, name in keys.ENTRY_READINGS}, probe_index=probe_index,
         thermal_status=int(status) if status is not None else None, simulated=simulated,
     )
 

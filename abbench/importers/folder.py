@@ -647,9 +647,8 @@ def _sample_values(s: Snapshot) -> dict[str, Any]:
                          ("cur_khz", pol.cur_khz)):
             if val is not None:
                 v[keys.policy_key(p, key)] = val
-    for key, val in ((keys.CPU_TEMP_C, s.cpu_temp_c), (keys.BATTERY_TEMP_C, s.battery_temp_c),
-                     (keys.MEM_AVAILABLE_MIB, s.mem_available_mib),
-                     (keys.ANDROID_THERMAL_STATUS, s.thermal_status)):
+    readings = [(key, getattr(s, name)) for key, name in keys.ENTRY_READINGS]
+    for key, val in (*readings, (keys.ANDROID_THERMAL_STATUS, s.thermal_status)):
         if val is not None:
             v[key] = val
     for name, (c, _) in s.temperatures.items():

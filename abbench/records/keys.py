@@ -51,8 +51,6 @@ ZONE_PREFIX = "temp."                  # temp.<thermal zone type>_c
 ANDROID_ZONE_PREFIX = "android.temp."  # android.temp.<HAL sensor>_c
 CPU_PREFIX = "cpu."
 POLICY_FIELDS = ("cap_khz", "hw_max_khz", "cur_khz", "capped")
-GPU_FIELDS = ("temp_c", "sm_clock_mhz", "sm_max_clock_mhz", "power_w", "throttle_mask",
-              "throttle_reasons")
 
 TABLE: tuple[SampleKey, ...] = (
     SampleKey(CPU_TEMP_C, "float", "°C", "CPU temperature (hottest CPU zone)", "sensors.readers"),
@@ -94,9 +92,11 @@ TABLE: tuple[SampleKey, ...] = (
               "sensors.host (NVML)"),
 )
 
-# Readings an entry state takes from a tick, with the EntryState field each fills.
+# Readings an entry state takes from a tick, with the EntryState field each fills; matching
+# compares them (with the caps).
 ENTRY_READINGS = ((CPU_TEMP_C, "cpu_temp_c"), (BATTERY_TEMP_C, "battery_temp_c"),
                   (MEM_AVAILABLE_MIB, "mem_available_mib"))
+ENTRY_KEYS = tuple(key for key, _ in ENTRY_READINGS)
 
 
 # -- families --------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ def capped(policy: str) -> str:
     return policy_key(policy, "capped")
 
 
-_POLICY = re.compile(r"cpu\.(.+)\.(cap_khz|hw_max_khz|cur_khz|capped)\Z")
+_POLICY = re.compile(rf"{re.escape(CPU_PREFIX)}(.+)\.({'|'.join(POLICY_FIELDS)})\Z")
 
 
 def policy_of(key: str, field: str) -> str | None:
