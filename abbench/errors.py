@@ -16,15 +16,34 @@ AbbenchError                 exit status 2 unless the class says otherwise
 ├── SnapshotError            one remote sensor snapshot failed: that sample is a gap
 └── Interrupted              the user stopped the campaign (exit status 4)
 OrderWarning (UserWarning)   what an import also says in its report
+BadField (ValueError)        a value the validator (records.schema) rejects; never shown
+                             as is: each reader turns it into its file's error above
 ```
 """
 
 from __future__ import annotations
 
 import errno
+import json
+import re
 from pathlib import Path
 
 Key = tuple[str | int, ...]  # a key path in a TOML/JSON document; ints index arrays
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def format_key(key: Key) -> str:
+    """`cells."B.v2".cache_mib`, `decision[0].baseline` — how messages name a key (a part
+    longer than 60 characters is shortened: the message stays one readable line)."""
+    out = ""
+    for part in key:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = part if _BARE_KEY.match(part) else json.dumps(part, ensure_ascii=False)
+            text = text if len(text) <= 60 else text[:57] + "..."
+            out += ("." if out else "") + text
+    return out
 
 EXIT_OK, EXIT_NO_GO, EXIT_BAD, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 
@@ -129,3 +148,14 @@ class Interrupted(AbbenchError):
 class OrderWarning(UserWarning):
     """Something about the imported runs that the report also says (an unknown order, a
     file left out)."""
+
+
+class BadField(ValueError):
+    """A value of the wrong type or shape. `key` is its path (`cells.B.tokens`,
+    `entry.cpu_temp_c`) — a tuple from the validator, or a path already written out."""
+
+    def __init__(self, key: Key | str, problem: str, tip: str | None = None) -> None:
+        self.key: Key = key if isinstance(key, tuple) else ()
+        self.where = format_key(key) if isinstance(key, tuple) else key
+        self.problem, self.tip = problem, tip
+        super().__init__(f"`{self.where}`: {problem}" if self.where else problem)

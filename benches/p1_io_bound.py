@@ -104,17 +104,17 @@ def main() -> None:
         reader = engine.runner.reader
         batches: list[list[Slice]] = []  # this token's reads, one list per layer batch
         original_submit = reader.submit
-        original_forward = engine.runner.forward
+        original_select = engine.runner.select
 
-        def forward(layer, *rest, **kw):  # type: ignore[no-untyped-def]
-            batches.append([])
-            return original_forward(layer, *rest, **kw)
+        def select(layer, *rest, **kw):  # type: ignore[no-untyped-def]
+            batches.append([])  # one layer's reads begin with its selection
+            return original_select(layer, *rest, **kw)
 
         def submit(slices, buffer):  # type: ignore[no-untyped-def]
             batches[-1].extend(slices)
             return original_submit(slices, buffer)
 
-        engine.runner.forward = forward  # type: ignore[method-assign]
+        engine.runner.select = select  # type: ignore[method-assign]
         reader.submit = submit  # type: ignore[method-assign]
         biggest = max(engine.info["expert_slice_bytes"].values())
         footprint = max(int(a.cache_mib * MIB), engine.info["expert_bytes"] * 8)

@@ -23,7 +23,7 @@ from abbench.analysis.matching import Criterion, PairMatch
 from abbench.analysis.sequential import ALPHA, look_alpha
 from abbench.analysis.stats import Interval, log_rate, log_rate_token_variance
 from abbench.campaign.sequential import next_round
-from abbench.records import NoiseFloor, Plan
+from abbench.records import DecisionSpec, NoiseFloor, Plan
 
 TOKENS = 112  # steady tokens per cell
 PHI = 0.5  # AR(1) coefficient of per-token times
@@ -43,10 +43,10 @@ class Design:
 
 
 def _cell(i: int, name: str, wall: np.ndarray, key: str) -> CellStats:
-    return CellStats(i, name, f"{i + 1:02d}-{name}", "ok", None, None, f"fp-{key}",
-                     "per_token", len(wall), len(wall), Interval(math.nan, math.nan, math.nan),
-                     None, None, None, None, None, None, None, None, None, None, None, None,
-                     None, _DURING, config_key=key, log_rate=log_rate(wall),
+    return CellStats(index=i, name=name, label=f"{i + 1:02d}-{name}", status="ok",
+                     fingerprint=f"fp-{key}", source="per_token", tokens=len(wall),
+                     steady_tokens=len(wall), tokens_per_s=Interval(math.nan, math.nan, math.nan),
+                     during=_DURING, config_key=key, log_rate=log_rate(wall),
                      token_variance=log_rate_token_variance(wall))
 
 
@@ -69,7 +69,8 @@ class Campaigns:
         self.floor = floor
         self.sigma, self.effect = sigma, effect
         self.rng = np.random.default_rng(seed)
-        self.decision = decision or {"candidate": "C", "baseline": "B", "min_effect": 0.03}
+        self.decision = DecisionSpec(**(decision or {"candidate": "C", "baseline": "B",
+                                                     "min_effect": 0.03}))
         innov = TOKEN_CV * math.sqrt(1 - PHI * PHI)
         self._innov = innov
 

@@ -11,8 +11,10 @@ import numpy as np
 
 from abbench.records import (
     CellRecord,
+    DecisionSpec,
     EntryState,
     GateWait,
+    MatchSpec,
     NoiseFloor,
     Plan,
     PlannedCell,
@@ -53,11 +55,9 @@ def make_run(tmp: Path, cells: list[dict[str, Any]], decisions: list[dict[str, A
                                                   "arm": c.get("config", c["name"])},
                                    c.get("sentinel_of"), label))
     plan = Plan(campaign="t", cells=tuple(planned), spacing_s=30, warmup_tokens=warmup,
-                device=device, decisions=tuple(decisions), looks=tuple(looks),
-                sequential=Sequential(**sequential) if sequential else None,
-                match=match if match is not None else {
-                    "cpu_temp_tol_c": 3.0, "battery_temp_tol_c": 0.5,
-                    "mem_available_tol_frac": 0.15, "probe_tol": 0.03, "max_gap_s": 900.0})
+                device=device, decisions=tuple(DecisionSpec(**d) for d in decisions),
+                looks=tuple(looks), sequential=Sequential(**sequential) if sequential else None,
+                match=MatchSpec(**(match or {})))
     (run / "plan.json").write_text(json.dumps(plan.to_json()))
     t = 1000.0
     for i, (c, pc) in enumerate(zip(cells, planned, strict=True)):

@@ -169,3 +169,32 @@ def test_no_import_cycle() -> None:
 def test_the_cycle_check_finds_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"p": {"p.x"}, "p.x": set()}) is None
+
+
+def _exception_classes(tree: ast.Module) -> list[str]:
+    """Classes whose bases name an exception or warning (`...Error`, `Exception`,
+    `...Warning`, `BadField`)."""
+    def is_exception(base: ast.expr) -> bool:
+        name = base.id if isinstance(base, ast.Name) else \
+            base.attr if isinstance(base, ast.Attribute) else ""
+        return name.endswith(("Error", "Exception", "Warning")) or name == "BadField"
+    return [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+            and any(is_exception(b) for b in n.bases)]
+
+
+def test_every_exception_class_is_in_errors() -> None:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "errors.py" and path.parent == PACKAGE:
+            continue
+        names = _exception_classes(ast.parse(path.read_text()))
+        if names:
+            found[str(path.relative_to(PACKAGE))] = names
+    assert found == {}, f"exception classes outside abbench/errors.py: {found}"
+    tree = ast.parse((PACKAGE / "errors.py").read_text())
+    assert {"AbbenchError", "BadField", "OrderWarning"} <= set(_exception_classes(tree))
+
+
+def test_the_exception_check_finds_one() -> None:
+    tree = ast.parse("class Oops(ValueError):\n    pass\nclass Fine:\n    pass\n")
+    assert _exception_classes(tree) == ["Oops"]

@@ -66,3 +66,36 @@ def test_a_simulated_device_s_gate_counts_device_seconds() -> None:
     wait = wait_for_gate(gate, Readings(HOT), lambda: 1.0, lambda _: None,  # type: ignore[arg-type]
                          time_scale=8.0)
     assert wait.gave_up and wait.waited_s == pytest.approx(0.1, abs=0.08)
+
+
+def test_a_reading_at_its_limit_does_not_hold_the_gate() -> None:
+    at = {"temp.cpu_c": 45.0, "battery.temp_c": 36.0, "mem.available_mib": 4000.0,
+          "cpu.policy4.cap_khz": 2_400_000, "cpu.policy4.hw_max_khz": 2_400_000}
+    assert unmet(GATE, at, 0.97) == []
+
+
+def test_only_the_conditions_asked_for_are_checked() -> None:
+    # a hot, capped device with a fast probe passes a gate that asks only for the probe
+    assert unmet(GateTable(probe_min=0.97), HOT, 1.0) == []
+    caps_only = GateTable(caps_at_max=True)
+    assert unmet(caps_only, HOT, 0.5) == ["policy4 capped at 2000 of 2400 MHz"]
+
+
+def test_the_probe_runs_only_when_the_gate_asks_for_it() -> None:
+    probes: list[int] = []
+
+    def probe() -> float:
+        probes.append(1)
+        return 1.0
+
+    wait_for_gate(GateTable(cpu_temp_max_c=45.0), Readings(COOL), probe, lambda _: None)  # type: ignore[arg-type]
+    assert probes == []
+    wait_for_gate(GATE, Readings(COOL), probe, lambda _: None)  # type: ignore[arg-type]
+    assert probes == [1]
+
+
+def test_a_ready_device_passes_at_once_and_says_nothing() -> None:
+    said: list[str] = []
+    wait = wait_for_gate(GATE, Readings(COOL), lambda: 1.0, said.append)  # type: ignore[arg-type]
+    assert (wait.gave_up, wait.polls, wait.reasons, said) == (False, 1, (), [])
+    assert wait.waited_s < 0.5

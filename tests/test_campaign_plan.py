@@ -11,7 +11,7 @@ from abbench.campaign import describe_plan, load_campaign, plan_campaign
 from abbench.campaign.plan import MAX_CELLS, estimate_s, run_order
 from abbench.engine.config import EngineConfig
 from abbench.errors import CampaignFileError
-from abbench.records import Plan
+from abbench.records import DecisionSpec, Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,9 +77,7 @@ def test_abba_uses_the_first_decisions_baseline(tmp_path: Path) -> None:
                  '[[decision]]\ncandidate = "B"\nbaseline = "A"\n')
     plan = plan_of(tmp_path, 'order = "abba"', decisions)
     assert names(plan) == ["C", "A", "A", "C", "B", "B", "C", "D", "D", "C"]
-    assert plan.decisions == (
-        {"candidate": "A", "baseline": "C", "min_effect": 0.0, "expect": "faster"},
-        {"candidate": "B", "baseline": "A", "min_effect": 0.0, "expect": "faster"})
+    assert plan.decisions == (DecisionSpec("A", "C"), DecisionSpec("B", "A"))
 
 
 @pytest.mark.parametrize(("every", "expected"), [
@@ -156,7 +154,7 @@ def test_plan_fields(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, "spacing_s = 12.5\nwarmup_tokens = 4", extra)
     assert (plan.campaign, plan.spacing_s, plan.warmup_tokens, plan.device) == (
         "t", 12.5, 4, "sim:phone")
-    assert plan.match["probe_tol"] == 0.05 and plan.match["max_gap_s"] == 900.0
+    assert plan.match.probe_tol == 0.05 and plan.match.max_gap_s == 900.0
     assert plan.gate is not None and plan.gate["caps_at_max"] is True
     assert plan.gate["cpu_temp_max_c"] is None and plan.gate["timeout_s"] == 600.0
     assert plan_of(tmp_path).gate is None
@@ -222,8 +220,7 @@ def test_predict_4cell_campaign() -> None:
         "predict_prefetch": True, "predict_spec_max": 0}
     assert {k: v for k, v in spec2.items() if b[k] != v} == {"predict_prefetch": True}
     assert spec2["predict_spec_max"] == 2
-    assert plan.decisions == ({"candidate": "spec-2", "baseline": "B", "min_effect": 0.03,
-                               "expect": "faster"},)
+    assert plan.decisions == (DecisionSpec("spec-2", "B", 0.03),)
 
 
 def test_the_reference_shows_the_real_printed_plan() -> None:

@@ -16,9 +16,9 @@ from abbench.campaign import (
     plan_campaign,
     resolved_toml,
 )
-from abbench.campaign._toml import KeyLines, dump_value, format_key, parse
 from abbench.engine.config import DEFAULT_PROMPT
-from abbench.errors import AbbenchError, CampaignFileError
+from abbench.errors import AbbenchError, CampaignFileError, format_key
+from abbench.records.toml import KeyLines, dump_value, parse
 
 # DESIGN.md 5.1, whole.
 EXAMPLE = """\
@@ -779,3 +779,18 @@ def test_an_unknown_synthetic_preset_fails_at_plan_time_naming_the_key(tmp_path:
     assert e.message.startswith(str(tmp_path / "cells.toml")), e.message
     assert "unknown synthetic preset `0efault`" in e.message
     assert f":{line_of(text, 'synthetic:0efault')}:" in e.message
+
+
+@pytest.mark.parametrize("transport", ["ssh:lab-box", "adb:SERIAL1"])
+def test_an_embedded_cell_on_a_remote_device_fails_naming_the_cell(tmp_path: Path,
+                                                                   transport: str) -> None:
+    # The embedded engine runs here: timed on this machine while the sampler reads the
+    # other device, its pairs would be matched on the wrong device's state.
+    path = tmp_path / "cells.toml"
+    path.write_text(f'[campaign]\nname = "t"\n[device]\ntransport = "{transport}"\n'
+                    '[cells.ext]\ncommand = ["sh", "run.sh"]\noutput = "bmoe-csv:out.csv"\n'
+                    '[cells.B]\ntokens = 32\n')
+    with pytest.raises(CampaignFileError) as e:
+        load_campaign(path)
+    assert str(e.value).startswith(f"{path}:8: `cells.B`: is an embedded cell, which runs on "
+                                   f"this machine, not on `{transport}`")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from faults_helper import RAN, ext_cell, run_folders, sentinel_file, write_campaign
 
-from abbench.campaign.runner import new_run_folder
+from abbench.campaign.run_folder import new_run_folder
 from abbench.records import append_jsonl, read_journal, read_jsonl
 
 WORKERS = 12

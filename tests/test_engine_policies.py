@@ -22,8 +22,16 @@ from conftest import run_main
 
 from abbench.cli import main
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import MIB, ExpertRunner, Policies
+from abbench.engine.experts import MIB, ExpertRunner
 from abbench.engine.gguf_file import ModelFile
+from abbench.engine.policies import (
+    Policies,
+    Speculation,
+    cold_keep,
+    kept_weights,
+    prev_token_prefetch,
+    stale_gate_prefetch,
+)
 from abbench.engine.session import Engine, RunResult, model_info
 from abbench.engine.streamer import expert_layout
 from abbench.errors import ConfigError
@@ -81,6 +89,74 @@ def test_valid_policy_settings(fields: dict[str, object]) -> None:
 def test_config_error_names_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"`--predict-prefetch` and `--prefetch`"):
         EngineConfig(model="m.gguf", prefetch=2, predict_prefetch=True)
+
+
+# -- the policy functions, on their own -------------------------------------------------------
+
+
+def f32(*w: float) -> np.ndarray:
+    return np.array(w, np.float32)
+
+
+@pytest.mark.parametrize(("weights", "resident", "frac", "keep"), [
+    ((0.12, 0.55, 0.25, 0.08), (False,) * 4, 0.75, [False, True, True, False]),  # F/k 0.1875
+    ((0.12, 0.55, 0.25, 0.08), (True, False, False, False), 0.75, [True, True, True, False]),
+    ((0.15, 0.15, 0.15, 0.15), (False,) * 4, 0.75, [True, False, False, False]),  # top: first
+    ((0.05, 0.15, 0.1, 0.05), (False, False, False, True), 0.75, [False, True, False, True]),
+    ((0.5, 0.125, 0.25, 0.125), (False,) * 4, 0.5, [True] * 4),  # exactly F/k is kept
+    ((1.0,), (False,), 1.0, [True]),
+])
+def test_cold_keep(weights: tuple[float, ...], resident: tuple[bool, ...], frac: float,
+                   keep: list[bool]) -> None:
+    got = cold_keep(f32(*weights), resident, frac)
+    assert got == keep and all(type(b) is bool for b in got)
+
+
+@pytest.mark.parametrize(("renorm", "expected"), [(True, [0.625, 0.375]), (False, [0.5, 0.3])])
+def test_kept_weights(renorm: bool, expected: list[float]) -> None:
+    w = f32(0.5, 0.1, 0.3, 0.1)
+    got = kept_weights(w, [True, False, True, False], renorm)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    np.testing.assert_array_equal(w, f32(0.5, 0.1, 0.3, 0.1))  # the routing is not touched
+
+
+def test_policies_say_when_they_apply() -> None:
+    assert Policies().drop_frac_in(1) is None and not Policies().speculates
+    decode_only = Policies(drop_frac=0.5)
+    assert (decode_only.drop_frac_in(0), decode_only.drop_frac_in(1)) == (None, 0.5)
+    assert Policies(drop_frac=0.5, drop_in_prefill=True).drop_frac_in(0) == 0.5
+    assert Policies(prefetch=1).speculates and Policies(predict_prefetch=True).speculates
+
+
+@pytest.mark.parametrize(("layer", "depth", "read"), [
+    (0, 2, [(1, 3), (1, 4), (2, 5)]),
+    (1, 1, [(2, 5)]),
+    (2, 5, [(3, 6), (3, 7)]),  # as far as the model goes
+    (3, 1, []),  # the last layer has no next one
+])
+def test_prev_token_prefetch(layer: int, depth: int, read: list[tuple[int, int]]) -> None:
+    prev = [[1, 2], [3, 4], [5], [6, 7]]
+    assert prev_token_prefetch(layer, prev, depth) == Speculation(read, [])
+
+
+@pytest.mark.parametrize(("spec_max", "drop", "weights", "read"), [
+    (2, None, (0.4, 0.3, 0.2, 0.1), [4, 7]),  # 2 is resident: retained, not a slot of the cap
+    (8, None, (0.4, 0.3, 0.2, 0.1), [4, 7, 0]),
+    (1, None, (0.4, 0.3, 0.2, 0.1), [4]),
+    (0, None, None, []),  # retention only: no weights needed
+    (8, None, None, [4, 7, 0]),
+    (8, 0.75, (0.6, 0.25, 0.1, 0.05), [4]),  # 7 and 0 below F/k = 0.1875
+    (8, 0.75, (0.15, 0.15, 0.15, 0.15), [4]),  # the top prediction is always read
+    (8, 0.5, (0.4, 0.3, 0.2, 0.1), [4, 7]),  # F/k = 0.125
+    (8, 0.75, None, [4, 7, 0]),  # no predicted weights: nothing to drop by
+])
+def test_stale_gate_prefetch(spec_max: int, drop: float | None,
+                             weights: tuple[float, ...] | None, read: list[int]) -> None:
+    resident = {(1, 2), (1, 5), (2, 4)}
+    pw = None if weights is None else f32(*weights)
+    got = stale_gate_prefetch(1, np.array([4, 2, 7, 0]), pw, resident, spec_max, drop)
+    assert got == Speculation([(1, e) for e in read], [(1, 2)])
 
 
 # -- the k <= 4 warning ------------------------------------------------------------------------
@@ -267,6 +343,13 @@ def test_dropped_experts_are_never_read(drop_runs: DropRuns, name: str) -> None:
 # -- the drop rule, expert by expert --------------------------------------------------------------
 
 
+def moe(runner: ExpertRunner, layer: int, x: np.ndarray, ids: list[int] | np.ndarray,
+        weights: np.ndarray, phase: int) -> np.ndarray:
+    """What `SparseMoE` does with a routing: the drop policy, the experts, the weighted sum."""
+    chosen = runner.select(layer, np.asarray(ids), weights, phase)
+    return chosen.weights @ runner(layer, x, chosen, phase)  # (k',) @ (k', d) → (d,)
+
+
 class Experts:
     """`ExpertRunner`s over `tiny`'s layer 0: a resident reference and a dropping one."""
 
@@ -283,7 +366,7 @@ class Experts:
                                  policies=Policies(drop_frac=0.75, drop_renorm=renorm))
 
     def expert(self, e: int, x: np.ndarray) -> np.ndarray:
-        return self.ref.forward(0, x, np.array([e]), np.array([1.0], np.float32), 1)
+        return moe(self.ref, 0, x, [e], np.array([1.0], np.float32), 1)
 
     def close(self) -> None:
         self.ref.close()
@@ -310,7 +393,7 @@ def test_drop_rule_by_hand(tiny_model: Path, renorm: bool) -> None:
             tok = ex.drop.tok
             tok.reset()
             resident_before = {e for e in ids if ex.drop.cache.peek((0, e))}
-            got = ex.drop.forward(0, x, np.array(ids), w, 1)
+            got = moe(ex.drop, 0, x, ids, w, 1)
             keep = [j for j, e in enumerate(ids) if e in kept]
             scale = w.sum() / w[keep].sum() if renorm else 1.0
             expected = sum(w[j] * scale * ex.expert(ids[j], x) for j in keep)
@@ -362,9 +445,9 @@ def test_predict_prefetch_speculates(tiny_model: Path, spec_max: int, drop: floa
     one = np.array([1.0], np.float32)
     try:
         for e in (2, 5):  # layer 1's experts 2 then 5 resident, 2 the older
-            runner.forward(1, x, np.array([e]), one, 0)
+            moe(runner, 1, x, [e], one, 0)
         runner.begin_pass(1, 0)
-        runner.forward(0, x, np.array([1]), one, 1)  # layer 0's load, then speculation
+        moe(runner, 0, x, [1], one, 1)  # layer 0's load, then speculation
         tok = runner.tok
         assert tok.retained == 1
         assert tok.spec_experts == len(read) and tok.spec_cancelled == 0
@@ -373,7 +456,7 @@ def test_predict_prefetch_speculates(tiny_model: Path, spec_max: int, drop: floa
         layer1 = [e for layer, e in runner.cache.entries if layer == 1]
         assert layer1 == [5, 2, *read], "retention refreshes 2 before the speculative reads"
         assert runner.cache.speculative == {(1, e) for e in read}
-        runner.forward(1, x, np.array([4, 2, 7, 0]), np.full(4, 0.25, np.float32), 1)
+        moe(runner, 1, x, [4, 2, 7, 0], np.full(4, 0.25, np.float32), 1)
         assert tok.spec_useful == len(read)
     finally:
         runner.close()

@@ -23,7 +23,13 @@ from abbench.importers import (
     parse_metrics,
     parse_state,
 )
-from abbench.records import read_import_info, read_journal, read_plan, read_samples
+from abbench.records import (
+    DecisionSpec,
+    read_import_info,
+    read_journal,
+    read_plan,
+    read_samples,
+)
 
 HEADERLESS = REFERENCE / "headerless-2026-07-12"
 DESKTOP = REFERENCE / "v1-desktop-2026-07-24"
@@ -107,9 +113,7 @@ def test_desktop_explicit_order_and_decision(tmp_path: Path) -> None:
         "01-pc-I-c5000-overlap", "02-pc-H-c5000-combo", "03-pc-F-c5000-io8t4",
         "04-pc-E-c5000-io4t4"]
     assert plan.order_known and read_import_info(run).order.source.startswith("--order")
-    assert plan.decisions == ({"candidate": "pc-H-c5000-combo",
-                               "baseline": "pc-E-c5000-io4t4", "min_effect": 0.03,
-                               "expect": "faster"},)
+    assert plan.decisions == (DecisionSpec("pc-H-c5000-combo", "pc-E-c5000-io4t4", 0.03),)
 
 
 @needs_reference
@@ -300,3 +304,21 @@ def test_fuzz_parsers_raise_only_foreign_run_error(text: str) -> None:
 @given(TEXTS)
 def test_fuzz_parsers_slow(text: str) -> None:
     _only_our_error(text)
+
+
+@pytest.mark.parametrize(("written", "read"), [("8", 8), ("8.0", 8), ("8.5", None),
+                                               ("inf", None), ("1e400", None), ("0", None),
+                                               ("eight", None)])
+def test_a_preamble_thread_count_in_any_spelling_imports(tmp_path: Path, written: str,
+                                                         read: int | None) -> None:
+    # A real file in an odd shape is read, not refused: `threads=8.0` is 8 threads, and a
+    # count that is no whole number is left out rather than crashing the import.
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.csv").write_text(f"# bmoe_metrics v1\n# model=x threads={written}\n"
+                               "step,steps,wall_ms,read_bytes\n1,1,5,1\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OrderWarning)
+        run = import_folder(src, tmp_path / "run")
+    doc = json.loads(next((run / "cells").glob("*/summary.json")).read_text())
+    assert doc["resolved"] == ({"threads": read} if read is not None else {})

@@ -17,7 +17,7 @@ from test_campaign_run import abbench, run_folder, write_campaign
 
 from abbench.errors import UsageError
 from abbench.records import read_journal, read_samples
-from abbench.records.schema import tomllib
+from abbench.records.toml import tomllib
 from abbench.sim import open_device
 from abbench.sim.device import SimulatedDevice, ThermalModel
 from abbench.sim.profile import Profile, load_profile, shipped_profiles
@@ -70,7 +70,7 @@ def _raw(path: Path) -> dict:
     ({"time_scale": 0}, "time_scale"),
     ({"soc_tau_s": 0.1}, "soc_tau_s"),
     ({"idle_load": 2}, "idle_load"),
-    ({"bogus": 1}, "unknown keys"),
+    ({"bogus": 1}, "`bogus`: unknown key"),
     ({"trip_sensor": "skin"}, "trip_sensor"),
     ({"start_soc_c": "hot"}, "start_soc_c"),
     ({"clusters": []}, "clusters"),

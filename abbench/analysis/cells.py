@@ -55,33 +55,36 @@ class DeviceDuring:
         return len(self.caps_states) <= 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CellStats:
+    """What section 7 asks of one cell. Built by name only: a measure the cell did not
+    record stays None (unknown), never 0."""
+
     index: int
     name: str
     label: str
     status: str
-    sentinel_of: int | None
-    error: str | None
-    fingerprint: str | None
-    source: str  # "per_token" | "tokens.csv" | "summary" | "none"
-    tokens: int  # decode tokens recorded
-    steady_tokens: int  # after the warm-up
-    tokens_per_s: Interval | None  # steady window; interval NaN-free only with per-token data
-    median_ms: float | None
-    p5_ms: float | None
-    p95_ms: float | None
-    read_mib_per_token: float | None
-    hit_pct: float | None
-    stall_ms_per_token: float | None
-    compute_ms_per_token: float | None
-    majflt_per_token: float | None
-    cpu_occupancy: float | None
-    drop_rate: float | None  # experts dropped / routed
-    spec_read_mib_per_token: float | None
-    spec_useful_pct: float | None
-    threads: int | None
     during: DeviceDuring
+    sentinel_of: int | None = None
+    error: str | None = None
+    fingerprint: str | None = None
+    source: str = "none"  # "per_token" | "tokens.csv" | "summary" | "none"
+    tokens: int = 0  # decode tokens recorded
+    steady_tokens: int = 0  # after the warm-up
+    tokens_per_s: Interval | None = None  # steady window; NaN-free only with per-token data
+    median_ms: float | None = None
+    p5_ms: float | None = None
+    p95_ms: float | None = None
+    read_mib_per_token: float | None = None
+    hit_pct: float | None = None
+    stall_ms_per_token: float | None = None
+    compute_ms_per_token: float | None = None
+    majflt_per_token: float | None = None
+    cpu_occupancy: float | None = None
+    drop_rate: float | None = None  # experts dropped / routed
+    spec_read_mib_per_token: float | None = None
+    spec_useful_pct: float | None = None
+    threads: int | None = None
     notes: tuple[str, ...] = ()
     wall_ms: tuple[float, ...] = field(default=(), repr=False)  # the steady window
     config_key: str | None = None  # the configuration's identity (`records.config_key`)
@@ -184,12 +187,10 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
                samples: list[Sample], warmup: int) -> CellStats:
     """Everything section 7 asks of one cell; a cell not in the journal is "not run"."""
     if record is None:
-        return CellStats(
-            planned.index, planned.name, planned.label, "not run", planned.sentinel_of, None,
-            None, "none", 0, 0, None, None, None, None, None, None, None, None, None, None,
-            None, None, None, None,
-            DeviceDuring((), {}, (), None, None, None, 0), ("not in the journal",),
-            config_key=config_key(planned.config))
+        return CellStats(index=planned.index, name=planned.name, label=planned.label,
+                         status="not run", sentinel_of=planned.sentinel_of,
+                         during=DeviceDuring((), {}, (), None, None, None, 0),
+                         notes=("not in the journal",), config_key=config_key(planned.config))
     notes: list[str] = []
     cols, source, doc = read_cell_files(run / "cells" / record.label)
     summary = record.summary or (doc.get("summary") if isinstance(doc.get("summary"), dict)
@@ -197,54 +198,71 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     wall = np.asarray(cols.get("wall_ms", []), dtype=float)
     start = min(warmup, len(wall))
     steady = wall[start:]
-    rate: Interval | None = None
+    rate, source = _rate(record, steady, len(wall), warmup, summary, source, notes)
+    fp = record.fingerprint or (doc.get("fingerprint") if isinstance(doc, dict) else None)
+    if record.status != "ok":
+        notes.append(f"cell {record.status}" + (f": {record.error}" if record.error else ""))
+    peak_kb = _metric(doc, "peak_rss_kb")
+    return CellStats(
+        index=record.index, name=record.name, label=record.label, status=record.status,
+        sentinel_of=planned.sentinel_of, error=record.error, fingerprint=fp, source=source,
+        tokens=len(wall), steady_tokens=len(steady), tokens_per_s=rate,
+        median_ms=percentile(steady, 50) if len(steady) else None,
+        p5_ms=percentile(steady, 5) if len(steady) else None,
+        p95_ms=percentile(steady, 95) if len(steady) else None,
+        **_work_per_token(cols, start, steady, summary, doc),
+        during=_with_metrics(device_during(record, samples), doc),
+        peak_rss_mib=peak_kb / 1024 if peak_kb is not None else _num(summary, "peak_rss_MiB"),
+        notes=tuple(notes),
+        wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
+        log_rate=log_rate(steady) if len(steady) >= 2 else None,
+        token_variance=log_rate_token_variance(steady),
+    )
+
+
+def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
+          summary: dict[str, Any], source: str, notes: list[str]) -> tuple[Interval | None, str]:
+    """The steady window's tokens/s with its interval; without per-token times the
+    summary's figure (warm-up included, no interval). Says why in `notes` when either falls
+    short; gives the source the rate came from."""
     if len(steady) >= 2:
-        rate = rate_interval(steady, seed_for("cell", record.label))
-    elif len(wall):
-        notes.append(f"warm-up ({warmup} tokens) leaves {len(steady)} of {len(wall)} "
+        return rate_interval(steady, seed_for("cell", record.label)), source
+    if recorded:
+        notes.append(f"warm-up ({warmup} tokens) leaves {len(steady)} of {recorded} "
                      f"tokens: no steady window")
-    if rate is None and record.status == "ok":
-        tps = record.tokens_per_s if record.tokens_per_s is not None else _num(summary, "tok/s")
-        if tps is not None:
-            rate = Interval(tps, math.nan, math.nan)
-            if source == "none":
-                notes.append("no per-token times (neither per_token in summary.json nor "
-                             "tokens.csv): tok/s from the summary, warm-up included, "
-                             "no interval")
-            source = "summary" if source == "none" else source
-        else:
-            notes.append("no throughput recorded")
-    threads = summary.get("threads") if isinstance(summary.get("threads"), int) else None
-    if threads is None and isinstance(doc.get("resolved"), dict):
-        t = doc["resolved"].get("threads")
-        threads = t if isinstance(t, int) else None
+    if record.status != "ok":
+        return None, source
+    tps = record.tokens_per_s if record.tokens_per_s is not None else _num(summary, "tok/s")
+    if tps is None:
+        notes.append("no throughput recorded")
+        return None, source
+    if source == "none":
+        notes.append("no per-token times (neither per_token in summary.json nor "
+                     "tokens.csv): tok/s from the summary, warm-up included, no interval")
+        source = "summary"
+    return Interval(tps, math.nan, math.nan), source
+
+
+def _work_per_token(cols: dict[str, list[float]], start: int, steady: np.ndarray,
+                    summary: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """The work measures of `CellStats` (reads, cache, stalls, compute, faults, occupancy,
+    drops, speculation, threads): the steady window's per-token means where the cell
+    recorded per-token columns, else its summary's figures, else None."""
 
     def mean(key: str) -> float | None:
         return _per_token_mean(cols, key, start)
 
+    def per_token_or(key: str, summary_key: str, scale: float = 1.0) -> float | None:
+        value = mean(key)
+        if value is None and (s := _num(summary, summary_key)) is not None:
+            value = scale * s
+        return value
+
+    threads = summary.get("threads") if isinstance(summary.get("threads"), int) else None
+    if threads is None and isinstance(doc.get("resolved"), dict):
+        t = doc["resolved"].get("threads")
+        threads = t if isinstance(t, int) else None
     read = mean("read_bytes")
-    read_mib = read / 2**20 if read is not None else _num(summary, "read_MiB/tok")
-    hits, misses = mean("hits"), mean("misses")
-    if hits is not None and misses is not None and hits + misses > 0:
-        hit = 100.0 * hits / (hits + misses)
-    else:
-        # The seed engine's per-token `cache_hit_pct` is cumulative: the run's figure is its
-        # summary's, else the column's last value (a mean would weigh the cold start);
-        # negative means the cache was off.
-        hit = _num(summary, "cache_hit_pct")
-        last = [v for v in cols.get("cache_hit_pct", []) if math.isfinite(v)]
-        if hit is None and last:
-            hit = last[-1]
-        hit = hit if hit is None or hit >= 0 else None
-    stall = mean("stall_ms")
-    if stall is None and _num(summary, "stall_s/tok") is not None:
-        stall = 1000.0 * _num(summary, "stall_s/tok")  # type: ignore[operator]
-    compute = mean("compute_ms")
-    if compute is None and _num(summary, "compute_s/tok") is not None:
-        compute = 1000.0 * _num(summary, "compute_s/tok")  # type: ignore[operator]
-    majflt = mean("majflt")
-    if majflt is None:
-        majflt = _num(summary, "majflt/tok")
     cpu_ms = mean("cpu_ms")
     if cpu_ms is not None and cpu_ms <= 0:
         cpu_ms = None  # a column of zeros: the engine did not measure CPU time there
@@ -256,34 +274,37 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     routed, dropped = mean("experts_routed"), mean("experts_dropped")
     if routed is None:
         routed, dropped = _num(summary, "experts_routed"), _num(summary, "experts_dropped")
-    drop = dropped / routed if routed and dropped is not None else None
     spec = mean("spec_read_bytes")
-    spec_mib = spec / 2**20 if spec is not None else None
     se, su = mean("spec_experts"), mean("spec_useful")
     if se is None:
         se, su = _num(summary, "spec_experts"), _num(summary, "spec_useful")
-    useful = 100.0 * su / se if se and su is not None else None
-    fp = record.fingerprint or (doc.get("fingerprint") if isinstance(doc, dict) else None)
-    if record.status != "ok":
-        notes.append(f"cell {record.status}" + (f": {record.error}" if record.error else ""))
-    return CellStats(
-        index=record.index, name=record.name, label=record.label, status=record.status,
-        sentinel_of=planned.sentinel_of, error=record.error, fingerprint=fp, source=source,
-        tokens=len(wall), steady_tokens=len(steady), tokens_per_s=rate,
-        median_ms=percentile(steady, 50) if len(steady) else None,
-        p5_ms=percentile(steady, 5) if len(steady) else None,
-        p95_ms=percentile(steady, 95) if len(steady) else None,
-        read_mib_per_token=read_mib, hit_pct=hit, stall_ms_per_token=stall,
-        compute_ms_per_token=compute, majflt_per_token=majflt, cpu_occupancy=occ,
-        drop_rate=drop, spec_read_mib_per_token=spec_mib, spec_useful_pct=useful,
-        threads=threads, during=_with_metrics(device_during(record, samples), doc),
-        peak_rss_mib=(_metric(doc, "peak_rss_kb") or math.nan) / 1024
-        if _metric(doc, "peak_rss_kb") is not None else _num(summary, "peak_rss_MiB"),
-        notes=tuple(notes),
-        wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
-        log_rate=log_rate(steady) if len(steady) >= 2 else None,
-        token_variance=log_rate_token_variance(steady),
-    )
+    return {
+        "read_mib_per_token": read / 2**20 if read is not None
+        else _num(summary, "read_MiB/tok"),
+        "hit_pct": _hit_pct(mean("hits"), mean("misses"), cols, summary),
+        "stall_ms_per_token": per_token_or("stall_ms", "stall_s/tok", 1000.0),
+        "compute_ms_per_token": per_token_or("compute_ms", "compute_s/tok", 1000.0),
+        "majflt_per_token": per_token_or("majflt", "majflt/tok"),
+        "cpu_occupancy": occ,
+        "drop_rate": dropped / routed if routed and dropped is not None else None,
+        "spec_read_mib_per_token": spec / 2**20 if spec is not None else None,
+        "spec_useful_pct": 100.0 * su / se if se and su is not None else None,
+        "threads": threads,
+    }
+
+
+def _hit_pct(hits: float | None, misses: float | None, cols: dict[str, list[float]],
+             summary: dict[str, Any]) -> float | None:
+    if hits is not None and misses is not None and hits + misses > 0:
+        return 100.0 * hits / (hits + misses)
+    # The seed engine's per-token `cache_hit_pct` is cumulative: the run's figure is its
+    # summary's, else the column's last value (a mean would weigh the cold start);
+    # negative means the cache was off.
+    hit = _num(summary, "cache_hit_pct")
+    last = [v for v in cols.get("cache_hit_pct", []) if math.isfinite(v)]
+    if hit is None and last:
+        hit = last[-1]
+    return hit if hit is None or hit >= 0 else None
 
 
 def _metric(doc: dict[str, Any], key: str) -> float | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from abbench.analysis.cells import CellStats
 from abbench.analysis.matching import PairMatch
@@ -40,6 +39,7 @@ from abbench.analysis.stats import (
     resolvable_effect,
     t_quantile,
 )
+from abbench.records import DecisionSpec
 
 GO, NO_GO, INCONCLUSIVE, OWED, UNVERIFIED = "GO", "NO-GO", "INCONCLUSIVE", "OWED", "UNVERIFIED"
 EXIT_FOR = {GO: 0, NO_GO: 1, INCONCLUSIVE: 3, OWED: 3, UNVERIFIED: 3}
@@ -264,16 +264,13 @@ def _settle_inconclusive(d_expect: str, ratio: Interval, noise: Noise, se: float
             f"{POWER:.0%} power, at this noise (±{noise.sd:.1%} per cell)" + few)
 
 
-def decide(spec: dict[str, Any], cells: list[CellStats],
+def decide(spec: DecisionSpec, cells: list[CellStats],
            matches: dict[tuple[int, int], PairMatch], noise: Noise,
            alpha: float = ALPHA) -> Decision:
     """One decision from the campaign file (`candidate`, `baseline`, `min_effect`,
     `expect`, `max_regression`) at a two-sided `alpha`, with `noise` as the cell level."""
-    cand, base = str(spec.get("candidate")), str(spec.get("baseline"))
-    min_effect = float(spec.get("min_effect", 0.0))
-    expect = str(spec.get("expect", "faster"))
-    max_reg = spec.get("max_regression")
-    max_regression = float(max_reg) if max_reg is not None else None
+    cand, base, min_effect = spec.candidate, spec.baseline, spec.min_effect
+    expect, max_regression = spec.expect, spec.max_regression
     kinds = {"expect": expect, "max_regression": max_regression, "noise": noise,
              "alpha": alpha}
     cc = [c for c in cells if c.name == cand]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from abbench.analysis.cells import CellStats
 from abbench.analysis.matching import tolerances
 from abbench.analysis.stats import Interval, ratio_interval, seed_for
-from abbench.records import CellRecord
+from abbench.records import CellRecord, MatchSpec
 
 COMPUTE_RISE = 1.10  # compute/token up by more than 10% ...
 OCCUPANCY_FALL = 0.85  # CPU occupancy below 85% of the comparable cell's
@@ -78,9 +78,9 @@ def _capped_from(cells: list[CellStats], upto: int) -> list[str]:
 
 
 def attribute(cells: list[CellStats], rec: dict[int, CellRecord], twin: int, sentinel: int,
-              match: dict[str, object]) -> list[str]:
+              match: MatchSpec) -> list[str]:
     """What the timeline shows changed between `twin` and `sentinel`."""
-    tol = tolerances(match)  # type: ignore[arg-type]
+    tol = tolerances(match)
     out = _capped_from(cells, sentinel)
     a, b = rec.get(twin), rec.get(sentinel)
     if a is None or b is None:
@@ -104,10 +104,10 @@ def attribute(cells: list[CellStats], rec: dict[int, CellRecord], twin: int, sen
 
 
 def sentinel_drift(cells: list[CellStats], rec: dict[int, CellRecord],
-                   match: dict[str, object]) -> list[Drift]:
+                   match: MatchSpec) -> list[Drift]:
     """Every sentinel against its twin: fingerprints, speed ratio, and the verdict."""
     by = {c.index: c for c in cells}
-    tol = tolerances(match)["probe_tol"]  # type: ignore[arg-type]
+    tol = match.probe_tol
     out: list[Drift] = []
     for s in cells:
         if s.sentinel_of is None or s.sentinel_of not in by:
@@ -184,7 +184,7 @@ def _comparables(c: CellStats, cells: list[CellStats],
 
 
 def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord],
-                        match: dict[str, object] | None = None,
+                        match: MatchSpec | None = None,
                         order_known: bool = True) -> list[Tell]:
     """Flags, each with the numbers behind it (thresholds are the module constants)."""
     out: list[Tell] = []
@@ -224,14 +224,14 @@ def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord],
 
 
 def _degrading(cells: list[CellStats], rec: dict[int, CellRecord],
-               match: dict[str, object] | None = None) -> list[Tell]:
+               match: MatchSpec | None = None) -> list[Tell]:
     """Entry state getting worse at every cell, over three or more cells in run order, by
     more than the matching tolerance in all (a 13 MiB slide of 128 GiB is not a tell)."""
     ran = [c for c in cells if c.index in rec]
     ents = [rec[c.index].entry for c in ran]
     if len(ents) < 3:
         return []
-    tol = tolerances(match or {})  # type: ignore[arg-type]
+    tol = tolerances(match or MatchSpec())
     mem0 = next((e.mem_available_mib for e in ents if e.mem_available_mib is not None), None)
     out: list[Tell] = []
     series = {  # values, direction of worse, unit, decimals, the change that counts

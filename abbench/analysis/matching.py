@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from abbench.analysis.cells import CapsState, CellStats
-from abbench.records import MATCH_DEFAULTS, CellRecord, keys
+from abbench.records import CellRecord, MatchSpec, keys
 
-DEFAULTS = MATCH_DEFAULTS
 DEVICE_CRITERIA = ("caps", "cpu_temp", "battery_temp", "mem_available", "probe",
                    "thermal_status")
 
@@ -60,8 +59,8 @@ class PairMatch:
         return self.state in ("matched", "unverified")
 
 
-def tolerances(match: dict[str, Any]) -> dict[str, float]:
-    return {k: float(match.get(k, v)) for k, v in DEFAULTS.items()}
+def tolerances(match: MatchSpec) -> dict[str, float]:
+    return match.to_json()
 
 
 def _fmt_caps(st: CapsState) -> str:
@@ -145,96 +144,107 @@ def _mem(x: float | None, y: float | None, frac: float, a: CellStats,
 
 
 def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord | None,
-               match: dict[str, Any], device_state_recorded: bool,
+               match: MatchSpec, device_state_recorded: bool,
                order_known: bool = True) -> PairMatch:
     """Every criterion of a matched pair for cells `a` and `b` (in any order). With the
     execution order unknown (an import that recorded none) no two cells are adjacent; with
     their times unknown the gap is not measured, and the pair is unverified at best."""
     if a.index > b.index:
         a, b, ra, rb = b, a, rb, ra
-    tol = tolerances(match)
-    crit: list[Criterion] = []
     ok = a.ok and b.ok
-    crit.append(Criterion("status", "ok" if ok else "fail", a.status, b.status, "ok",
-                          "both cells ok" if ok else
-                          f"cell {a.index + 1} {a.status}, cell {b.index + 1} {b.status}"))
-    adj = b.index - a.index == 1
-    if not order_known:
-        crit.append(Criterion("adjacent", "fail", None, None, 1,
-                              "the execution order is unknown (nothing recorded it): no two "
-                              "cells are known to be adjacent"))
-    else:
-        crit.append(Criterion("adjacent", "ok" if adj else "fail", a.index + 1, b.index + 1, 1,
-                              f"cells {a.index + 1} and {b.index + 1}"
-                              + (" are adjacent" if adj
-                                 else " are not adjacent in execution order")))
+    crit = [Criterion("status", "ok" if ok else "fail", a.status, b.status, "ok",
+                      "both cells ok" if ok else
+                      f"cell {a.index + 1} {a.status}, cell {b.index + 1} {b.status}"),
+            _adjacent(a, b, order_known)]
     if ra is not None and rb is not None:
-        gap = rb.t_start_wall - ra.t_end_wall
-        if ra.t_end_wall <= 0 or rb.t_start_wall <= 0:  # 0: nothing recorded when it ran
-            crit.append(Criterion("gap", "not measured", None, None, tol["max_gap_s"],
-                                  "the gap between the cells is unknown (nothing recorded "
-                                  "when they ran)"))
-        elif gap < 0:
-            crit.append(Criterion("gap", "fail", ra.t_end_wall, rb.t_start_wall,
-                                  tol["max_gap_s"],
-                                  f"cell {b.index + 1} started {-gap:.0f} s before cell "
-                                  f"{a.index + 1} ended: the order or the times are wrong"))
-        else:
-            crit.append(Criterion("gap", "ok" if gap <= tol["max_gap_s"] else "fail",
-                                  ra.t_end_wall, rb.t_start_wall, tol["max_gap_s"],
-                                  f"{gap:.0f} s between the cells "
-                                  f"({'<=' if gap <= tol['max_gap_s'] else '>'} "
-                                  f"{tol['max_gap_s']:g} s)"))
-        gave = [r.index + 1 for r in (ra, rb) if r.gate.gave_up]
-        crit.append(Criterion("gate", "fail" if gave else "ok", ra.gate.gave_up,
-                              rb.gate.gave_up, False,
-                              f"the gate gave up before cell {gave[0]}" if gave
-                              else "no gate give-up"))
-        ea, eb = ra.entry, rb.entry
-        crit.append(_caps(a, b))
-        crit.append(_abs("cpu_temp", " °C", ea.cpu_temp_c, eb.cpu_temp_c,
-                         tol["cpu_temp_tol_c"], a, b, keys.CPU_TEMP_C))
-        crit.append(_abs("battery_temp", " °C", ea.battery_temp_c, eb.battery_temp_c,
-                         tol["battery_temp_tol_c"], a, b, keys.BATTERY_TEMP_C))
-        crit.append(_mem(ea.mem_available_mib, eb.mem_available_mib,
-                         tol["mem_available_tol_frac"], a, b))
-        crit.append(_abs("probe", "", ea.probe_index, eb.probe_index, tol["probe_tol"], a, b))
-        if ea.thermal_status is None and eb.thermal_status is None:
-            crit.append(Criterion("thermal_status", "not measured", ea.thermal_status,
-                                  eb.thermal_status, "equal", "thermal status not measured"))
-        elif ea.thermal_status is None or eb.thermal_status is None:
-            crit.append(_one_sided("thermal_status", "thermal status", ea.thermal_status,
-                                   eb.thermal_status, "equal", a, b))
-        else:
-            same = ea.thermal_status == eb.thermal_status
-            crit.append(Criterion("thermal_status", "ok" if same else "fail",
-                                  ea.thermal_status, eb.thermal_status, "equal",
-                                  f"thermal status {ea.thermal_status} vs {eb.thermal_status}"))
-    reasons = tuple(c.detail for c in crit if c.status == "fail")
-    measured = [c.name for c in crit if c.name in DEVICE_CRITERIA and c.status != "not measured"]
-    note = None
+        crit += [_gap_between(a, b, ra, rb, match.max_gap_s), _gate(ra, rb),
+                 *_entry_criteria(a, b, ra, rb, match)]
+    state, note = _state(crit, device_state_recorded)
     disagree = _sensors_disagree(a, b, ra, rb)
-    gap_unknown = any(c.name == "gap" and c.status == "not measured" for c in crit)
-    if reasons:
-        state = "unmatched"
-    elif gap_unknown:
-        state = "unverified"
-        note = "the gap between the cells is unknown: the pair cannot be verified as matched"
-    elif not device_state_recorded or not measured:
-        state = "unverified"
-        note = "no device state recorded: the pair cannot be verified as matched"
-    else:
-        state = "matched"
-        if measured == ["probe"]:
-            note = "matched on the speed probe only: caps, temperatures and memory not measured"
-        else:
-            absent = [c.name.replace("_", " ") for c in crit
-                      if c.name in DEVICE_CRITERIA and c.status == "not measured"]
-            if absent:
-                note = "not measured: " + ", ".join(absent)
     if disagree:
         note = f"{note}; {disagree}" if note else disagree
+    reasons = tuple(c.detail for c in crit if c.status == "fail")
     return PairMatch(a.index, b.index, state, tuple(crit), reasons, note)
+
+
+def _adjacent(a: CellStats, b: CellStats, order_known: bool) -> Criterion:
+    if not order_known:
+        return Criterion("adjacent", "fail", None, None, 1,
+                         "the execution order is unknown (nothing recorded it): no two "
+                         "cells are known to be adjacent")
+    adj = b.index - a.index == 1
+    return Criterion("adjacent", "ok" if adj else "fail", a.index + 1, b.index + 1, 1,
+                     f"cells {a.index + 1} and {b.index + 1}"
+                     + (" are adjacent" if adj else " are not adjacent in execution order"))
+
+
+def _gap_between(a: CellStats, b: CellStats, ra: CellRecord, rb: CellRecord,
+                 max_gap_s: float) -> Criterion:
+    gap = rb.t_start_wall - ra.t_end_wall
+    if ra.t_end_wall <= 0 or rb.t_start_wall <= 0:  # 0: nothing recorded when it ran
+        return Criterion("gap", "not measured", None, None, max_gap_s,
+                         "the gap between the cells is unknown (nothing recorded when they "
+                         "ran)")
+    if gap < 0:
+        return Criterion("gap", "fail", ra.t_end_wall, rb.t_start_wall, max_gap_s,
+                         f"cell {b.index + 1} started {-gap:.0f} s before cell "
+                         f"{a.index + 1} ended: the order or the times are wrong")
+    return Criterion("gap", "ok" if gap <= max_gap_s else "fail", ra.t_end_wall,
+                     rb.t_start_wall, max_gap_s,
+                     f"{gap:.0f} s between the cells "
+                     f"({'<=' if gap <= max_gap_s else '>'} {max_gap_s:g} s)")
+
+
+def _gate(ra: CellRecord, rb: CellRecord) -> Criterion:
+    gave = [r.index + 1 for r in (ra, rb) if r.gate.gave_up]
+    return Criterion("gate", "fail" if gave else "ok", ra.gate.gave_up, rb.gate.gave_up,
+                     False, f"the gate gave up before cell {gave[0]}" if gave
+                     else "no gate give-up")
+
+
+def _entry_criteria(a: CellStats, b: CellStats, ra: CellRecord, rb: CellRecord,
+                    match: MatchSpec) -> list[Criterion]:
+    """The device-state criteria: caps, temperatures, memory, probe, thermal status."""
+    ea, eb = ra.entry, rb.entry
+    return [
+        _caps(a, b),
+        _abs("cpu_temp", " °C", ea.cpu_temp_c, eb.cpu_temp_c, match.cpu_temp_tol_c, a, b,
+             keys.CPU_TEMP_C),
+        _abs("battery_temp", " °C", ea.battery_temp_c, eb.battery_temp_c,
+             match.battery_temp_tol_c, a, b, keys.BATTERY_TEMP_C),
+        _mem(ea.mem_available_mib, eb.mem_available_mib, match.mem_available_tol_frac, a, b),
+        _abs("probe", "", ea.probe_index, eb.probe_index, match.probe_tol, a, b),
+        _thermal_status(ea.thermal_status, eb.thermal_status, a, b),
+    ]
+
+
+def _thermal_status(x: Any, y: Any, a: CellStats, b: CellStats) -> Criterion:
+    if x is None and y is None:
+        return Criterion("thermal_status", "not measured", x, y, "equal",
+                         "thermal status not measured")
+    if x is None or y is None:
+        return _one_sided("thermal_status", "thermal status", x, y, "equal", a, b)
+    return Criterion("thermal_status", "ok" if x == y else "fail", x, y, "equal",
+                     f"thermal status {x} vs {y}")
+
+
+def _state(crit: list[Criterion], device_state_recorded: bool) -> tuple[str, str | None]:
+    """matched, unverified (nothing failed, but the gap or the device state is unknown) or
+    unmatched (a criterion failed); with what was not measured as the note."""
+    if any(c.status == "fail" for c in crit):
+        return "unmatched", None
+    if any(c.name == "gap" and c.status == "not measured" for c in crit):
+        return "unverified", ("the gap between the cells is unknown: the pair cannot be "
+                              "verified as matched")
+    measured = [c.name for c in crit if c.name in DEVICE_CRITERIA and c.status != "not measured"]
+    if not device_state_recorded or not measured:
+        return "unverified", "no device state recorded: the pair cannot be verified as matched"
+    if measured == ["probe"]:
+        return "matched", ("matched on the speed probe only: caps, temperatures and memory "
+                           "not measured")
+    absent = [c.name.replace("_", " ") for c in crit
+              if c.name in DEVICE_CRITERIA and c.status == "not measured"]
+    return "matched", ("not measured: " + ", ".join(absent)) if absent else None
 
 
 def _sensors_disagree(a: CellStats, b: CellStats, ra: CellRecord | None,

@@ -4,17 +4,63 @@
 with or without preamble and `# summary`), `json:PATH` (an engine run JSON), or
 `stdout-summary` (the `generation:` line in the command's stdout). A PATH on a remote
 device is read with `cat` over the device's transport.
+
+`read_result` judges it: output that cannot be read, or that reports no usable tokens/s,
+fails the cell (with the reason in its journal line) and never the campaign.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import CellOutputError, ForeignRunError
+from abbench.errors import AbbenchError, CellOutputError, ForeignRunError
 from abbench.records.bmoe_csv import parse_bmoe_csv, run_summary, work_fingerprint
 from abbench.records.summary import read_engine_json, read_generation
 from abbench.sensors import Device
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """What a finished cell's output gave: its summary (non-finite numbers as None), the
+    work fingerprint, its tokens/s, and why the cell failed (None: it did not)."""
+
+    summary: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str | None = None
+    tokens_per_s: float | None = None
+    error: str | None = None
+
+
+def read_result(cfg: dict[str, Any], out: Path, device: Device) -> CellResult:
+    """Read and judge the output of a cell whose process exited with status 0."""
+    try:
+        summary, fingerprint = read_cell_output(cfg, out, device)
+    except AbbenchError as e:
+        return CellResult(error=e.message)
+    except Exception as e:  # noqa: BLE001 — garbage output must not end the campaign
+        return CellResult(error=f"its output could not be read ({type(e).__name__}: {e})")
+    tps = summary.get("tok/s")
+    speed: float | None = None
+    if isinstance(tps, (int, float)) and not isinstance(tps, bool) and 0 < tps < math.inf:
+        speed = float(tps)
+    error = None
+    if "tok/s" in summary and speed is None:
+        error = f"it reported no usable throughput (tok/s = {tps!r})"
+    return CellResult(summary=_finite(summary),  # NaN is garbage in a record, and not JSON
+                      fingerprint=fingerprint, tokens_per_s=speed, error=error)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, inf) replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def read_cell_output(
@@ -47,8 +93,6 @@ def _fetch(path: str, device: Device) -> str:
     if done.returncode != 0:
         raise CellOutputError(f"cannot read {path} on {device.name}: {done.stderr.strip()[:200]}")
     return done.stdout
-
-
 
 
 def summarize_bmoe_csv(text: str, name: str) -> tuple[dict[str, Any], str | None]:

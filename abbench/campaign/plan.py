@@ -26,7 +26,7 @@ from abbench.campaign.schema import TOML_KEY, CampaignSpec
 from abbench.campaign.tables import MAX_CELLS
 from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError
-from abbench.records import Plan, PlannedCell, Sequential
+from abbench.records import DecisionSpec, MatchSpec, Plan, PlannedCell, Sequential
 from abbench.sim.profile import load_profile
 
 # The duration estimate: a rough speed of the embedded engine on the synthetic `default`
@@ -92,7 +92,8 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
     return Plan(
         campaign=c.name, cells=tuple(cells), spacing_s=c.spacing_s,
         warmup_tokens=c.warmup_tokens, device=spec.device.transport,
-        decisions=tuple(d.to_json() for d in spec.decisions), match=asdict(spec.match),
+        decisions=tuple(DecisionSpec(**asdict(d)) for d in spec.decisions),
+        match=MatchSpec(**asdict(spec.match)),
         gate=asdict(spec.gate) if spec.gate is not None else None,
         sequential=sequential, planned_cells=len(cells) if sequential else None,
     )
@@ -189,28 +190,9 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
     scale = device_time_scale(plan.device)
     sim = f" (simulated: {plan.spacing_s / scale:.3g} s of wall time)" if scale != 1.0 else ""
     lines = [f"plan {plan.campaign}: {n} cells on {plan.device}, {plan.spacing_s:g} s apart{sim}"]
-    width = max((len(c.label) for c in plan.cells), default=0)
-    total, unknown = plan.spacing_s / scale * max(0, n - 1), 0
-    for c in plan.cells:
-        est = estimate_s(c.config, tok_per_s)
-        if est is None:
-            unknown += 1
-        else:
-            total += est
-        what = describe(c.config) if c.index == 0 else differences(plan.cells[0].config,
-                                                                   c.config)
-        if c.sentinel_of is not None:
-            twin = plan.cells[c.sentinel_of].label.split("-", 1)[0]
-            what = f"sentinel of {twin}" + (f"; {what}" if what else "")
-        clock = f"~{_clock(est)}" if est is not None else "?"
-        lines.append(f"  {c.label:<{width}}  {clock:>8}  {what or 'as the first cell'}")
-    for d in plan.decisions:
-        if d.get("expect") == "not-slower":
-            lines.append(f"decision: {d['candidate']} not slower than {d['baseline']}: GO "
-                         f"above {1 - d['max_regression']:g}x, NO-GO below it")
-        else:
-            lines.append(f"decision: {d['candidate']} vs {d['baseline']}, GO above "
-                         f"{1 + d['min_effect']:g}x, NO-GO below 1x")
+    estimates = [estimate_s(c.config, tok_per_s) for c in plan.cells]
+    lines += _cell_lines(plan, estimates)
+    lines += [_decision_line(d) for d in plan.decisions]
     if plan.sequential is not None:
         s = plan.sequential
         budget = " and ".join(b for b in (
@@ -225,6 +207,41 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
         lines.append(f"gate before each cell: {_keys(conditions, list(conditions))} "
                      f"(gives up after {plan.gate['timeout_s']:g} s"
                      + (" simulated" if scale != 1.0 else "") + ")")
+    lines.append(_duration_line(plan, estimates, scale, tok_per_s))
+    return lines
+
+
+def _cell_lines(plan: Plan, estimates: list[float | None]) -> list[str]:
+    width = max((len(c.label) for c in plan.cells), default=0)
+    lines = []
+    for c, est in zip(plan.cells, estimates, strict=True):
+        what = describe(c.config) if c.index == 0 else differences(plan.cells[0].config,
+                                                                   c.config)
+        if c.sentinel_of is not None:
+            twin = plan.cells[c.sentinel_of].label.split("-", 1)[0]
+            what = f"sentinel of {twin}" + (f"; {what}" if what else "")
+        clock = f"~{_clock(est)}" if est is not None else "?"
+        lines.append(f"  {c.label:<{width}}  {clock:>8}  {what or 'as the first cell'}")
+    return lines
+
+
+def _decision_line(d: DecisionSpec) -> str:
+    if d.expect == "not-slower" and d.max_regression is not None:
+        return (f"decision: {d.candidate} not slower than {d.baseline}: GO above "
+                f"{1 - d.max_regression:g}x, NO-GO below it")
+    return (f"decision: {d.candidate} vs {d.baseline}, GO above {1 + d.min_effect:g}x, "
+            "NO-GO below 1x")
+
+
+def _duration_line(plan: Plan, estimates: list[float | None], scale: float,
+                   tok_per_s: float) -> str:
+    """The expected duration: spacing plus the cells' estimates (external cells and gate
+    waits not counted), and for a sequential campaign what its budget allows at most."""
+    n = len(plan.cells)
+    spacing = plan.spacing_s / scale * max(0, n - 1)
+    known = [e for e in estimates if e is not None]
+    unknown = n - len(known)
+    total = spacing + sum(known)
     note = (f"{plan.spacing_s / scale:.3g} s spacing between cells + per cell (prompt + "
             f"tokens) / {tok_per_s:g} tok/s + {START_S:g} s start")
     if unknown:
@@ -233,8 +250,8 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
         note += "; gate waits not counted"
     upto = ""
     seq = plan.sequential
-    if seq is not None and n and n - unknown > 0:
-        per_cell = (total - plan.spacing_s / scale * max(0, n - 1)) / (n - unknown)
+    if seq is not None and n and known:
+        per_cell = (total - spacing) / len(known)
         if seq.max_cells is not None and seq.max_cells > n:
             cap = seq.max_cells * per_cell + plan.spacing_s / scale * (seq.max_cells - 1)
             if seq.max_minutes is not None:
@@ -242,5 +259,4 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
             upto = f", up to ~{_clock(cap)} if the rounds run to the budget"
         elif seq.max_minutes is not None:
             upto = f", up to {_clock(seq.max_minutes * 60)} if the rounds run to the budget"
-    lines.append(f"expected duration ~{_clock(total)}{upto} (an estimate: {note})")
-    return lines
+    return f"expected duration ~{_clock(total)}{upto} (an estimate: {note})"

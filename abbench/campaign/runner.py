@@ -1,5 +1,6 @@
-"""Running a campaign: spacing, the thermal gate, entry states, cells in child processes,
-the journal, resume.
+"""Running a campaign: the loop over its cells — spacing, the thermal gate, the entry
+state, the cell in its child process, its journal line — and the rounds a sequential
+campaign appends; `start` and `resume` are its two ways in.
 
 Each finished cell is appended to `journal.jsonl` (flushed and fsync'd) before the next one
 starts, so an interrupted campaign loses at most the cell in flight: `--resume RUN` reads
@@ -8,48 +9,41 @@ non-zero, writes garbage or outlives its timeout is recorded as failed with its 
 and the campaign goes on.
 
 Resuming first repairs what a crash left (`recovery.repair`) and appends the sentinel
-history lines a kill kept from being written. A file that cannot be written (a full disk)
-stops the campaign with one error naming it, `status.json` saying so, and the journal
-whole: `--resume` continues once there is room.
+history lines a kill kept from being written (`sentinels`). A file that cannot be written
+(a full disk) stops the campaign with one error naming it, `status.json` saying so, and
+the journal whole: `--resume` continues once there is room.
+
+The pieces live beside it: `child` (a cell's process), `output` (what it produced),
+`entry` (entry state, speed probe), `run_folder` (the folder's other files), `gate`,
+`sentinels`, `recovery`, `sequential` and `view`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import math
-import os
-import re
+import functools
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from abbench.campaign.child import CellChild, cell_argv, stderr_tail
+from abbench.campaign.entry import SpeedIndex, entry_state
 from abbench.campaign.gate import GateSpec, wait_for_gate
-from abbench.campaign.output import read_cell_output
+from abbench.campaign.output import CellResult, read_result
 from abbench.campaign.plan import planned_cells
-from abbench.campaign.recovery import note_child, repair
+from abbench.campaign.recovery import repair
+from abbench.campaign.run_folder import Prepare, create_run_folder, write_plan, write_status
+from abbench.campaign.sentinels import append_sentinel, resend_sentinels
 from abbench.campaign.sequential import LookFn, fits, fraction, next_round
 from abbench.campaign.view import CampaignView
-from abbench.engine.config import to_argv
 from abbench.engine.models import prepare_models
-from abbench.errors import (
-    EXIT_OK,
-    AbbenchError,
-    Interrupted,
-    RecordError,
-    UsageError,
-    WriteError,
-)
-from abbench.fsutil import atomic_write_text, fault
+from abbench.errors import EXIT_OK, AbbenchError, Interrupted, WriteError
+from abbench.fsutil import fault
 from abbench.records import (
     CellRecord,
     EntryState,
@@ -58,20 +52,11 @@ from abbench.records import (
     PlannedCell,
     Sample,
     append_jsonl,
-    config_key,
-    keys,
     read_journal,
-    read_jsonl,
     read_plan,
 )
-from abbench.sensors import Device, Sampler, speed_probe
-from abbench.sensors.probe import ProbeWorker
+from abbench.sensors import Device, Sampler
 from abbench.sim import open_device
-
-PROFILE_FILE = "device-profile.toml"  # a simulated device's profile, as the run used it
-STDERR_TAIL = 4000
-
-
 
 
 @dataclass
@@ -85,40 +70,6 @@ class RunOptions:
     look: LookFn | None = None
 
 
-def new_run_folder(root: Path, name: str) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        for n in range(1000):
-            folder = root / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
-            try:
-                folder.mkdir()  # atomic: two campaigns never share a folder
-                return folder
-            except FileExistsError:
-                continue
-    except OSError as e:
-        raise WriteError.from_os(e) from None
-    raise UsageError(f"{root}: cannot create a unique run folder for `{name}`")
-
-
-def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
-    """`python -m abbench engine run ...` for a cell's resolved configuration."""
-    return [python, "-m", "abbench", "engine", "run", "--json", str(out_dir / "summary.json"),
-            "--csv", str(out_dir / "tokens.csv"), "-q",
-            *to_argv(cfg, route_trace=str(out_dir / "route.csv"))]
-
-
-def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bool) -> EntryState:
-    caps = {p: int(v) for p, v in keys.policies(values, "cap_khz").items()}
-    hw = {p: int(v) for p, v in keys.policies(values, "hw_max_khz").items()}
-    status = values.get(keys.ANDROID_THERMAL_STATUS)
-    return EntryState(
-        t_wall=time.time(), caps_khz=caps, hw_max_khz=hw,
-        **{name: values.get(key) for key, name in keys.ENTRY_READINGS}, probe_index=probe_index,
-        thermal_status=int(status) if status is not None else None, simulated=simulated,
-    )
-
-
 class CampaignRun:
     """One run folder being filled. `run()` returns the exit status."""
 
@@ -130,12 +81,11 @@ class CampaignRun:
         self.opts = opts
         self.hz = hz
         self.gate = gate
-        self.current: int | None = None
+        self.current: int | None = None  # the cell in flight, for the sampler's tags
         self._lock = threading.Lock()
         self._samples = folder / "samples.jsonl"
-        self._child: subprocess.Popen[bytes] | None = None
-        self.first_probe: float | None = None
-        self._probe: ProbeWorker | None = None
+        self._child = CellChild(device)
+        self.speed = SpeedIndex(folder, device, opts.python)
 
     # -- sampler sink (sampler thread) ---------------------------------------------
 
@@ -144,89 +94,74 @@ class CampaignRun:
             cell = self.current
         append_jsonl(self._samples, Sample(t_mono, t_wall, values, cell).to_json(), fsync=False)
 
-    def probe_index(self) -> float:
-        """first probe / this probe. On a simulated device the probe runs for real in a
-        child process that the device throttles like a cell (DESIGN 8): it sees the
-        simulated caps and the host's own load, as a real device's probe would."""
-        t = self._probe_seconds()
-        if self.first_probe is None:
-            self.first_probe = t
-            state = {"first_probe_s": t}
-            atomic_write_text(self.folder / "probe.json", json.dumps(state) + "\n")
-        return self.first_probe / t
-
-    def _probe_seconds(self) -> float:
-        if not self.device.simulated:
-            return speed_probe()
-        if self._probe is None:
-            self._probe = ProbeWorker(self.opts.python)
-        self.device.throttle(self._probe.pid, loads=False)
-        try:
-            return self._probe.measure(3, self.device.probe_rep_s)
-        finally:
-            self.device.unthrottle()
+    # -- the campaign --------------------------------------------------------------
 
     def run(self) -> int:
         try:
             return self._run()
         except OSError as e:
-            self._kill_child()
+            self._child.kill()
             error = WriteError.from_os(e, f"continue with: abbench campaign --resume "
                                           f"{self.folder}")
             with contextlib.suppress(OSError):  # the disk may be too full for this too
-                self._write_status("failed", error.message)
+                write_status(self.folder, "failed", error.message)
             raise error from None
         finally:
-            if self._probe is not None:
-                self._probe.close()
-                self._probe = None
+            self.speed.close()
 
     def _run(self) -> int:
-        done = {r.index for r in read_journal(self.folder)}
-        todo = [c for c in self.plan.cells if c.index not in done]
-        repair(self.folder, self.plan, done)  # what a crash left, if this is a resume
-        if done:
-            self._resend_sentinels()
-        probe_file = self.folder / "probe.json"
-        if probe_file.exists():
-            self.first_probe = float(json.loads(probe_file.read_text())["first_probe_s"])
+        todo = self._reopen()
         # A synthetic model not built yet is built now, not by the first cell using it.
         try:
             prepare_models([str(c.config["model"]) for c in todo
                             if c.config.get("engine", "embedded") == "embedded"])
         except AbbenchError as e:
-            self._write_status("failed", e.message)
+            write_status(self.folder, "failed", e.message)
             raise
-        self._write_status("running")
+        write_status(self.folder, "running")
         view = CampaignView(self.plan, self.device, live=self.opts.live)
-        # A simulated device runs its clock `time_scale` times faster than the wall: the
-        # spacing and the gate's poll and timeout are in device seconds.
-        scale = self.device.time_scale
-        last_end: float | None = None
         try:
-            with Sampler(self.device, self.hz, self._sink) as sampler, view:
-                view.sampler = sampler
-                while todo:
-                    for cell in todo:
-                        last_end = self._one(cell, sampler, view, last_end, scale)
-                    # A sequential campaign reads its decisions and appends a round while
-                    # one is open and the budget allows it.
-                    todo = self._look(view) if self.plan.sequential is not None else []
-                # One last reading, so the timeline covers the campaign's end too (a
-                # sample that cannot be written is a gap, as in the sampler).
-                with contextlib.suppress(OSError):
-                    self._sink(time.monotonic(), time.time(), self.device.sample())
+            self._loop(todo, view)
         except KeyboardInterrupt:
-            self._kill_child()
-            self._write_status("interrupted")
+            self._child.kill()
+            write_status(self.folder, "interrupted")
             raise Interrupted(
                 f"interrupted: {len(read_journal(self.folder))} of {len(self.plan.cells)} "
                 f"cells are in {self.folder / 'journal.jsonl'}",
                 tip=f"continue with: abbench campaign --resume {self.folder}",
                 folder=self.folder,
             ) from None
-        self._write_status("complete")
+        write_status(self.folder, "complete")
         return EXIT_OK
+
+    def _reopen(self) -> list[PlannedCell]:
+        """The cells the journal lacks (all of them in a new folder), once the folder is
+        safe to append to again."""
+        done = {r.index for r in read_journal(self.folder)}
+        todo = [c for c in self.plan.cells if c.index not in done]
+        repair(self.folder, self.plan, done)  # what a crash left, if this is a resume
+        if done:
+            resend_sentinels(self.opts.sentinels_dir, self.device, self.plan, self.folder)
+        self.speed.load()
+        return todo
+
+    def _loop(self, todo: list[PlannedCell], view: CampaignView) -> None:
+        # A simulated device runs its clock `time_scale` times faster than the wall: the
+        # spacing and the gate's poll and timeout are in device seconds.
+        scale = self.device.time_scale
+        last_end: float | None = None
+        with Sampler(self.device, self.hz, self._sink) as sampler, view:
+            view.sampler = sampler
+            while todo:
+                for cell in todo:
+                    last_end = self._one(cell, sampler, view, last_end, scale)
+                # A sequential campaign reads its decisions and appends a round while
+                # one is open and the budget allows it.
+                todo = self._look(view) if self.plan.sequential is not None else []
+            # One last reading, so the timeline covers the campaign's end too (a
+            # sample that cannot be written is a gap, as in the sampler).
+            with contextlib.suppress(OSError):
+                self._sink(time.monotonic(), time.time(), self.device.sample())
 
     def _one(self, cell: PlannedCell, sampler: Sampler, view: CampaignView,
              last_end: float | None, scale: float) -> float:
@@ -240,15 +175,16 @@ class CampaignRun:
         gate = GateWait()
         if self.gate is not None:
             view.phase(cell, "gate")
-            gate = wait_for_gate(self.gate, self.device, self.probe_index,
-                                 lambda msg, c=cell: view.phase(c, msg), scale)
-        index = self.probe_index()
+            gate = wait_for_gate(self.gate, self.device, self.speed.index,
+                                 functools.partial(view.phase, cell), scale)
+        index = self.speed.index()
         values = sampler.latest or self.device.sample()
         entry = entry_state(values, index, self.device.simulated)
         record = self._run_cell(cell, entry, gate, view)
         append_jsonl(self.folder / "journal.jsonl", record.to_json())
         view.finished(cell, record)
-        self._sentinel(cell, record)
+        append_sentinel(self.opts.sentinels_dir, self.device, self.plan, self.folder, cell,
+                        record)
         return time.monotonic()
 
     # -- sequential rounds -----------------------------------------------------------
@@ -267,7 +203,7 @@ class CampaignRun:
         began = first.t_start_wall - first.gate.waited_s if first is not None else time.time()
         elapsed = max(0.0, time.time() - began)
         last = plan.cells[-1].name if plan.cells else None
-        pairs = [(str(d["candidate"]), str(d["baseline"])) for d in plan.decisions]
+        pairs = [(d.candidate, d.baseline) for d in plan.decisions]
         smallest = min(len(next_round(last, [p])) for p in pairs)
         final = not fits(n, smallest, seq.max_cells, elapsed, seq.max_minutes)
         outcome = self.opts.look(self.folder, plan,
@@ -286,8 +222,7 @@ class CampaignRun:
         more = planned_cells(list(plan.cells), names, configs, width)
         self.plan = dataclasses.replace(plan, cells=plan.cells + tuple(more),
                                         looks=plan.looks + (outcome.look,))
-        atomic_write_text(self.folder / "plan.json",
-                          json.dumps(self.plan.to_json(), indent=1) + "\n")
+        write_plan(self.folder, self.plan)
         view.plan = self.plan
         if names:
             view.note(f"round: {len(names)} more cells ({' '.join(names)}) for "
@@ -311,139 +246,23 @@ class CampaignRun:
             self.current = cell.index
         view.phase(cell, "running")
         t0w, t0m = time.time(), time.monotonic()
-        status, code, error = "ok", None, None
-        stderr_path = out / "stderr.txt"
         try:
-            if cfg.get("engine", "embedded") == "embedded":
-                argv = engine_argv(self.opts.python, cfg, out)
-            else:
-                # The device's own command line (ssh with BatchMode, adb -s SERIAL): a cell
-                # is launched with the same options as the sampler's reads.
-                argv = self.device.command([str(x) for x in cfg["command"]])
-            with open(stderr_path, "wb") as err, open(out / "stdout.txt", "wb") as so:
-                self._child = subprocess.Popen(argv, stdout=so, stderr=err,
-                                               stdin=subprocess.DEVNULL)
-                try:
-                    # A simulated device throttles the child from its first instruction.
-                    self.device.throttle(self._child.pid)
-                    note_child(out / "child.json", self._child.pid)
-                    code = self._child.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    self._kill_child()
-                    status, error = "timeout", f"no result after the {timeout:g} s timeout"
-                except BaseException:  # Ctrl-C: the child must not outlive the campaign
-                    self._kill_child()
-                    raise
-            if status == "ok" and code != 0:
-                status, error = "failed", _exit_reason(code)
-        except OSError as e:
-            status, error = "failed", f"could not start: {e.strerror or e}"
+            ended = self._child.run(cell_argv(cfg, self.opts.python, out, self.device),
+                                    out, timeout)
         finally:
-            self.device.unthrottle()
-            self._child = None
             with self._lock:
                 self.current = None
         t1w, t1m = time.time(), time.monotonic()
-        summary: dict[str, Any] = {}
-        fingerprint = None
-        if status == "ok":
-            try:
-                summary, fingerprint = read_cell_output(cfg, out, self.device)
-            except AbbenchError as e:
-                status, error = "failed", e.message
-            except Exception as e:  # noqa: BLE001 — garbage output must not end the campaign
-                status, error = "failed", (f"its output could not be read "
-                                           f"({type(e).__name__}: {e})")
-        tps = summary.get("tok/s")
-        usable = (isinstance(tps, (int, float)) and not isinstance(tps, bool)
-                  and 0 < tps < math.inf)
-        if status == "ok" and "tok/s" in summary and not usable:
-            status, error = "failed", f"it reported no usable throughput (tok/s = {tps!r})"
+        result = read_result(cfg, out, self.device) if ended.status == "ok" else CellResult()
+        status, error = ((ended.status, ended.error) if result.error is None
+                         else ("failed", result.error))
         return CellRecord(
             index=cell.index, name=cell.name, label=cell.label, status=status,
             t_start_wall=t0w, t_end_wall=t1w, t_start_mono=t0m, t_end_mono=t1m,
-            entry=entry, gate=gate,
-            summary=_finite(summary),  # NaN in a cell's output is garbage, and not JSON
-            fingerprint=fingerprint, tokens_per_s=float(tps) if usable else None,
-            exit_code=code, error=error, stderr_tail=_tail(stderr_path),
+            entry=entry, gate=gate, summary=result.summary, fingerprint=result.fingerprint,
+            tokens_per_s=result.tokens_per_s, exit_code=ended.exit_code, error=error,
+            stderr_tail=stderr_tail(out / "stderr.txt"),
         )
-
-    def _kill_child(self) -> None:
-        self.device.unthrottle()  # a stopped child ignores SIGTERM: continue it first
-        child = self._child
-        if child is not None and child.poll() is None:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
-
-    def _sentinels_file(self) -> Path:
-        name = re.sub(r"[^A-Za-z0-9._-]", "_", self.device.name) or "device"
-        return self.opts.sentinels_dir / f"{name}.jsonl"
-
-    def _resend_sentinels(self) -> None:
-        """Append the sentinel entries of journaled cells that the history lacks: a kill
-        between the journal line and the history line must not lose one (nor a re-run
-        duplicate one: the history is keyed by run folder and cell)."""
-        try:
-            sent = {(Path(str(d.get("run"))).name, d.get("cell"))
-                    for d in read_jsonl(self._sentinels_file())}
-        except RecordError:
-            return  # a history that does not parse is not ours to extend blindly
-        by_index = {c.index: c for c in self.plan.cells}
-        for record in read_journal(self.folder):
-            if (self.folder.name, record.label) not in sent and record.index in by_index:
-                self._sentinel(by_index[record.index], record)
-
-    def _sentinel(self, cell: PlannedCell, record: CellRecord) -> None:
-        """Append sentinel runs (and the runs they repeat) to the device's history."""
-        is_twin = any(c.sentinel_of == cell.index for c in self.plan.cells)
-        if (cell.sentinel_of is None and not is_twin) or record.status != "ok":
-            return
-        self.opts.sentinels_dir.mkdir(parents=True, exist_ok=True)
-        append_jsonl(self._sentinels_file(), {
-            "device": self.device.name, "simulated": self.device.simulated,
-            "campaign": self.plan.campaign, "run": str(self.folder), "cell": cell.label,
-            "name": cell.name, "config_key": config_key(cell.config),
-            "t_wall": record.t_start_wall, "tokens_per_s": record.tokens_per_s,
-            "fingerprint": record.fingerprint, "entry": record.entry.to_json(),
-        })
-
-    def _write_status(self, state: str, error: str | None = None) -> None:
-        doc: dict[str, Any] = {"state": state, "t_wall": time.time()}
-        if error is not None:
-            doc["error"] = error
-        atomic_write_text(self.folder / "status.json", json.dumps(doc) + "\n")
-
-
-def _finite(value: Any) -> Any:
-    """`value` with every non-finite float (NaN, inf) replaced by None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _exit_reason(code: int) -> str:
-    """`exited with status 3`, or for a negative Popen status `killed by SIGSEGV`."""
-    if code >= 0:
-        return f"exited with status {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
-def _tail(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - STDERR_TAIL))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
 
 
 def _sleep_until(deadline: float) -> None:
@@ -453,24 +272,13 @@ def _sleep_until(deadline: float) -> None:
 
 def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
           gate: GateSpec | None, root: str,
-          prepare: Callable[[Path, Device], None] | None = None) -> tuple[Path, int]:
+          prepare: Prepare | None = None) -> tuple[Path, int]:
     """Open the device, create the run folder (campaign.toml, plan.json, a simulated
     device's profile, and what `prepare` writes: the command's noise-floor snapshot) and
     run every cell."""
     device = open_device(plan.device, root)
     try:
-        folder = new_run_folder(opts.out_root, plan.campaign)
-        try:
-            atomic_write_text(folder / "campaign.toml", resolved_toml)
-            atomic_write_text(folder / "plan.json",
-                              json.dumps(plan.to_json(), indent=1) + "\n")
-            profile = device.profile_toml
-            if profile is not None:  # a simulated device: the run keeps the model it ran on
-                atomic_write_text(folder / PROFILE_FILE, profile)
-            if prepare is not None:
-                prepare(folder, device)
-        except OSError as e:
-            raise WriteError.from_os(e) from None
+        folder = create_run_folder(opts.out_root, plan, resolved_toml, device, prepare)
         return folder, CampaignRun(folder, plan, device, opts, hz, gate).run()
     finally:
         device.close()
@@ -478,14 +286,10 @@ def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
 
 def resume(folder: Path, opts: RunOptions, hz: float, gate: GateSpec | None,
            root: str) -> int:
+    """Run the cells a run folder's journal lacks, on the device its plan names."""
     plan = read_plan(folder)
     device = open_device(plan.device, root)
     try:
         return CampaignRun(folder, plan, device, opts, hz, gate).run()
     finally:
         device.close()
-
-
-
-
-Progress = Callable[[str], None]

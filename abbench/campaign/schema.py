@@ -23,21 +23,9 @@ from abbench.campaign._check import (
     build,
     check_keys,
     coerce,
-    describe,
-    did_you_mean,
     error_at,
     fail,
-    show,
     under,
-)
-from abbench.campaign._toml import (
-    Key,
-    KeyLines,
-    TOMLDecodeError,
-    dump_table,
-    error_position,
-    format_key,
-    parse,
 )
 from abbench.campaign.tables import (
     CELL_HINTS,
@@ -58,7 +46,15 @@ from abbench.campaign.tables import (
 )
 from abbench.engine.config import EngineConfig
 from abbench.engine.models import context_length
-from abbench.errors import CampaignFileError, ConfigError, UsageError
+from abbench.errors import CampaignFileError, ConfigError, Key, UsageError, format_key
+from abbench.records.schema import describe, did_you_mean, show
+from abbench.records.toml import (
+    KeyLines,
+    TOMLDecodeError,
+    dump_table,
+    error_position,
+    parse,
+)
 
 __all__ = [
     "CampaignFileError", "CampaignSpec", "CampaignTable", "CellSpec", "Decision", "DeviceTable",
@@ -126,6 +122,16 @@ class CampaignSpec:
                 if isinstance(order, tuple) and name not in order:
                     fail(("decision", i, role), f"cell `{name}` is not in `campaign.order`",
                          tip="add it to `order`: a decision needs both cells in the plan")
+        transport = self.device.transport
+        if transport.startswith(("adb:", "ssh:")):
+            for name, cell in self.cells.items():
+                if cell.engine == "embedded":
+                    # The embedded engine runs on this machine: its cell would be timed
+                    # here while the sampler reads the other device's caps and temperatures.
+                    fail(("cells", name), f"is an embedded cell, which runs on this machine, "
+                         f"not on `{transport}`", tip="on an adb:/ssh: device a cell runs "
+                         'the engine there: `command = [...]` with `output = "bmoe-csv:PATH"` '
+                         "(docs/cells.md, External cells)")
         warmup = self.campaign.warmup_tokens
         for cell in self.cells.values():
             if cell.config is not None and warmup >= cell.config.n_tokens:
@@ -315,6 +321,14 @@ def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folde
             fail(merged[k][1], f"cell `{name}` is both embedded (`engine = \"embedded\"`) "
                  f"and external (`{k}`)", tip="drop `engine = \"embedded\"` to run the "
                  "command, or drop `command`/`output` to run the engine")
+    return cell(config=_engine_config(name, merged, workload, folder, home, at_home))
+
+
+def _engine_config(name: str, merged: Layer, workload: WorkloadTable, folder: Path,
+                   home: Key, at_home: Key) -> EngineConfig:
+    """An embedded cell's configuration: `[workload]` under the cell's own keys, checked by
+    the engine's own rules and against what it would reject only in the cell (a context the
+    model does not have); every problem names the key that set the value."""
     values: Layer = {"model": (workload.model, ("workload", "model"))}
     values.update({k: (v, ("workload", k)) for k, v in workload.settings.items()})
     values.update({k: v for k, v in merged.items() if k in ENGINE_KEYS})
@@ -340,7 +354,7 @@ def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folde
         if not ok:
             where = values[k][1] if k in values else (*home, k)
             fail(where, f"must be {must} (got {show(values[k][0])})")
-    return cell(config=config)
+    return config
 
 
 _FLAG = re.compile(r"`--([a-z0-9-]+)(?: [A-Z]+)?`")

@@ -12,10 +12,13 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from abbench.campaign._check import did_you_mean, fail, in_range, show
-from abbench.campaign._toml import Key, dump_value
+from abbench.campaign._check import fail, in_range
 from abbench.engine.config import EngineConfig
-from abbench.records import MATCH_DEFAULTS
+from abbench.errors import Key
+from abbench.records import DecisionSpec, MatchSpec
+from abbench.records.plan import EXPECT
+from abbench.records.schema import did_you_mean, show
+from abbench.records.toml import dump_value
 
 NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")  # cell names name folders
 NAME_MAX = 100
@@ -25,7 +28,6 @@ DEFAULT_MODEL = "synthetic:default"
 ENGINES = ("embedded", "external")
 MAX_REPEAT = 100
 MAX_CELLS = 10_000  # cells one campaign may run (planned and appended)
-EXPECT = ("faster", "not-slower")
 WEEK_S = 7 * 86400.0  # the longest wait or timeout a campaign may ask for
 _OUTPUT = re.compile(r"(bmoe-csv|json):.+\Z|stdout-summary\Z")
 _TRANSPORT = re.compile(r"local\Z|(adb|ssh|sim):[^\s-]\S*\Z")
@@ -165,14 +167,9 @@ class GateTable:
 
 
 @dataclass(frozen=True)
-class MatchTable:
-    """`[match]`: how close two cells' entry states must be to be compared."""
-
-    cpu_temp_tol_c: float = MATCH_DEFAULTS["cpu_temp_tol_c"]
-    battery_temp_tol_c: float = MATCH_DEFAULTS["battery_temp_tol_c"]
-    mem_available_tol_frac: float = MATCH_DEFAULTS["mem_available_tol_frac"]
-    probe_tol: float = MATCH_DEFAULTS["probe_tol"]
-    max_gap_s: float = MATCH_DEFAULTS["max_gap_s"]
+class MatchTable(MatchSpec):
+    """`[match]`: how close two cells' entry states must be to be compared (the fields and
+    defaults are the plan's `MatchSpec`; the file's ranges are checked here)."""
 
     def __post_init__(self) -> None:
         in_range("cpu_temp_tol_c", self.cpu_temp_tol_c >= 0, ">= 0 °C", self.cpu_temp_tol_c)
@@ -260,15 +257,8 @@ class CellSpec:
 
 
 @dataclass(frozen=True)
-class Decision:
-    """`[[decision]]`: is `candidate` faster than `baseline` by at least `min_effect`
-    (`expect = "faster"`), or not slower by `max_regression` or more (`"not-slower"`)?"""
-
-    candidate: str
-    baseline: str
-    min_effect: float = 0.0  # the smallest speed-up worth shipping (0.03 = 3%)
-    expect: str = "faster"
-    max_regression: float | None = None  # not-slower: the largest slow-down accepted
+class Decision(DecisionSpec):
+    """`[[decision]]`: the plan's `DecisionSpec`, its values checked as the file gives them."""
 
     def __post_init__(self) -> None:
         in_range("min_effect", self.min_effect >= 0, ">= 0", self.min_effect)
@@ -290,12 +280,6 @@ class Decision:
         elif self.max_regression is not None:
             fail(("max_regression",), 'applies to `expect = "not-slower"` only',
                  tip='add expect = "not-slower", or use min_effect for a speed-up')
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.max_regression is None:
-            del d["max_regression"]
-        return d
 
 
 @dataclass(frozen=True)

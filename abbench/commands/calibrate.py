@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 from abbench.analysis.noise import history_floor
-from abbench.campaign._toml import dump_table
 from abbench.campaign.runner import RunOptions
 from abbench.campaign.schema import CampaignSpec, load_campaign
 from abbench.commands.campaign import finish, run_new
 from abbench.errors import AbbenchError, UsageError
 from abbench.records import read_repeats
+from abbench.records.toml import dump_table
 
 # The quickstart's B (cells/quickstart.toml): the configuration a device's noise floor is
 # measured on unless another model is given.

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from abbench import __version__
-from abbench.campaign._toml import dump_value
 from abbench.commands.args import fraction, positive
 from abbench.errors import FitError, UsageError
 from abbench.fsutil import atomic_write_text
-from abbench.records.schema import tomllib
+from abbench.records.toml import dump_value, tomllib
 from abbench.sim.fit import THERMAL, Estimate, SimFit, fit_run
 from abbench.sim.profile import Profile
 

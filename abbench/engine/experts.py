@@ -1,21 +1,23 @@
-"""The MoE layer's expert side: residency, reads, policies, overlap, and what was done.
+"""The MoE layer's expert side: residency, reads, overlap, and what was done.
 
-`ExpertRunner.forward(layer, x, ids, weights)` is called by the architecture's sparse MoE
-block with the final routing. In order:
+The architecture's sparse MoE block routes, then calls the two steps here with the routing:
 
-1. *settle* speculation left from the previous layer — real reads always win: finished
-   speculative reads join the cache, the rest are cancelled;
-2. the *drop policy* (`--drop-cold-experts F`) skips routed experts that are not resident
-   and weigh less than F/k (never the top one), renormalising the survivors;
-3. each surviving expert is looked up (one lookup per unique expert; a hit refreshes
-   recency) and the misses' reads are issued at once on the reader lanes;
-4. *speculation* for the next layers is issued behind them (`--prefetch K`: the previous
-   token's routing; `--predict-prefetch`: the stale-gate prediction), and predicted
-   experts already resident are refreshed so they are not evicted before use (retention);
-5. the experts run on the compute team — with `--overlap`, resident ones while the reads
-   run and each missing one as it lands; with every expert resident, on the caller and a
-   partner process (`partner.py`) — and their outputs are summed in routing order, so the
-   result is bit-identical whatever was resident, when reads finished, or who computed.
+1. `select` — speculation left from the previous layer is *settled* (real reads always
+   win: finished speculative reads join the cache, the rest are cancelled), then the *drop
+   policy* (`policies.cold_keep`) decides which routed experts to keep and the survivors'
+   weights are renormalised (`policies.kept_weights`);
+2. `__call__` — each kept expert is looked up (one lookup per unique expert; a hit
+   refreshes recency) and the misses' reads are issued at once on the reader lanes;
+   *speculation* for the next layers is issued behind them (`policies.prev_token_prefetch`
+   for `--prefetch K`, `policies.stale_gate_prefetch` for `--predict-prefetch`, which also
+   names the predicted residents to refresh so they are not evicted before use); the
+   layer's route-trace rows are written; then the experts run on the compute team — with
+   `--overlap`, resident ones while the reads run and each missing one as it lands; with
+   every expert resident, on the caller and a partner process (`partner.py`).
+
+The block sums the outputs in routing order, so the result is bit-identical whatever was
+resident, when reads finished, or who computed. The steps' bookkeeping (settling, the
+policies, lookups, read issue, trace rows) is the pass's *mgmt* time.
 """
 
 from __future__ import annotations
@@ -29,10 +31,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from abbench.engine import partner
-from abbench.engine.cache import ExpertCache
+from abbench.engine.cache import ExpertCache, Key
 from abbench.engine.compute import ComputeTeam, Job
-from abbench.engine.config import EngineConfig
 from abbench.engine.gguf_file import ModelFile
+from abbench.engine.policies import (
+    Policies,
+    cold_keep,
+    kept_weights,
+    prev_token_prefetch,
+    stale_gate_prefetch,
+)
 from abbench.engine.streamer import ExpertBuffer, LayerExperts, ReadTicket, SliceReader
 
 if TYPE_CHECKING:
@@ -70,29 +78,34 @@ class TokenCounters:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
 
 
-@dataclass(frozen=True)
-class Policies:
-    """The expert-side policies of a run (DESIGN 3.4); all off by default."""
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """One layer's routing as the router chose it and as the drop policy left it."""
 
-    drop_frac: float | None = None
-    drop_in_prefill: bool = False
-    drop_renorm: bool = True
-    prefetch: int = 0
-    prefetch_sync: bool = False
-    predict_prefetch: bool = False
-    spec_max: int = 2
+    routed: list[int]  # (k,) expert ids, routing order
+    routed_weights: np.ndarray  # (k,)
+    keep: list[bool] | None  # (k,) per routed slot; None when nothing was dropped
+    experts: list[int]  # (k',) the kept experts, routing order
+    weights: np.ndarray  # (k',) their weights (renormalised unless --drop-no-renorm)
 
-    @classmethod
-    def of(cls, config: EngineConfig) -> Policies:
-        """The policies an engine configuration asks for (the config is the one
-        declaration; this is its expert-side view)."""
-        return cls(drop_frac=config.drop_cold_experts, drop_in_prefill=config.drop_in_prefill,
-                   drop_renorm=not config.drop_no_renorm, prefetch=config.prefetch,
-                   prefetch_sync=config.prefetch_sync,
-                   predict_prefetch=config.predict_prefetch, spec_max=config.predict_spec_max)
+
+Miss = tuple[int, int, ExpertBuffer, bool]  # (slot, expert, buffer, whether it is cached)
+
+
+@dataclass(slots=True)
+class Load:
+    """One layer's chosen experts after their lookups: what is resident, what is read."""
+
+    resident: list[Job]
+    missing: list[Miss]
+    tickets: list[ReadTicket]  # one per miss, in flight
+    residency: list[int]  # per chosen slot: 0 miss, 1 hit, 2 hit on speculation
+    batch: set[Key] | None  # the layer's keys (never evicted by it); built at the first miss
 
 
 class ExpertRunner:
+    """The experts of every layer: one cache, one set of reader lanes, one compute team."""
+
     def __init__(
         self,
         mf: ModelFile,
@@ -127,7 +140,7 @@ class ExpertRunner:
         self.step = 0
         self._prev_routing: list[list[int]] = [[] for _ in layout]  # previous token's
         self._routing: list[list[int]] = [[] for _ in layout]  # this token's
-        self._pending: list[tuple[tuple[int, int], ReadTicket]] = []
+        self._pending: list[tuple[Key, ReadTicket]] = []  # speculative reads in flight
         if self.policies.drop_frac is not None and max_k <= 4:
             warnings.warn(
                 f"--drop-cold-experts with top-{max_k}: the threshold F/k is {1 / max_k:.2f}"
@@ -178,153 +191,166 @@ class ExpertRunner:
         self.phase, self.step = phase, step
         self.tok.reset()
 
-    # -- one layer -------------------------------------------------------------------
+    # -- one layer: select, then load and run -----------------------------------------
 
-    def forward(
-        self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int
-    ) -> np.ndarray:
-        """x: (d,), ids/weights: (k,) → (d,) the weighted sum of the routed experts."""
-        le = self.layout[layer]
-        tok = self.tok
-        cache = self.cache
-        pol = self.policies
+    def select(self, layer: int, ids: np.ndarray, weights: np.ndarray,
+               phase: int) -> Selection:
+        """The routing (ids, weights: (k,)) as the drop policy leaves it.
+
+        Speculation left from the previous layer is settled first: real reads always win
+        the lanes, and the drop rule must see what is resident after it.
+        """
         t0 = time.perf_counter()
         if self._pending:
             self._settle()
-        k = len(ids)
-        tok.experts_routed += k
         routed = ids.tolist()
-        routed_weights = weights
+        self.tok.experts_routed += len(routed)
         if phase == 1:
-            self._routing[layer] = routed
+            self._routing[layer] = routed  # the next token's --prefetch reads these
+        chosen = Selection(routed, weights, None, routed, weights)
+        frac = self.policies.drop_frac_in(phase)
+        if frac is not None:
+            resident = [self.cache.peek((layer, e)) for e in routed]
+            keep = cold_keep(weights, resident, frac)
+            if not all(keep):
+                self.tok.experts_dropped += keep.count(False)
+                chosen = Selection(routed, weights, keep,
+                                   [e for e, kept in zip(routed, keep) if kept],
+                                   kept_weights(weights, keep, self.policies.drop_renorm))
+        self.tok.mgmt_s += time.perf_counter() - t0
+        return chosen
 
-        keep = None
-        if pol.drop_frac is not None and (phase == 1 or pol.drop_in_prefill):
-            threshold = pol.drop_frac / k
-            top = int(np.argmax(weights))
-            keep = [bool(j == top or weights[j] >= threshold or cache.peek((layer, e)))
-                    for j, e in enumerate(routed)]
-            n_drop = k - sum(keep)
-            if n_drop:
-                tok.experts_dropped += n_drop
-                mask = np.array(keep)
-                kept_w = weights[mask]
-                if pol.drop_renorm:
-                    kept_w = kept_w * (weights.sum() / kept_w.sum())
-                ids, weights = ids[mask], kept_w.astype(np.float32)
-            else:
-                keep = None
+    def __call__(self, layer: int, x: np.ndarray, chosen: Selection, phase: int) -> np.ndarray:
+        """x: (d,) → (k', d) the chosen experts' outputs in routing order, valid until the
+        next call: their lookups and reads, speculation behind them, then the SwiGLUs."""
+        t0 = time.perf_counter()
+        evictions_before = self.cache.counters.evictions
+        load = self._load(layer, chosen.experts)
+        if phase == 1 and self.policies.speculates:  # decode only: the bets are on decode
+            self._speculate(layer, load.batch)
+        self.tok.evictions += self.cache.counters.evictions - evictions_before
+        if self.trace is not None:
+            self._trace_layer(self.trace, phase, layer, chosen, load.residency)
+        self.tok.mgmt_s += time.perf_counter() - t0
+        self._run(layer, x, load)
+        return self.out[: len(chosen.experts)]  # (k', d)
 
-        resident: list[Job] = []
-        missing: list[tuple[int, int, ExpertBuffer, bool]] = []
-        tickets: list[ReadTicket] = []
-        residency: list[int] = []  # per surviving slot: 0 miss, 1 hit, 2 hit on speculation
-        evictions_before = cache.counters.evictions
+    def _load(self, layer: int, experts: list[int]) -> Load:
+        """One lookup per expert (a hit refreshes recency); every miss's read is issued at
+        once on the reader lanes, into a buffer the cache admits (or scratch)."""
+        le = self.layout[layer]
+        cache = self.cache
         useful_before = cache.counters.spec_useful
-        batch: set[tuple[int, int]] | None = None  # this layer's keys: never evicted by it
+        load = Load([], [], [], [], None)
         speculative = cache.speculative
-        for slot, e in enumerate(routed if keep is None else ids.tolist()):
+        for slot, e in enumerate(experts):
             key = (layer, e)
             was_spec = key in speculative
             buf = cache.lookup(key)
             if buf is not None:
-                resident.append(Job(slot, buf, None))
-                residency.append(2 if was_spec else 1)
-            else:
-                if batch is None:
-                    batch = {(layer, int(i)) for i in ids}
-                buf, cached = cache.admit(key, le.ff, le.d, batch)
-                missing.append((slot, e, buf, cached))
-                tickets.append(self.reader.submit(le.slices(e), buf))  # read starts now
-                residency.append(0)
-        tok.hits += len(resident)
-        tok.misses += len(missing)
-        tok.spec_useful += cache.counters.spec_useful - useful_before
-        if phase == 1 and (pol.prefetch or pol.predict_prefetch):
-            self._speculate(layer, batch)
-        tok.evictions += cache.counters.evictions - evictions_before
-        if self.trace is not None:
-            if keep is None:
-                full, dropped = residency, [0] * k
-            else:
-                it = iter(residency)
-                full = [next(it) if kept else 0 for kept in keep]
-                dropped = [0 if kept else 1 for kept in keep]
-            self.trace.layer(phase, self.step, layer, routed, routed_weights.tolist(), full,
-                             dropped, le.file_bytes)
-        t1 = time.perf_counter()
-        tok.mgmt_s += t1 - t0
+                load.resident.append(Job(slot, buf, None))
+                load.residency.append(2 if was_spec else 1)
+                continue
+            if load.batch is None:
+                load.batch = {(layer, i) for i in experts}
+            buf, cached = cache.admit(key, le.ff, le.d, load.batch)
+            load.missing.append((slot, e, buf, cached))
+            load.tickets.append(self.reader.submit(le.slices(e), buf))  # read starts now
+            load.residency.append(0)
+        self.tok.hits += len(load.resident)
+        self.tok.misses += len(load.missing)
+        self.tok.spec_useful += cache.counters.spec_useful - useful_before
+        return load
 
-        jobs = list(resident)
+    def _run(self, layer: int, x: np.ndarray, load: Load) -> None:
+        """The loaded experts into `self.out` (x: (d,)). With `--overlap` the resident ones
+        run while the reads are in flight and each missing one as it lands; without, every
+        read is waited for first (all of that wait is stall)."""
+        jobs = list(load.resident)
         stall = 0.0
         try:
             if self.overlap:
-                jobs += [Job(slot, buf, t) for (slot, _, buf, _), t in zip(missing, tickets)]
-            elif tickets:
+                jobs += [Job(slot, buf, t)
+                         for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
+            elif load.tickets:
                 w0 = time.perf_counter()
-                for t in tickets:
+                for t in load.tickets:
                     t.wait()
                 stall = time.perf_counter() - w0
-                jobs += [Job(slot, buf, None) for slot, _, buf, _ in missing]
+                jobs += [Job(slot, buf, None) for slot, _, buf, _ in load.missing]
             stall += self.team.run(jobs, x, self.out)
         except BaseException:
             # Every read ends (done or failed) before its buffer is reused; then the
             # entries whose contents are not trustworthy leave the cache.
-            for t in tickets:
+            for t in load.tickets:
                 t.event.wait()
-            for _, e, _, cached in missing:
+            for _, e, _, cached in load.missing:
                 if cached:
-                    cache.drop((layer, e))
+                    self.cache.drop((layer, e))
             raise
-        if missing:
-            tok.io_s += max(t.t_done for t in tickets) - min(t.t_issued for t in tickets)
-            tok.read_bytes += sum(t.nbytes for t in tickets)
-            t2 = time.perf_counter()
-            for _, _, buf, cached in missing:
-                if not cached:
-                    cache.release(buf, le.ff, le.d)
-            tok.mgmt_s += time.perf_counter() - t2
-        tok.stall_s += stall
-        n = len(ids)
-        return weights @ self.out[:n]  # (k,) @ (k, d) → (d,)
+        if load.missing:
+            self._account_reads(layer, load)
+        self.tok.stall_s += stall
+
+    def _account_reads(self, layer: int, load: Load) -> None:
+        """The layer's reads into the counters; scratch buffers back to the free list."""
+        tok = self.tok
+        tickets = load.tickets
+        tok.io_s += max(t.t_done for t in tickets) - min(t.t_issued for t in tickets)
+        tok.read_bytes += sum(t.nbytes for t in tickets)
+        t0 = time.perf_counter()
+        le = self.layout[layer]
+        for _, _, buf, cached in load.missing:
+            if not cached:
+                self.cache.release(buf, le.ff, le.d)
+        tok.mgmt_s += time.perf_counter() - t0
+
+    def _trace_layer(self, trace: RouteTraceWriter, phase: int, layer: int,
+                     chosen: Selection, residency: list[int]) -> None:
+        """One route-trace row per routed slot, dropped ones included (residency 0)."""
+        k = len(chosen.routed)
+        if chosen.keep is None:
+            full, dropped = residency, [0] * k
+        else:
+            it = iter(residency)
+            full = [next(it) if kept else 0 for kept in chosen.keep]
+            dropped = [0 if kept else 1 for kept in chosen.keep]
+        trace.layer(phase, self.step, layer, chosen.routed, chosen.routed_weights.tolist(),
+                    full, dropped, self.layout[layer].file_bytes)
 
     # -- speculation -----------------------------------------------------------------
 
-    def _speculate(self, layer: int, in_use: set[tuple[int, int]] | None) -> None:
-        """Issue speculative reads behind this layer's own (FIFO lanes: real reads first)."""
+    def _speculate(self, layer: int, in_use: set[Key] | None) -> None:
+        """Ask the speculation policy what to read and retain after `layer`'s own reads,
+        and issue the reads behind them (FIFO lanes: real reads first)."""
         pol = self.policies
-        cache = self.cache
-        targets: list[tuple[int, int]] = []
+        nxt = layer + 1
         if pol.prefetch:
-            last = min(len(self.layout), layer + 1 + pol.prefetch)
-            for nxt in range(layer + 1, last):
-                targets += [(nxt, e) for e in self._prev_routing[nxt]]
-        elif self.predictor is not None and layer + 1 < len(self.layout):
-            pred = self.predictor.pred_ids[layer + 1]
+            plan = prev_token_prefetch(layer, self._prev_routing, pol.prefetch)
+        elif self.predictor is not None and nxt < len(self.layout):
+            pred = self.predictor.pred_ids[nxt]
             if pred is None:
                 return
-            budget = pol.spec_max
-            if budget == 0:  # retention only: free
-                refresh = cache.refresh
-                self.tok.retained += sum(refresh((layer + 1, e)) for e in pred.tolist())
-                return
-            pw = self.predictor.pred_weights[layer + 1]
-            threshold = pol.drop_frac / len(pred) if pol.drop_frac is not None else 0.0
-            for j, e in enumerate(pred.tolist()):  # highest predicted weight first
-                key = (layer + 1, e)
-                if cache.refresh(key):  # retention: free, whatever the cap
-                    self.tok.retained += 1
-                    continue
-                if budget == 0:
-                    continue
-                if j > 0 and pw is not None and pw[j] < threshold:
-                    continue  # dropping would skip it unread: reading it is the waste
-                targets.append(key)
-                budget -= 1
-        if not targets:
+            plan = stale_gate_prefetch(nxt, pred, self.predictor.pred_weights[nxt],
+                                       self.cache.entries, pol.spec_max, pol.drop_frac)
+        else:
             return
-        pinned = {key for key, _ in self._pending}
-        pinned |= in_use if in_use is not None else {(layer, e) for e in self._routing[layer]}
+        for key in plan.retain:  # refreshed first: the reads below then evict older entries
+            self.cache.refresh(key)
+        self.tok.retained += len(plan.retain)
+        if not plan.read:
+            return
+        if in_use is None:  # no miss at this layer: its routing is what it uses
+            in_use = {(layer, e) for e in self._routing[layer]}
+        self._issue_speculative(plan.read, in_use)
+        if pol.prefetch_sync:
+            self._settle(cancel=False)
+
+    def _issue_speculative(self, targets: list[Key], in_use: set[Key]) -> None:
+        """Read each target not resident or in flight, into a cache entry that evicts
+        nothing in use or pending; a target with no such room is not read."""
+        cache = self.cache
+        pinned = {key for key, _ in self._pending} | in_use
         for key in targets:
             if cache.peek(key) or key in pinned:
                 continue
@@ -335,8 +361,6 @@ class ExpertRunner:
                 continue
             pinned.add(key)
             self._pending.append((key, self.reader.submit(le.slices(key[1]), buf)))
-        if pol.prefetch_sync:
-            self._settle(cancel=False)
 
     def _settle(self, cancel: bool = True) -> None:
         """Finished speculative reads join the cache; the rest are cancelled."""

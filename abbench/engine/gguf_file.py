@@ -313,65 +313,9 @@ def check_layout(path: Path) -> None:
         if size >= 8 and struct.unpack_from("<I", buf, 4)[0] & 0xFFFF == 0:
             order = ">"  # written for the opposite byte order (as `GGUFReader` decides)
         cur = _Cursor(buf, path, order, 4)
-        version = cur.u32("the header (version)")
-        if version not in GGUF_VERSIONS:
-            raise ModelFileError(
-                f"{path}: GGUF version {version} is not supported "
-                f"(supported: {', '.join(map(str, GGUF_VERSIONS))})"
-            )
-        n_tensors = cur.u64("the header (tensor count)")
-        n_kv = cur.u64("the header (metadata count)")
-        # A corrupt count fails here, before a walk through garbage or a huge allocation.
-        if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_BYTES > size - cur.pos:
-            raise ModelFileError(
-                f"{path}: truncated or corrupt header: it claims {n_kv} metadata entries and "
-                f"{n_tensors} tensors, more than its {size} bytes can hold"
-            )
-        alignment = GGUF_DEFAULT_ALIGNMENT
-        keys: set[str] = set()
-        for i in range(n_kv):
-            key = cur.string(f"the metadata (key {i + 1} of {n_kv})")
-            if key in keys:
-                raise ModelFileError(f"{path}: duplicate metadata key `{_show(key)}`")
-            keys.add(key)
-            what = f"the metadata (value of `{_show(key)}`)"
-            vtype = cur.u32(what)
-            if key == "general.alignment" and vtype == GGUFValueType.UINT32:
-                alignment = cur.u32(what)
-                if alignment == 0 or alignment & (alignment - 1):
-                    raise ModelFileError(
-                        f"{path}: `general.alignment` is {alignment}, not a power of two"
-                    )
-            else:
-                cur.skip_value(vtype, what)
-        tensors: dict[str, tuple[int, int]] = {}  # name: (offset from data start, nbytes)
-        for i in range(n_tensors):
-            name = cur.string(f"the tensor table (entry {i + 1} of {n_tensors})")
-            shown = _show(name)
-            where = f"the tensor table (entry for `{shown}`)"
-            n_dims = cur.u32(where)
-            if n_dims > _MAX_DIMS:
-                raise ModelFileError(
-                    f"{path}: corrupt tensor table: `{shown}` has {n_dims} dimensions"
-                )
-            dims = [cur.u64(where) for _ in range(n_dims)]  # innermost first
-            type_id = cur.u32(where)
-            offset = cur.u64(where)
-            try:
-                ggml_type = GGMLQuantizationType(type_id)
-            except ValueError:
-                raise ModelFileError(
-                    f"{path}: tensor `{shown}` has unknown type id {type_id}"
-                ) from None
-            if name in tensors:
-                raise ModelFileError(f"{path}: duplicate tensor `{shown}`")
-            block, type_bytes = GGML_QUANT_SIZES[ggml_type]
-            if dims and dims[0] % block:
-                raise ModelFileError(
-                    f"{path}: tensor `{shown}`: rows of {dims[0]} elements are not a whole "
-                    f"number of {ggml_type.name} blocks of {block}"
-                )
-            tensors[name] = (offset, math.prod(dims) // block * type_bytes)
+        n_tensors, n_kv = _header(cur, path, size)
+        alignment = _metadata(cur, path, n_kv)
+        tensors = _tensor_table(cur, path, n_tensors)
         data_start = -(-cur.pos // alignment) * alignment
         for name, (offset, nbytes) in tensors.items():
             end = data_start + offset + nbytes
@@ -380,3 +324,76 @@ def check_layout(path: Path) -> None:
                     f"{path}: truncated: tensor `{_show(name)}` ends at byte {end} but the "
                     f"file has {size} bytes"
                 )
+
+
+def _header(cur: _Cursor, path: Path, size: int) -> tuple[int, int]:
+    """(tensor count, metadata count) after the version, checked against the file size."""
+    version = cur.u32("the header (version)")
+    if version not in GGUF_VERSIONS:
+        raise ModelFileError(
+            f"{path}: GGUF version {version} is not supported "
+            f"(supported: {', '.join(map(str, GGUF_VERSIONS))})"
+        )
+    n_tensors = cur.u64("the header (tensor count)")
+    n_kv = cur.u64("the header (metadata count)")
+    # A corrupt count fails here, before a walk through garbage or a huge allocation.
+    if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_BYTES > size - cur.pos:
+        raise ModelFileError(
+            f"{path}: truncated or corrupt header: it claims {n_kv} metadata entries and "
+            f"{n_tensors} tensors, more than its {size} bytes can hold"
+        )
+    return n_tensors, n_kv
+
+
+def _metadata(cur: _Cursor, path: Path, n_kv: int) -> int:
+    """Walk the metadata; the data alignment it sets (`general.alignment`), else GGUF's."""
+    alignment = GGUF_DEFAULT_ALIGNMENT
+    keys: set[str] = set()
+    for i in range(n_kv):
+        key = cur.string(f"the metadata (key {i + 1} of {n_kv})")
+        if key in keys:
+            raise ModelFileError(f"{path}: duplicate metadata key `{_show(key)}`")
+        keys.add(key)
+        what = f"the metadata (value of `{_show(key)}`)"
+        vtype = cur.u32(what)
+        if key == "general.alignment" and vtype == GGUFValueType.UINT32:
+            alignment = cur.u32(what)
+            if alignment == 0 or alignment & (alignment - 1):
+                raise ModelFileError(
+                    f"{path}: `general.alignment` is {alignment}, not a power of two"
+                )
+        else:
+            cur.skip_value(vtype, what)
+    return alignment
+
+
+def _tensor_table(cur: _Cursor, path: Path, n_tensors: int) -> dict[str, tuple[int, int]]:
+    """Walk the tensor table: name -> (offset from the data start, bytes)."""
+    tensors: dict[str, tuple[int, int]] = {}
+    for i in range(n_tensors):
+        name = cur.string(f"the tensor table (entry {i + 1} of {n_tensors})")
+        shown = _show(name)
+        where = f"the tensor table (entry for `{shown}`)"
+        n_dims = cur.u32(where)
+        if n_dims > _MAX_DIMS:
+            raise ModelFileError(
+                f"{path}: corrupt tensor table: `{shown}` has {n_dims} dimensions"
+            )
+        dims = [cur.u64(where) for _ in range(n_dims)]  # innermost first
+        type_id = cur.u32(where)
+        offset = cur.u64(where)
+        try:
+            ggml_type = GGMLQuantizationType(type_id)
+        except ValueError:
+            raise ModelFileError(f"{path}: tensor `{shown}` has unknown type id {type_id}") \
+                from None
+        if name in tensors:
+            raise ModelFileError(f"{path}: duplicate tensor `{shown}`")
+        block, type_bytes = GGML_QUANT_SIZES[ggml_type]
+        if dims and dims[0] % block:
+            raise ModelFileError(
+                f"{path}: tensor `{shown}`: rows of {dims[0]} elements are not a whole "
+                f"number of {ggml_type.name} blocks of {block}"
+            )
+        tensors[name] = (offset, math.prod(dims) // block * type_bytes)
+    return tensors

@@ -21,8 +21,9 @@ from threadpoolctl import threadpool_limits
 
 from abbench.engine.arch import architecture
 from abbench.engine.config import MAX_REPEAT_LAST_N, MAX_REPEAT_PENALTY, EngineConfig
-from abbench.engine.experts import MIB, ExpertRunner, Policies
+from abbench.engine.experts import MIB, ExpertRunner
 from abbench.engine.gguf_file import ModelFile
+from abbench.engine.policies import Policies
 from abbench.engine.predictor import RoutePredictor
 from abbench.engine.sampling import Sampler
 from abbench.engine.streamer import expert_layout

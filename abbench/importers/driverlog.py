@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from abbench.records.text import clip, quote, read_text
 
@@ -117,7 +118,8 @@ def _line_stamp(text: str) -> float | None:
     if not m:
         return None
     try:  # the zone is not known: read as UTC, so differences between lines are exact
-        return datetime(*(int(g) for g in m.groups()), tzinfo=timezone.utc).timestamp()  # type: ignore[misc]
+        year, month, day, hour, minute, second = (int(g) for g in m.groups())
+        return datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc).timestamp()
     except ValueError:
         return None
 
@@ -135,60 +137,72 @@ def parse_driver_log(text: str, source: str | Path = "<text>",
             if m := BANNER.match(raw):
                 banner = (m[1], n)
             continue
+        where = f"{name}:{n}"
         prefix, _, body = raw.partition(MARK)
-        caps_text = ""
-        if m := CAPS.search(body):  # its value holds commas: read it before the rest
-            caps_text, body = m[1], body[:m.start()] + " " + body[m.end():]
-        kv: dict[str, tuple[str, str]] = {}
-        for m in ITEM.finditer(body):
-            kv.setdefault(m[1].lower(), (m[2], m[3] or ""))
-        leftover = ITEM.sub("", body).replace(",", " ").split()
-        if leftover:
-            notes.append(f"{name}:{n}: `{MARK}` {quote(' '.join(leftover))} is not key=value: "
-                         "left out")
+        caps_text, kv = _items(body, where, notes)
         cell = (kv.get("cell") or kv.get("name") or ("", ""))[0]
         named_by = "cell="
         if not cell and banner is not None:  # a banner names the one run under it
             cell, named_by = banner[0], f"banner line {banner[1]}"
             banner = None
         if not SAFE_NAME.match(cell) or cell in (".", ".."):
-            notes.append(f"{name}:{n}: `{MARK}` names no run (no cell=NAME and no "
+            notes.append(f"{where}: `{MARK}` names no run (no cell=NAME and no "
                          f"`=== NAME ===` banner before it{f', got {quote(cell)}' if cell else ''}"
                          "): line skipped")
             continue
-        where = f"{name}:{n}"
-
-        def read(keys: tuple[str, ...], units: dict[str, float], default: float, what: str,
-                 per_key: dict[str, float] | None = None, kv: dict = kv,
-                 where: str = where) -> float | None:
-            return _read(kv, keys, units, default, what, where, notes, per_key)
-
-        cpu = read(CPU_KEYS, TEMP_UNITS, 1.0, "the CPU temperature")
-        bat = read(BATTERY_KEYS, TEMP_UNITS, 1.0, "the battery temperature")
-        mem = read(MEM_KEYS, MEM_UNITS, 1.0, "MemAvailable",
-                   {"memavail": 1 / 1024, "memavailable": 1 / 1024})
-        waited = read(("waited", "gate_waited_s", "wait"), TIME_UNITS, 1.0, "the gate wait")
-        t_wall = read(("t_wall", "time", "ts", "epoch"), TIME_UNITS, 1.0, "the start time")
-        how = "t_wall=" if t_wall is not None else ""
-        if t_wall is None and (t_wall := _line_stamp(prefix)) is not None:
-            how = "line timestamp"
-        status = read(("thermal_status", "status"), {}, 1.0, "the thermal status")
-        if status is not None and status != int(status):
-            notes.append(f"{name}:{n}: thermal_status {status:g} is not a whole number: "
-                         "left out")
-            status = None
-        caps, hw, bad = _policies(caps_text) if caps_text else ({}, {}, [])
-        notes.extend(f"{name}:{n}: {b}: left out" for b in bad)
-        freq = read(FREQ_KEYS, FREQ_UNITS, 1.0, "the CPU frequency cap")
-        if freq is not None and not caps:
-            caps = {"cpu": int(round(freq))}
-        values = {k: v for k, v in (("cpu_temp_c", cpu), ("battery_temp_c", bat),
-                                    ("mem_available_mib", mem)) if v is not None}
-        entries.append(DriverEntry(
-            cell=cell, line=n, t_wall=t_wall, caps_khz=caps, hw_max_khz=hw,
-            thermal_status=None if status is None else int(status), source=name,
-            gate_waited_s=waited, t_wall_how=how, named_by=named_by, **values))
+        entries.append(DriverEntry(cell=cell, line=n, source=name, named_by=named_by,
+                                   **_readings(kv, caps_text, prefix, where, notes)))
     return entries
+
+
+def _items(body: str, where: str, notes: list[str]) -> tuple[str, dict[str, tuple[str, str]]]:
+    """An entry line's text after the mark as its `caps=` value and its other items, each
+    key (lower case; the first of a repeated key) with its value and unit."""
+    caps_text = ""
+    if m := CAPS.search(body):  # its value holds commas: read it before the rest
+        caps_text, body = m[1], body[:m.start()] + " " + body[m.end():]
+    kv: dict[str, tuple[str, str]] = {}
+    for m in ITEM.finditer(body):
+        kv.setdefault(m[1].lower(), (m[2], m[3] or ""))
+    leftover = ITEM.sub("", body).replace(",", " ").split()
+    if leftover:
+        notes.append(f"{where}: `{MARK}` {quote(' '.join(leftover))} is not key=value: "
+                     "left out")
+    return caps_text, kv
+
+
+def _readings(kv: dict[str, tuple[str, str]], caps_text: str, prefix: str, where: str,
+              notes: list[str]) -> dict[str, Any]:
+    """An entry line's values as DriverEntry fields, in its units; what does not read is a
+    note and left out."""
+
+    def read(keys: tuple[str, ...], units: dict[str, float], default: float, what: str,
+             per_key: dict[str, float] | None = None) -> float | None:
+        return _read(kv, keys, units, default, what, where, notes, per_key)
+
+    cpu = read(CPU_KEYS, TEMP_UNITS, 1.0, "the CPU temperature")
+    bat = read(BATTERY_KEYS, TEMP_UNITS, 1.0, "the battery temperature")
+    mem = read(MEM_KEYS, MEM_UNITS, 1.0, "MemAvailable",
+               {"memavail": 1 / 1024, "memavailable": 1 / 1024})
+    waited = read(("waited", "gate_waited_s", "wait"), TIME_UNITS, 1.0, "the gate wait")
+    t_wall = read(("t_wall", "time", "ts", "epoch"), TIME_UNITS, 1.0, "the start time")
+    how = "t_wall=" if t_wall is not None else ""
+    if t_wall is None and (t_wall := _line_stamp(prefix)) is not None:
+        how = "line timestamp"
+    status = read(("thermal_status", "status"), {}, 1.0, "the thermal status")
+    if status is not None and status != int(status):
+        notes.append(f"{where}: thermal_status {status:g} is not a whole number: left out")
+        status = None
+    caps, hw, bad = _policies(caps_text) if caps_text else ({}, {}, [])
+    notes.extend(f"{where}: {b}: left out" for b in bad)
+    freq = read(FREQ_KEYS, FREQ_UNITS, 1.0, "the CPU frequency cap")
+    if freq is not None and not caps:
+        caps = {"cpu": int(round(freq))}
+    values = {k: v for k, v in (("cpu_temp_c", cpu), ("battery_temp_c", bat),
+                                ("mem_available_mib", mem)) if v is not None}
+    return {"t_wall": t_wall, "caps_khz": caps, "hw_max_khz": hw,
+            "thermal_status": None if status is None else int(status),
+            "gate_waited_s": waited, "t_wall_how": how, **values}
 
 
 def _read(kv: dict[str, tuple[str, str]], keys: tuple[str, ...], units: dict[str, float],

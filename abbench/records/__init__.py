@@ -50,8 +50,9 @@ from abbench.records.journal import (
 from abbench.records.jsonl import append_jsonl, numbered_jsonl, read_jsonl, read_record
 from abbench.records.plan import (
     EXPECT,
-    MATCH_DEFAULTS,
+    DecisionSpec,
     Look,
+    MatchSpec,
     Plan,
     PlannedCell,
     Sequential,
@@ -81,7 +82,8 @@ __all__ = [
     "ImportInfo",
     "ImportedCell",
     "Look",
-    "MATCH_DEFAULTS",
+    "DecisionSpec",
+    "MatchSpec",
     "NOISE_FLOOR_FILE",
     "NoiseFloor",
     "Plan",

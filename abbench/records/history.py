@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from abbench.errors import BadField
 from abbench.records.jsonl import append_jsonl, numbered_jsonl, read_record
-from abbench.records.schema import BadField, from_dict
+from abbench.records.schema import from_dict
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import RecordError
+from abbench.errors import BadField, RecordError
 from abbench.records.jsonl import numbered_jsonl
-from abbench.records.schema import BadField, from_dict, shown, typed
+from abbench.records.schema import from_dict, show, typed
 
 FORMAT = "abbench-run v1"
 
@@ -116,7 +116,7 @@ _LABEL = re.compile(r"[^/\\\x00]*")
 
 def check_label(label: str, key: str) -> None:
     if not _LABEL.fullmatch(label) or label in (".", ".."):
-        raise BadField(key, f"is {shown(label)}, not a folder name (cells/NN-NAME)")
+        raise BadField(key, f"is {show(label)}, not a folder name (cells/NN-NAME)")
 
 
 def read_journal(run: Path) -> list[CellRecord]:
@@ -142,7 +142,7 @@ def read_samples(run: Path) -> list[Sample]:
                 # Readings are numbers (frequencies always), strings, booleans or null.
                 if (k.endswith("_khz") and v is not None) or (
                         isinstance(v, (int, float)) and not isinstance(v, bool)):
-                    typed(v, float, f"values.{k}")
+                    typed(v, float, ("values", k))
         except BadField as e:
             raise RecordError(f"{path}:{n}: malformed sample: {e}") from None
         out.append(sample)

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import RecordError
+from abbench.errors import BadField, RecordError
 from abbench.fsutil import append_line
-from abbench.records.schema import BadField, T, from_dict
+from abbench.records.schema import T, from_dict
 
 # -- files ---------------------------------------------------------------------------
 

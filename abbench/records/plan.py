@@ -4,21 +4,49 @@ the sequential looks."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import RecordError
+from abbench.errors import BadField, RecordError
 from abbench.records.journal import FORMAT, check_label
-from abbench.records.schema import BadField, from_dict, shown, typed
+from abbench.records.schema import from_dict, show
 
-# `[match]`: the entry-state tolerances two cells must meet to be compared, as a plan
-# records them; cells.toml's [match] table and the analysis both start from these.
-MATCH_DEFAULTS: dict[str, float] = {
-    "cpu_temp_tol_c": 3.0, "battery_temp_tol_c": 0.5, "mem_available_tol_frac": 0.15,
-    "probe_tol": 0.03, "max_gap_s": 900.0,
-}
 EXPECT = ("faster", "not-slower")  # a decision's question (`[[decision]] expect`)
+
+
+@dataclass(frozen=True)
+class MatchSpec:
+    """`[match]`: the entry-state tolerances two cells must meet to be compared, as a plan
+    records them; cells.toml's [match] table (which checks the ranges) extends this."""
+
+    cpu_temp_tol_c: float = 3.0
+    battery_temp_tol_c: float = 0.5
+    mem_available_tol_frac: float = 0.15
+    probe_tol: float = 0.03
+    max_gap_s: float = 900.0
+
+    def to_json(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DecisionSpec:
+    """`[[decision]]` as a plan records it: is `candidate` faster than `baseline` by at least
+    `min_effect` (`expect = "faster"`), or not slower by `max_regression` or more
+    (`"not-slower"`)? cells.toml's `[[decision]]` table (which checks them) extends this."""
+
+    candidate: str
+    baseline: str
+    min_effect: float = 0.0  # the smallest speed-up worth shipping (0.03 = 3%)
+    expect: str = "faster"
+    max_regression: float | None = None  # not-slower: the largest slow-down accepted
+
+    def to_json(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(DecisionSpec)}
+        if self.max_regression is None:
+            del d["max_regression"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -78,8 +106,8 @@ class Plan:
     spacing_s: float
     warmup_tokens: int
     device: str  # transport, e.g. "local", "adb:SERIAL", "sim:phone"
-    decisions: tuple[dict[str, Any], ...] = ()
-    match: dict[str, Any] = field(default_factory=dict)
+    decisions: tuple[DecisionSpec, ...] = ()
+    match: MatchSpec = field(default_factory=MatchSpec)
     gate: dict[str, Any] | None = None
     format: str = FORMAT
     sequential: Sequential | None = None
@@ -92,7 +120,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["cells"] = [c.to_json() for c in self.cells]
-        d["decisions"] = list(self.decisions)
+        d["decisions"] = [x.to_json() for x in self.decisions]
         d["looks"] = [x.to_json() for x in self.looks]
         return d
 
@@ -133,15 +161,10 @@ def _check_plan(plan: Plan) -> None:
             raise BadField(f"cells[{i}].sentinel_of", f"is {c.sentinel_of}, not an earlier "
                             "cell")
     for i, d in enumerate(plan.decisions):
-        for name in ("candidate", "baseline"):
-            typed(d.get(name), str, f"decisions[{i}].{name}")
-        if d["candidate"] == d["baseline"]:
-            raise BadField(f"decisions[{i}]", f"compares `{d['candidate']}` with itself")
-        for key in ("min_effect", "max_regression"):
-            if key in d:
-                typed(d[key], float, f"decisions[{i}].{key}")
-        if d.get("expect", "faster") not in EXPECT:
-            raise BadField(f"decisions[{i}].expect", f"is {shown(d.get('expect'))}, "
+        if d.candidate == d.baseline:
+            raise BadField(f"decisions[{i}]", f"compares `{d.candidate}` with itself")
+        if d.expect not in EXPECT:
+            raise BadField(f"decisions[{i}].expect", f"is {show(d.expect)}, "
                             f"expected one of {', '.join(EXPECT)}")
     last = 0
     for i, look in enumerate(plan.looks):
@@ -149,5 +172,3 @@ def _check_plan(plan: Plan) -> None:
             raise BadField(f"looks[{i}]", "is not a look at more cells than the one before, "
                             "within the plan, at an alpha in (0, 1)")
         last = look.cells
-    for k, v in plan.match.items():
-        typed(v, float, f"match.{k}")

@@ -1,5 +1,7 @@
 """Reports: render what `abbench.analysis` decided — report.json, report.md, report.html,
-terminal.
+terminal. `model.build` turns an analysis into one report model (sections, tables, prose,
+plotted series) that the Markdown, HTML and terminal renderers lay out; report.json is the
+analysis' own document.
 
 Imports analysis and records only; never runs anything."""
 
@@ -10,7 +12,7 @@ from pathlib import Path
 from abbench.analysis.campaign import CampaignAnalysis, analyze
 from abbench.errors import WriteError
 from abbench.fsutil import atomic_write_text
-from abbench.report import json_report, markdown
+from abbench.report import json_report, markdown, model
 from abbench.report.terminal import print_report
 
 
@@ -23,11 +25,12 @@ def write_reports(run: Path) -> tuple[CampaignAnalysis, int]:
     file is then the old one or none, never half of one."""
     a = analyze(run)
     try:
+        report = model.build(a, model.samples_of(run))
         atomic_write_text(run / "report.json", json_report.dumps(a))
-        atomic_write_text(run / "report.md", markdown.render(a))
-        from abbench.report.html import render_html  # matplotlib: only where a page is drawn
+        atomic_write_text(run / "report.md", markdown.emit(report))
+        from abbench.report import html  # matplotlib: only where a page is drawn
 
-        atomic_write_text(run / "report.html", render_html(a, run))
+        atomic_write_text(run / "report.html", html.emit(report))
     except OSError as e:
         raise WriteError.from_os(e, f"retry with: abbench report {run} (the run folder's "
                                     "records are whole)") from None

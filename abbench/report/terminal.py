@@ -1,5 +1,6 @@
 """The terminal report (rich): banners, verdicts in colour, cells, pairs, drift, tells.
-`--style plain` prints the same content with no colour or box characters."""
+`--style plain` prints the same content with no colour or box characters. A compact
+layout of `report.model`."""
 
 from __future__ import annotations
 
@@ -11,102 +12,95 @@ from rich.table import Table
 
 from abbench.analysis.campaign import CampaignAnalysis
 from abbench.analysis.decide import UNVERIFIED
-from abbench.report import text as t
-from abbench.report.markdown import MARK, banners, cell_name, decision_lines, looks_lines
+from abbench.report import markdown
+from abbench.report.model import Cells, Column, Report, Verdicts, build
 
 COLOUR = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow",
           "OWED": "bold magenta", UNVERIFIED: "bold yellow"}
+CELL_COLUMNS: tuple[Column, ...] = (
+    ("#", "number"), ("cell", "marked"), ("config", "config"), ("status", "status"),
+    ("tok/s", "rate"), ("drop", "drop"), ("median ms", "median"), ("MiB/tok", "mib"),
+    ("hit %", "hit"), ("majflt/tok", "majflt"), ("CPU occ.", "cpu"),
+    ("caps during", "caps"), ("entry", "entry"))
+PAIR_STYLE = {"matched": "green", "unverified": "yellow"}  # any other state: red
 
 
-def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPLE) -> None:
-    c = console
-    c.print(f"[bold]{a.plan.campaign}[/] — {len(a.records)} of {len(a.plan.cells)} cells, "
-            f"device {a.plan.device}, run folder {a.run}")
-    for b in banners(a):
-        c.print(f"[bold red]{b}[/]")
-    if a.imported is not None:
-        info = a.imported
-        c.print(f"import: order {info.order.kind} ({info.order.source})", markup=False)
-        for n in info.notes:
-            c.print(f"  WARNING: {n}", markup=False)
+def cells(c: Console, cs: Cells, table_box: box.Box) -> None:
+    """The cell table (the config column only where the cells' configurations differ)."""
+    show_config = any(r.config != "-" for r in cs.rows)
+    tb = cs.table([x for x in CELL_COLUMNS if show_config or x[1] != "config"])
+    out = Table(title="cells (steady window; ± is the 95% bootstrap interval)", box=table_box)
+    for col in tb.head:
+        out.add_column(col, overflow="fold")
+    for row in tb.rows:
+        out.add_row(*row)
+    c.print(out)
+    for n in cs.notes:
+        c.print(f"  {n}", markup=False)
 
-    cells = Table(title="cells (steady window; ± is the 95% bootstrap interval)",
-                  box=table_box)
-    apart = t.config_apart(a.cells)
-    show_config = any(v != "-" for v in apart.values())
-    for col in ("#", "cell", *(("config",) if show_config else ()), "status", "tok/s",
-                "drop", "median ms", "MiB/tok", "hit %", "majflt/tok", "CPU occ.",
-                "caps during", "entry"):
-        cells.add_column(col, overflow="fold")
-    for s in a.cells:
-        rec = next((r for r in a.records if r.index == s.index), None)
-        cells.add_row(
-            str(s.index + 1), s.name + (" *" if s.sentinel_of is not None else ""),
-            *((apart[s.index],) if show_config else ()), s.status,
-            t.rate(s.tokens_per_s), t.num(s.drop_rate and 100 * s.drop_rate, ".1f", "%"),
-            t.num(s.median_ms, ".1f"), t.num(s.read_mib_per_token),
-            t.num(s.hit_pct, ".1f"), t.num(s.majflt_per_token),
-            t.num(s.cpu_occupancy and 100 * s.cpu_occupancy, ".0f", "%"),
-            t.caps_during(s), t.entry(rec.entry) if rec else "-")
-    c.print(cells)
-    for s in a.cells:
-        for n in s.notes:
-            c.print(f"  cell {s.index + 1} ({s.name}): {n}", markup=False)
 
+def pairs_drift_tells(c: Console, r: Report) -> None:
     c.print("[bold]adjacent pairs[/]")
-    for m in a.pairs:
-        style = {"matched": "green", "unverified": "yellow"}.get(m.state, "red")
-        c.print(f"  {cell_name(a, m.first)} → {cell_name(a, m.second)}: [{style}]{m.state}[/]"
-                + (f" ({m.note})" if m.note else ""))
-        for cr in m.criteria:
-            if cr.status != "ok":
-                c.print(f"    {MARK[cr.status]} {cr.name}: {cr.detail}", markup=False)
-
-    if a.unverified_ratios:
+    for p in r.pairs:
+        c.print(f"  {p.first} → {p.second}: [{PAIR_STYLE.get(p.state, 'red')}]{p.state}[/]"
+                + (f" ({p.note})" if p.note else ""))
+        for ck in p.checks:
+            if not ck.ok:
+                c.print(f"    {ck.text}", markup=False)
+    if r.unverified_ratios is not None:
         c.print("[bold yellow]unverified ratios[/] (device state or times not recorded: not "
                 "matched, no verdict)")
-        for f, s, r in a.unverified_ratios:
-            c.print(f"  {cell_name(a, s)} / {cell_name(a, f)}: {r.estimate:.3f} "
-                    f"(95% CI {r.low:.3f}–{r.high:.3f})", markup=False)
-
-    if a.drift:
+        for tb in r.unverified_ratios.tables():
+            for pair, ratio, ci in tb.rows:
+                c.print(f"  {pair}: {ratio} (95% CI {ci})", markup=False)
+    if r.drift:
         c.print("[bold]drift (sentinels)[/]")
-        for d in a.drift:
+        for d in r.drift:
             style = "red" if d.verdict == "drift" else "yellow" if d.verdict != "stable" else ""
             c.print(f"  [{style or 'default'}]{d.verdict}[/] — ", end="")
             c.print(d.summary, markup=False)
-    if a.tells:
+    if tells := r.tells.items():
         c.print("[bold]contamination tells[/]")
-        for x in a.tells:
-            where = "campaign" if x.cell is None else cell_name(a, x.cell)
-            c.print(f"  {where} [{x.kind}]: {x.detail}", markup=False)
+        for x in tells:
+            c.print(f"  {x}", markup=False)
 
-    if a.decisions:
-        c.print(t.noise(a.noise) + (f" — {a.noise.note}" if a.noise.note else ""),
-                markup=False)
-        v = Table(title="verdicts (matched pairs only)", box=table_box)
-        for col in ("candidate", "baseline", "question", "verdict", "comparison"):
-            v.add_column(col)
-        for d in a.decisions:
-            comparison = ("-" if d.ratio is None or d.verdict == UNVERIFIED
-                          else t.times(d.candidate, d.baseline, d.ratio))
-            v.add_row(d.candidate, d.baseline, t.question(d),
-                      f"[{COLOUR[d.verdict]}]{d.verdict}[/]", comparison)
-        c.print(v)
-        for line in looks_lines(a):
-            c.print(line, markup=False)
-        for d in a.decisions:
-            if d.verdict == UNVERIFIED:
-                for p in d.pairs:
-                    c.print(f"  unverified pair: {cell_name(a, p.candidate)} "
-                            f"vs {cell_name(a, p.baseline)}: "
-                            f"{t.times(d.candidate, d.baseline, p.ratio) if p.ratio else '-'}",
-                            markup=False)
-            for line in decision_lines(a, d)[1:]:
-                c.print(line, markup=False)
-    else:
-        c.print("no decisions asked" + (f"; {t.noise(a.noise)}" if a.noise.known else ""),
-                markup=False)
+
+def verdicts(c: Console, v: Verdicts, table_box: box.Box) -> None:
+    if v.table is None:
+        c.print("no decisions asked" + (f"; {v.noise}" if v.noise_known else ""), markup=False)
+        return
+    c.print(v.noise_line, markup=False)
+    out = Table(title="verdicts (matched pairs only)", box=table_box)
+    for col in ("candidate", "baseline", "question", "verdict", "comparison"):
+        out.add_column(col)
+    for n in v.notes:
+        out.add_row(n.candidate, n.baseline, n.question, f"[{COLOUR[n.verdict]}]{n.verdict}[/]",
+                    n.comparison)
+    c.print(out)
+    for line in markdown.lines(v.looks):
+        c.print(line, markup=False)
+    for n in v.notes:
+        for line in (*n.unverified_pairs, *n.details):
+            c.print(f"  {line}", markup=False)
+
+
+def emit(r: Report, console: Console, table_box: box.Box = box.SIMPLE) -> None:
+    c, h = console, r.header
+    c.print(f"[bold]{h.campaign}[/] — {h.recorded} of {h.planned} cells, device {h.device}, "
+            f"run folder {h.run}")
+    for b in r.banners:
+        c.print(f"[bold red]{b}[/]")
+    if r.imported is not None:
+        c.print(f"import: order {r.imported.order} ({r.imported.order_source})", markup=False)
+        for n in r.imported.notes:
+            c.print(f"  WARNING: {n}", markup=False)
+    cells(c, r.cells, table_box)
+    pairs_drift_tells(c, r)
+    verdicts(c, r.verdicts, table_box)
+
+
+def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPLE) -> None:
+    emit(build(a, samples=()), console, table_box)  # the terminal plots nothing
 
 
 def print_report(a: CampaignAnalysis, style: str = "rich", file: IO[str] | None = None) -> None:

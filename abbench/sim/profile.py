@@ -11,8 +11,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import UsageError
-from abbench.records.schema import tomllib
+from abbench.errors import BadField, UsageError
+from abbench.records.schema import build, fail, show
+from abbench.records.toml import tomllib
 
 STEP_S = 0.25            # s (simulated): Euler integration step, well below every tau
 MIN_TAU_S = 1.0          # s (simulated): shortest time constant a profile may give
@@ -42,99 +43,88 @@ class Trip:
 
 @dataclass(frozen=True)
 class Profile:
-    """A simulated device; every field validated by `from_dict` (units in the names)."""
+    """A simulated device, read by the one validator (`records.schema`, strict) and checked
+    here on construction (units in the names)."""
 
     name: str
     clusters: tuple[Cluster, ...]
-    trips: tuple[Trip, ...]
     time_scale: float           # simulated s per wall s
     idle_load: float            # 0..1, load when no cell is attached
     ambient_c: float            # °C
-    start_soc_c: float          # °C
-    start_case_c: float         # °C
     heat_c_per_s: float         # °C per simulated s at full load and full clocks
     soc_tau_s: float            # s
     case_tau_s: float           # s
     ambient_tau_s: float        # s
     hysteresis_c: float         # °C
-    trip_sensor: str            # "soc" or "case": the node the trip points read
     mem_total_mib: int          # MiB
     mem_available_mib: int      # MiB
     battery_capacity_pct: int   # %
+    trips: tuple[Trip, ...] = ()
+    trip_sensor: str = "soc"    # "soc" or "case": the node the trip points read
+    # °C; NaN (not given): the idle equilibrium, so that the device starts cool
+    start_soc_c: float = math.nan
+    start_case_c: float = math.nan
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            fail(("name",), "must be a non-empty string")
+        for key, lo, hi in (("time_scale", 0.0, 10_000.0), ("idle_load", 0.0, 1.0),
+                            ("ambient_c", -40.0, 60.0), ("heat_c_per_s", 0.0, math.inf),
+                            *((k, MIN_TAU_S, math.inf) for k in _TAUS),
+                            ("hysteresis_c", 0.0, math.inf), ("mem_total_mib", 1, math.inf),
+                            ("mem_available_mib", 0, self.mem_total_mib),
+                            ("battery_capacity_pct", 0, 100)):
+            value = getattr(self, key)
+            if not lo <= value <= hi or (key == "time_scale" and value == lo):
+                fail((key,), f"= {value} is out of range")
+        if self.trip_sensor not in ("soc", "case"):
+            fail(("trip_sensor",), f'must be "soc" or "case", got {show(self.trip_sensor)}')
+        self._check_clusters_and_trips()
+        eq_soc, eq_case = idle_equilibrium(self.ambient_c, self.heat_c_per_s * self.idle_load,
+                                           self.soc_tau_s, self.case_tau_s, self.ambient_tau_s)
+        for key, equilibrium in (("start_soc_c", eq_soc), ("start_case_c", eq_case)):
+            value = getattr(self, key)
+            if math.isnan(value):
+                object.__setattr__(self, key, equilibrium)
+            elif not -40.0 <= value <= 150.0:
+                fail((key,), f"= {value} is out of range")
+
+    def _check_clusters_and_trips(self) -> None:
+        if not self.clusters:
+            fail(("clusters",), "needs at least one [[clusters]] with policy and hw_max_khz")
+        for i, c in enumerate(self.clusters):
+            if not c.policy.startswith("policy"):
+                fail(("clusters", i, "policy"), f"must be a name like `policy0`, got "
+                     f"{show(c.policy)}")
+            if c.hw_max_khz <= 0:
+                fail(("clusters", i, "hw_max_khz"), "must be a positive integer")
+        hw_max = {c.policy: c.hw_max_khz for c in self.clusters}
+        if len(hw_max) != len(self.clusters):
+            fail(("clusters",), "cluster policies must be distinct")
+        for i, t in enumerate(self.trips):
+            if not t.caps_khz:
+                fail(("trips", i, "caps_khz"), f"trip at {t.temp_c} °C needs caps for at "
+                     "least one policy")
+            for policy, cap in t.caps_khz.items():
+                if policy not in hw_max:
+                    fail(("trips", i, "caps_khz", policy), f"trip at {t.temp_c} °C caps "
+                         f"unknown policy `{policy}`")
+                if not 0 < cap <= hw_max[policy]:
+                    fail(("trips", i, "caps_khz", policy), f"must be in 1..{hw_max[policy]} "
+                         "kHz")
+            if i and t.temp_c <= self.trips[i - 1].temp_c:
+                fail(("trips", i, "temp_c"), "trip points must be in ascending temperature "
+                     "order")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str) -> Profile:
-        def bad(msg: str) -> UsageError:
-            return UsageError(f"simulated device profile {source}: {msg}")
+        try:
+            return build(cls, dict(d), strict=True)
+        except BadField as e:
+            raise UsageError(f"simulated device profile {source}: {e}", tip=e.tip) from None
 
-        def num(key: str, lo: float = -math.inf, hi: float = math.inf,
-                lo_open: bool = False) -> float:
-            v = d.get(key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise bad(f"`{key}` must be a number, got {v!r}")
-            if v < lo or v > hi or (lo_open and v == lo):
-                raise bad(f"`{key}` = {v} is out of range")
-            return float(v)
 
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise bad(f"unknown keys: {', '.join(unknown)}")
-        name = d.get("name")
-        if not isinstance(name, str) or not name:
-            raise bad("`name` must be a non-empty string")
-        raw_clusters = d.get("clusters")
-        if not isinstance(raw_clusters, list) or not raw_clusters:
-            raise bad("needs at least one [[clusters]] with policy and hw_max_khz")
-        clusters = []
-        for c in raw_clusters:
-            policy, hw = (c.get("policy"), c.get("hw_max_khz")) if isinstance(c, dict) else (
-                None, None)
-            if not isinstance(policy, str) or not policy.startswith("policy"):
-                raise bad(f"cluster policy must be a name like `policy0`, got {policy!r}")
-            if isinstance(hw, bool) or not isinstance(hw, int) or hw <= 0:
-                raise bad(f"cluster {policy}: hw_max_khz must be a positive integer")
-            clusters.append(Cluster(policy, hw))
-        hw_max = {c.policy: c.hw_max_khz for c in clusters}
-        if len(hw_max) != len(clusters):
-            raise bad("cluster policies must be distinct")
-        trips: list[Trip] = []
-        for t in d.get("trips", []):
-            temp, caps = (t.get("temp_c"), t.get("caps_khz", {})) if isinstance(t, dict) else (
-                None, None)
-            if isinstance(temp, bool) or not isinstance(temp, (int, float)):
-                raise bad(f"trip temp_c must be a number, got {temp!r}")
-            if not isinstance(caps, dict) or not caps:
-                raise bad(f"trip at {temp} °C needs caps_khz for at least one policy")
-            for p, cap in caps.items():
-                if p not in hw_max:
-                    raise bad(f"trip at {temp} °C caps unknown policy `{p}`")
-                if isinstance(cap, bool) or not isinstance(cap, int) or not 0 < cap <= hw_max[p]:
-                    raise bad(f"trip at {temp} °C: cap of {p} must be in 1..{hw_max[p]} kHz")
-            if trips and temp <= trips[-1].temp_c:
-                raise bad("trip points must be in ascending temperature order")
-            trips.append(Trip(float(temp), dict(caps)))
-        taus = {k: num(k, MIN_TAU_S) for k in ("soc_tau_s", "case_tau_s", "ambient_tau_s")}
-        trip_sensor = d.get("trip_sensor", "soc")
-        if trip_sensor not in ("soc", "case"):
-            raise bad(f"`trip_sensor` must be \"soc\" or \"case\", got {trip_sensor!r}")
-        heat = num("heat_c_per_s", 0.0)
-        idle = num("idle_load", 0.0, 1.0)
-        ambient = num("ambient_c", -40.0, 60.0)
-        # Without start temperatures the device starts at its idle equilibrium (cool).
-        eq_soc, eq_case = idle_equilibrium(ambient, heat * idle, taus["soc_tau_s"],
-                                           taus["case_tau_s"], taus["ambient_tau_s"])
-        start = {k: (num(k, -40.0, 150.0) if k in d else default)
-                 for k, default in (("start_soc_c", eq_soc), ("start_case_c", eq_case))}
-        return cls(
-            name=name, clusters=tuple(clusters), trips=tuple(trips),
-            time_scale=num("time_scale", 0.0, 10_000.0, lo_open=True),
-            idle_load=idle, ambient_c=ambient, **start, heat_c_per_s=heat, **taus,
-            hysteresis_c=num("hysteresis_c", 0.0), trip_sensor=trip_sensor,
-            mem_total_mib=int(num("mem_total_mib", 1.0)),
-            mem_available_mib=int(num("mem_available_mib", 0.0, num("mem_total_mib"))),
-            battery_capacity_pct=int(num("battery_capacity_pct", 0.0, 100.0)),
-        )
+_TAUS = ("soc_tau_s", "case_tau_s", "ambient_tau_s")
 
 
 def idle_equilibrium(ambient_c: float, heat_c_per_s: float, soc_tau_s: float,

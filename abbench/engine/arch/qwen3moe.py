@@ -3,7 +3,8 @@ router → top-k → renormalised weights, SwiGLU experts, no shared expert.
 
 Skeleton (as every architecture file here): ModelArgs → attention → sparse MoE block →
 decoder layer → model. Dense weights live here; expert weights are streamed by the
-`ExpertRunner` the model is given, which also runs the experts' SwiGLU.
+`ExpertRunner` the model is given (cache, reads, the drop and speculation policies beside
+it in `policies.py`), which also runs the experts' SwiGLU.
 """
 
 from __future__ import annotations
@@ -224,30 +225,46 @@ def rope_matrix(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 class SparseMoE:
-    """Router → softmax → top-k → renormalise; the experts run in the ExpertRunner."""
+    """Router → softmax → top-k → renormalise → drop policy → load → experts → weighted sum.
 
-    def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, pinned: bool):
+    The experts are the `ExpertRunner` shared by every layer (one cache over all of them).
+    """
+
+    def __init__(self, mf: ModelFile, layer: int, pinned: bool, experts: ExpertRunner,
+                 k: int) -> None:
         self.layer = layer
-        self.k = args.expert_used_count
+        self.k = k
         self.router = mf.read_dense(f"blk.{layer}.ffn_gate_inp.weight", pinned)  # (n_expert, d)
+        self.experts = experts
 
-    def route(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x: (d,) → the top-k expert ids and their weights, highest first."""
         logits = self.router @ x  # (n_expert,)
         # Top-k by logit (softmax is monotonic); ties resolve to the lower expert id.
-        ids = np.argsort(-logits, kind="stable")[:k]  # (k,)
+        ids = np.argsort(-logits, kind="stable")[: self.k]  # (k,)
         # softmax over all experts, then renormalised over the top-k, is the softmax of
         # the top-k logits alone.
         w = np.exp(logits[ids] - logits[ids[0]])  # (k,)
         return ids, w / w.sum()  # (k,), (k,)
 
+    def __call__(self, x: np.ndarray, phase: int, hook: RoutingHook | None) -> np.ndarray:
+        """x: (d,) the normalised hidden state → (d,) the layer's MoE output."""
+        ids, weights = self.route(x)  # (k,), (k,)
+        if hook is not None:  # predictors see the router's choice, before any drop
+            hook(self.layer, x, ids, weights, phase)
+        chosen = self.experts.select(self.layer, ids, weights, phase)  # the drop policy
+        y = self.experts(self.layer, x, chosen, phase)  # (k', d) cache/reads → SwiGLU
+        return chosen.weights @ y  # (k',) @ (k', d) → (d,)
+
 
 class DecoderLayer:
-    def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, pinned: bool, n_ctx: int):
+    def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, pinned: bool, n_ctx: int,
+                 experts: ExpertRunner, k: int) -> None:
         b = f"blk.{layer}."
         self.attn_norm = mf.read_dense(b + "attn_norm.weight", True)  # (d,)
         self.attention = Attention(mf, args, layer, pinned, n_ctx)
         self.ffn_norm = mf.read_dense(b + "ffn_norm.weight", True)  # (d,)
-        self.moe = SparseMoE(mf, args, layer, pinned)
+        self.moe = SparseMoE(mf, layer, pinned, experts, k)
 
 
 class Model:
@@ -267,7 +284,8 @@ class Model:
         self.k = n_expert_used or args.expert_used_count
         self.eps = args.layer_norm_rms_epsilon
         self.token_embd = mf.read_dense("token_embd.weight", pinned)  # (vocab, d)
-        self.layers = [DecoderLayer(mf, args, i, pinned, n_ctx) for i in range(args.block_count)]
+        self.layers = [DecoderLayer(mf, args, i, pinned, n_ctx, experts, self.k)
+                       for i in range(args.block_count)]
         self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
         name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self.output = mf.read_dense(name, pinned)  # (vocab, d)
@@ -285,11 +303,7 @@ class Model:
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         h = self.token_embd[token].astype(np.float32, copy=True)  # (d,)
         rope = rope_matrix(self.cos[pos], self.sin[pos])  # (hd, hd)
-        for i, layer in enumerate(self.layers):
+        for layer in self.layers:
             h += layer.attention(rms_norm(h, layer.attn_norm, self.eps), pos, rope, self.matvec)
-            x = rms_norm(h, layer.ffn_norm, self.eps)  # (d,) the router's input
-            ids, weights = layer.moe.route(x, self.k)
-            if self.routing_hook is not None:
-                self.routing_hook(i, x, ids, weights, phase)
-            h += self.experts.forward(i, x, ids, weights, phase)
+            h += layer.moe(rms_norm(h, layer.ffn_norm, self.eps), phase, self.routing_hook)
         return self.matvec(self.output, rms_norm(h, self.output_norm, self.eps))  # (vocab,)

@@ -1,4 +1,4 @@
-"""TOML text in and out for campaign files.
+"""TOML text in and out: cells.toml, sim profiles, `abbench calibrate`'s tables.
 
 Reading goes through `tomllib` (`tomli` before Python 3.11). `tomllib` gives a position only
 for syntax errors, so `KeyLines` finds the line of a key by scanning the text for table
@@ -14,11 +14,17 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 from abbench.errors import Key
-from abbench.records.schema import tomllib
+
+# The one TOML reader: tomllib, tomli before Python 3.11.
+if sys.version_info >= (3, 11):
+    import tomllib as tomllib  # re-exported
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib  # noqa: F401 - re-exported
 
 TOMLDecodeError = tomllib.TOMLDecodeError
 
@@ -47,20 +53,6 @@ def error_position(e: TOMLDecodeError, text: str) -> tuple[str, int | None, int 
         lines = text.split("\n")
         line, col = len(lines), len(lines[-1]) + 1
     return msg, line, col
-
-
-def format_key(key: Key) -> str:
-    """`cells."B.v2".cache_mib`, `decision[0].baseline` — how messages name a key (a part
-    longer than 60 characters is shortened: the message stays one readable line)."""
-    out = ""
-    for part in key:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            text = part if _BARE.match(part) else json.dumps(part, ensure_ascii=False)
-            text = text if len(text) <= 60 else text[:57] + "..."
-            out += ("." if out else "") + text
-    return out
 
 
 def _parse_key(s: str, pos: int) -> tuple[list[str], int] | None:

@@ -1,0 +1,114 @@
+"""A cell's own process: its command line, launching it through the device, waiting for it
+under the cell's timeout, killing it, and why it ended.
+
+Every cell runs in a child process so that a crash, a hang or a runaway allocation ends
+that cell and never the campaign. An external cell's command goes through
+`device.command` — the same transport options the sampler's reads use (`ssh -o
+BatchMode=yes HOST`, `adb -s SERIAL shell`) — so a cell can never stop at a prompt the
+sampler would not. A simulated device throttles the child from its first instruction.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from abbench.campaign.recovery import note_child
+from abbench.engine.config import to_argv
+from abbench.sensors import Device
+
+STDERR_TAIL = 4000  # bytes of a cell's stderr kept in its journal line
+
+
+def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
+    """`python -m abbench engine run ...` for a cell's resolved configuration."""
+    return [python, "-m", "abbench", "engine", "run", "--json", str(out_dir / "summary.json"),
+            "--csv", str(out_dir / "tokens.csv"), "-q",
+            *to_argv(cfg, route_trace=str(out_dir / "route.csv"))]
+
+
+def cell_argv(cfg: dict[str, Any], python: str, out_dir: Path, device: Device) -> list[str]:
+    """The command line that runs a cell: the embedded engine, or the cell's `command` as
+    the device's transport runs it."""
+    if cfg.get("engine", "embedded") == "embedded":
+        return engine_argv(python, cfg, out_dir)
+    return device.command([str(x) for x in cfg["command"]])
+
+
+@dataclass(frozen=True)
+class ChildExit:
+    """How a cell's process ended, before its output is read."""
+
+    status: str  # "ok" (exit status 0), "failed" or "timeout"
+    exit_code: int | None = None  # None: it never started, or was killed at the timeout
+    error: str | None = None
+
+
+class CellChild:
+    """The process of the cell in flight (at most one at a time), so that whoever stops
+    the campaign can kill it: a child must never outlive its campaign."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def run(self, argv: list[str], out_dir: Path, timeout: float) -> ChildExit:
+        """Run `argv` with its stdout and stderr in `out_dir`; wait at most `timeout` s."""
+        try:
+            with open(out_dir / "stderr.txt", "wb") as err, \
+                    open(out_dir / "stdout.txt", "wb") as so:
+                self._proc = subprocess.Popen(argv, stdout=so, stderr=err,
+                                              stdin=subprocess.DEVNULL)
+                try:
+                    self.device.throttle(self._proc.pid)
+                    note_child(out_dir / "child.json", self._proc.pid)
+                    code = self._proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    self.kill()
+                    return ChildExit("timeout", None,
+                                     f"no result after the {timeout:g} s timeout")
+                except BaseException:  # Ctrl-C: the child must not outlive the campaign
+                    self.kill()
+                    raise
+            if code != 0:
+                return ChildExit("failed", code, exit_reason(code))
+            return ChildExit("ok", code)
+        except OSError as e:
+            return ChildExit("failed", None, f"could not start: {e.strerror or e}")
+        finally:
+            self.device.unthrottle()
+            self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the child if it still runs, and reap it."""
+        self.device.unthrottle()  # a stopped child ignores SIGTERM: continue it first
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+
+def exit_reason(code: int) -> str:
+    """`exited with status 3`, or for a negative Popen status `killed by SIGSEGV`."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def stderr_tail(path: Path, size: int = STDERR_TAIL) -> str:
+    """The last `size` bytes of a cell's stderr, decoded leniently ("" if unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            f.seek(max(0, end - size))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""

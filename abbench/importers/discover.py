@@ -1,0 +1,148 @@
+"""Finding a folder's runs: each file classified by its extension and content, and grouped
+into runs by its file name stem (the file kinds are listed in `importers.folder`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from abbench.errors import ForeignRunError
+from abbench.importers.driverlog import DriverEntry, is_driver_log, parse_driver_log
+from abbench.importers.enginelog import engine_log_config, parse_engine_log
+from abbench.importers.metrics import parse_metrics
+from abbench.importers.state import DeviceState, parse_state
+from abbench.records.bmoe_csv import BmoeRun, looks_like_bmoe_csv, parse_bmoe_csv
+from abbench.records.text import clip, read_text_lossy
+
+EXTENSIONS = ("csv", "metrics", "log", "state")
+
+# Each driver log by its file name, with its entry lines in file order.
+DriverLogs = list[tuple[str, list[DriverEntry]]]
+
+
+@dataclass
+class Run:
+    """What one run's files (`NAME.csv`, `.log`, `.metrics`, `.state`) gave."""
+
+    name: str
+    table: BmoeRun | None = None
+    table_file: Path | None = None
+    log_summary: dict[str, Any] = field(default_factory=dict)
+    log_config: dict[str, Any] = field(default_factory=dict)
+    log_lines: dict[str, int] = field(default_factory=dict)
+    log_command: bool = False
+    log_generations: int = 0
+    log_file: Path | None = None
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    metrics_file: Path | None = None
+    state: DeviceState | None = None
+    state_file: Path | None = None
+
+    def files(self) -> list[Path]:
+        return [p for p in (self.table_file, self.log_file, self.metrics_file, self.state_file)
+                if p is not None]
+
+
+def discover(src: Path, notes: list[str]) -> tuple[dict[str, Run], DriverLogs]:
+    """The runs in `src` by name, and its driver logs. What is left out is said in `notes`;
+    a folder that leaves no run is a ForeignRunError."""
+    if not src.is_dir():
+        raise ForeignRunError(src, "not a folder")
+    found = _Found(notes)
+    for path in sorted(src.iterdir()):
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        stem, ext = path.name.rsplit(".", 1) if "." in path.name else (path.name, "")
+        if ext not in EXTENSIONS:
+            continue
+        try:
+            found.take(path, stem, ext, _read(path, notes))
+        except ForeignRunError as e:
+            found.skip(path, e)
+    found.attach_logs()
+    found.drop_incomplete()
+    if not found.runs:
+        why = "; ".join(found.skipped[:3]) if found.skipped else ""
+        raise ForeignRunError(src, "no runs here (no bmoe_metrics CSV, no .log with a "
+                              "`generation:` line)" + (f": {why}" if why else ""),
+                              tip="abbench import reads bmoe_metrics CSVs, .metrics, .state "
+                              "and driver logs; see docs/import.md")
+    return found.runs, found.drivers
+
+
+def _read(path: Path, notes: list[str]) -> str:
+    text, problem = read_text_lossy(path)
+    if problem:
+        notes.append(f"{path.name}: {problem}")
+    return text
+
+
+@dataclass
+class _Found:
+    """What the folder's files gave so far. Engine logs wait in `logs` until every table
+    is known: a log becomes part of a run, or a run of its own only when nothing else is."""
+
+    notes: list[str]
+    runs: dict[str, Run] = field(default_factory=dict)
+    drivers: DriverLogs = field(default_factory=list)
+    logs: dict[str, tuple[Path, str]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # why each file that failed did
+
+    def skip(self, path: Path, error: ForeignRunError) -> None:
+        self.notes.append(f"{error.message}: {path.name} left out")
+        self.skipped.append(error.message)
+
+    def take(self, path: Path, stem: str, ext: str, text: str) -> None:
+        if ext == "csv" and text.lstrip().startswith("# route_trace"):
+            return  # a route trace: `abbench replay` reads it, it is not a run
+        if ext == "log":
+            if is_driver_log(text):
+                self.drivers.append((path.name, parse_driver_log(text, path, self.notes)))
+            else:
+                self.logs[stem] = (path, text)
+            return
+        if ext == "csv" or (ext == "metrics" and looks_like_bmoe_csv(text)):
+            table = parse_bmoe_csv(text, path)
+            run = self.runs.setdefault(stem, Run(stem))
+            if run.table_file is not None:
+                self.notes.append(f"{path.name}: a second per-token table for run "
+                                  f"`{clip(stem)}` (the first is {run.table_file.name}): "
+                                  "left out")
+                return
+            run.table, run.table_file = table, path
+        elif ext == "metrics":
+            metrics = parse_metrics(text, path)
+            run = self.runs.setdefault(stem, Run(stem))
+            run.metrics, run.metrics_file = metrics, path
+        else:
+            state = parse_state(text, path)
+            run = self.runs.setdefault(stem, Run(stem))
+            run.state, run.state_file = state, path
+
+    def attach_logs(self) -> None:
+        for stem, (path, text) in self.logs.items():
+            try:
+                summary = parse_engine_log(text, path)
+            except ForeignRunError as e:
+                self.skip(path, e)
+                continue
+            generations = text.count("generation:")
+            if stem not in self.runs and (not summary or generations != 1):
+                self.notes.append(f"{path.name}: an engine log that matches no run (no "
+                                  f"{stem}.csv, {generations} `generation:` lines): not a "
+                                  "run, left out")
+                continue
+            run = self.runs.setdefault(stem, Run(stem))
+            run.log_summary, run.log_file, run.log_generations = summary, path, generations
+            run.log_config, run.log_lines, run.log_command = engine_log_config(text)
+
+    def drop_incomplete(self) -> None:
+        for name, run in list(self.runs.items()):
+            if run.table is None and not run.log_summary:
+                del self.runs[name]
+                self.notes.append(f"{', '.join(p.name for p in run.files())}: no per-token "
+                                  "CSV and no `generation:` line for this run: left out")
+
+
+__all__ = ["DriverLogs", "Run", "discover"]

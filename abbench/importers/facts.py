@@ -1,0 +1,160 @@
+"""What one run's files say of it — tokens/s, hit rate, entry state, start and end, the work
+it did — each with where it came from (`records.Fact`: measured, derived or unknown)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from abbench.errors import ForeignRunError
+from abbench.importers.discover import Run
+from abbench.importers.driverlog import DriverEntry
+from abbench.importers.state import Snapshot
+from abbench.records import EntryState, Fact, GateWait
+from abbench.records.bmoe_csv import BmoeRun, work_fingerprint
+
+UNKNOWN = "unknown"
+
+
+def run_summary(run: Run) -> tuple[dict[str, Any], Fact]:
+    """The run's summary (tokens, s/tok, tok/s ...): the CSV's `# summary` line, else the
+    log's `generation:` line, else derived from the `wall_ms` column."""
+    table = run.table
+    if table is not None and "tok/s" in table.summary:
+        where = f"{run.table_file.name}:{table.summary_line}" if run.table_file else "summary"
+        return dict(table.summary), Fact("measured", f"{where} (`# summary` tok/s)")
+    if run.log_summary:
+        log = run.log_file.name if run.log_file else "log"
+        return dict(run.log_summary), Fact("measured", f"{log} (`generation:` line)")
+    walls = table.column("wall_ms") if table is not None else None
+    origin = run.table_file or run.name
+    if not walls:
+        raise ForeignRunError(origin, "no tokens/s: no `# summary` line, no .log `generation:` "
+                              "line and no `wall_ms` values")
+    total_s = sum(walls) / 1e3
+    if total_s <= 0:
+        raise ForeignRunError(origin, "the `wall_ms` column sums to zero")
+    return ({"tokens": len(walls), "s/tok": total_s / len(walls),
+             "tok/s": len(walls) / total_s},
+            Fact("derived", f"tokens / sum of wall_ms in {Path(str(origin)).name}"))
+
+
+def hit_pct(run: Run, summary: dict[str, Any]) -> tuple[float | None, Fact]:
+    """The run's hit rate: its summary's, else the last value of the per-token column,
+    which the seed engine writes cumulative (a mean of it would weigh the cold start);
+    negative values mean the cache was off."""
+    v = summary.get("cache_hit_pct")
+    if isinstance(v, (int, float)):
+        return (float(v) if v >= 0 else None), Fact("measured", "the run's summary")
+    col = run.table.column("cache_hit_pct") if run.table is not None else None
+    if col:
+        last = col[-1]
+        return (last if last >= 0 else None), Fact(
+            "derived", f"the last (cumulative) `cache_hit_pct` of {run.table_file.name}"
+            if run.table_file else "the last cumulative value")
+    return None, Fact(UNKNOWN, "no summary hit rate and no `cache_hit_pct` column")
+
+
+def _scaled(metrics: dict[str, float | None], key: str, div: float) -> float | None:
+    v = metrics.get(key)
+    return None if v is None else v / div
+
+
+def entry_state(run: Run, driver: DriverEntry | None
+                ) -> tuple[EntryState, dict[str, Fact], GateWait]:
+    """The entry state from what was recorded — the driver log's entry line, then
+    `.metrics` `*_before_*`, then `.state` BEFORE — with where each value came from."""
+    before: Snapshot | None = run.state.before if run.state else None
+    m = run.metrics
+    facts: dict[str, Fact] = {}
+    metrics_name = run.metrics_file.name if run.metrics_file else ""
+    state_where = f"{run.state_file.name}:{before.line}" if run.state_file and before else ""
+
+    def pick(key: str, *options: tuple[Any, str]) -> Any:
+        for value, where in options:
+            if value is not None:
+                facts[f"entry.{key}"] = Fact("measured", where)
+                return value
+        facts[f"entry.{key}"] = Fact(UNKNOWN, "not recorded")
+        return None
+
+    dw = driver.where if driver else ""
+    caps, hw = _caps(driver, before, state_where, facts)
+    entry = EntryState(
+        t_wall=0.0, caps_khz=caps, hw_max_khz=hw,
+        cpu_temp_c=pick("cpu_temp_c", (driver.cpu_temp_c if driver else None, dw),
+                        (_scaled(m, "cpu_temp_before_mC", 1000),
+                         f"{metrics_name} `cpu_temp_before_mC`"),
+                        (before.cpu_temp_c if before else None, state_where)),
+        battery_temp_c=pick("battery_temp_c", (driver.battery_temp_c if driver else None, dw),
+                            (_scaled(m, "batt_temp_before_dC", 10),
+                             f"{metrics_name} `batt_temp_before_dC`"),
+                            (before.battery_temp_c if before else None, state_where)),
+        mem_available_mib=pick("mem_available_mib",
+                               (driver.mem_available_mib if driver else None, dw),
+                               (_scaled(m, "mem_avail_before_kb", 1024),
+                                f"{metrics_name} `mem_avail_before_kb`"),
+                               (before.mem_available_mib if before else None, state_where)),
+        thermal_status=pick("thermal_status", (driver.thermal_status if driver else None, dw),
+                            (before.thermal_status if before else None, state_where)),
+    )
+    gate = GateWait(waited_s=driver.gate_waited_s or 0.0) if driver else GateWait()
+    return entry, facts, gate
+
+
+def _caps(driver: DriverEntry | None, before: Snapshot | None, state_where: str,
+          facts: dict[str, Fact]) -> tuple[dict[str, int], dict[str, int]]:
+    """The frequency caps and hardware maxima at entry (kHz by policy): the driver's entry
+    line, else the `.state` BEFORE snapshot; their provenance goes into `facts`."""
+    dw = driver.where if driver else ""
+    caps = driver.caps_khz if driver and driver.caps_khz else {}
+    hw = driver.hw_max_khz if driver and driver.hw_max_khz else {}
+    if caps:
+        facts["entry.caps_khz"] = Fact("measured", dw)
+    elif before is not None and before.policies:
+        caps = {p: v.scaling_max_khz for p, v in before.policies.items()
+                if v.scaling_max_khz is not None}
+        hw = {p: v.hw_max_khz for p, v in before.policies.items() if v.hw_max_khz is not None}
+        facts["entry.caps_khz"] = Fact("measured", state_where)
+    else:
+        facts["entry.caps_khz"] = Fact(UNKNOWN, "not recorded")
+    if caps and not all(p in hw for p in caps):
+        facts["entry.hw_max_khz"] = Fact(UNKNOWN, "the hardware maximum of "
+                                         + ", ".join(p for p in caps if p not in hw)
+                                         + " was not recorded")
+    return caps, hw
+
+
+def times(run: Run, driver: DriverEntry | None, summary: dict[str, Any]
+          ) -> tuple[float, float, Fact, Fact]:
+    """Start and end (0: unknown) and where they came from."""
+    before = run.state.before if run.state else None
+    after = run.state.after if run.state else None
+    start, sf = 0.0, Fact(UNKNOWN, "no driver entry time, no dated .state snapshot")
+    if driver is not None and driver.t_wall is not None:
+        start = driver.t_wall
+        sf = (Fact("measured", f"{driver.where} t_wall=") if driver.t_wall_how == "t_wall="
+              else Fact("derived", f"the timestamp at the start of {driver.where} (time zone "
+                        "unknown: differences between lines are exact)"))
+    elif before is not None and before.t_wall is not None and run.state_file:
+        start, sf = before.t_wall, Fact("measured", f"{run.state_file.name}:{before.line} date")
+    if after is not None and after.t_wall is not None and run.state_file and start:
+        return start, after.t_wall, sf, Fact("measured",
+                                             f"{run.state_file.name}:{after.line} date")
+    if not start:
+        return 0.0, 0.0, sf, Fact(UNKNOWN, "the start is unknown")
+    walls = run.table.column("wall_ms") if run.table is not None else None
+    decode = sum(walls) / 1e3 if walls else float(summary.get("s/tok", 0.0)) * float(
+        summary.get("tokens", 0.0))
+    own = decode + float(summary.get("load_s") or 0.0) + float(summary.get("prefill_s") or 0.0)
+    return start, start + own, sf, Fact("derived", f"the start + the run's own time ({own:.0f} "
+                                        "s: load, prefill and decode as its files give them)")
+
+
+def fingerprint(table: BmoeRun | None) -> str | None:
+    """The work the run reports, as the campaign's external cells fingerprint it: bytes read
+    per token."""
+    return work_fingerprint(table) if table is not None else None
+
+
+__all__ = ["UNKNOWN", "entry_state", "fingerprint", "hit_pct", "run_summary", "times"]

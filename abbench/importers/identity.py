@@ -1,0 +1,122 @@
+"""Each run's configuration identity, the arms it groups the runs into, and the decisions
+between arms that `--decision` names.
+
+A run's configuration comes from its files (the CSV preamble, the engine log's command
+line, loader lines and optional summary lines; the model, at worst, from the file name's
+first word, marked derived). Runs with equal configurations are one arm, named after the
+first of them. Where a file gives only part of a configuration (no preamble, no command
+line), the run is its own arm, so that two runs are never taken for repeats on too little
+evidence.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from abbench.errors import UsageError
+from abbench.importers.discover import Run
+from abbench.importers.order import resolve_run, run_names
+from abbench.records import DecisionSpec, Fact
+from abbench.records.text import clip
+
+# Preamble keys that say how a run was measured, not what it ran: not identity.
+NOT_IDENTITY = frozenset({"n_ctx", "turn", "seed"})
+SELECTOR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+# A run's configuration, where each key came from, and whether it is the whole of it.
+Identity = tuple[dict[str, Any], dict[str, Fact], bool]
+
+
+def configuration(run: Run) -> Identity:
+    """The run's configuration as its files give it, where each key came from, and
+    whether that is the whole configuration (a preamble or a command line)."""
+    config: dict[str, Any] = {}
+    facts: dict[str, Fact] = {}
+    pre = run.table.preamble if run.table is not None else {}
+    tf = run.table_file.name if run.table_file else ""
+    for k, v in pre.items():
+        if k not in NOT_IDENTITY:
+            config[k] = v
+            facts[f"config.{k}"] = Fact("measured", f"{tf} preamble")
+    log = run.log_file.name if run.log_file else ""
+    for k, v in run.log_config.items():
+        if k not in config:
+            config[k] = str(v)
+            facts[f"config.{k}"] = Fact("measured", f"{log}:{run.log_lines.get(k, 0)}")
+    if "model" in config:
+        config["model"] = str(config["model"]).replace("\\", "/").rsplit("/", 1)[-1]
+    else:
+        word = re.match(r"[A-Za-z]+", run.name)
+        config["model"] = word[0].lower() if word else run.name
+        facts["config.model"] = Fact("derived", "the file name's first word (no file names "
+                                     "the model)")
+    complete = bool(pre) or run.log_command
+    return config, facts, complete
+
+
+def group_arms(names: list[str], identities: dict[str, Identity]
+               ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """Each run's arm, and each arm's configuration: runs with equal whole configurations
+    share the arm of the first of them (in `names`' order); a partial one is its own."""
+    arm_of: dict[str, str] = {}
+    arms: dict[str, dict[str, Any]] = {}
+    for n in names:
+        cfg, _, complete = identities[n]
+        key = cfg if complete else {**cfg, "run": n}
+        arm = next((a for a, c in arms.items() if c == key), None)
+        if arm is None:
+            arm = n
+            arms[arm] = key
+        arm_of[n] = arm
+    return arm_of, arms
+
+
+def decision_specs(decisions: Iterable[tuple[str, str, float]],
+                   arms: dict[str, dict[str, Any]], arm_of: dict[str, str]
+                   ) -> list[DecisionSpec]:
+    """`--decision CANDIDATE:BASELINE:MIN_EFFECT`s as the plan's decisions, each side
+    resolved to an arm (`find_arm`)."""
+    specs = []
+    for cand, base, effect in decisions:
+        c = find_arm(cand, arms, arm_of, "--decision")
+        b = find_arm(base, arms, arm_of, "--decision")
+        if c == b:
+            raise UsageError(f"--decision: `{clip(c)}` against itself")
+        if not effect >= 0:
+            raise UsageError(f"--decision: min_effect {effect} is not >= 0")
+        specs.append(DecisionSpec(c, b, effect))
+    return specs
+
+
+def find_arm(item: str, arms: dict[str, dict[str, Any]], stems: dict[str, str],
+             what: str) -> str:
+    """An arm named by its name, a run's file stem (or a unique word of one), a glob over
+    file stems, or `key=value[,key=value]` over the arms' configurations."""
+    if item in arms:
+        return item
+    if SELECTOR.match(item):
+        want = dict(kv.split("=", 1) for kv in item.split(",") if "=" in kv)
+        hits = [a for a, cfg in arms.items()
+                if all(str(cfg.get(k)) == v for k, v in want.items())]
+    elif any(c in item for c in "*?["):
+        hits = sorted({stems[s] for s in stems if fnmatch.fnmatchcase(s, item)})
+    else:
+        try:
+            hits = [stems[resolve_run(item, sorted(stems), what)]]
+        except UsageError:
+            hits = []
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise UsageError(f"{what}: `{clip(item)}` names no arm (arms: "
+                         f"{run_names(list(arms))})",
+                         tip="an arm's name, a run's file name, a glob (`qwen_*`) or "
+                         "key=value of its configuration")
+    raise UsageError(f"{what}: `{clip(item)}` names several arms: {run_names(hits)}",
+                     tip="add a key=value, or name the arm")
+
+
+__all__ = ["Identity", "configuration", "decision_specs", "find_arm", "group_arms"]

@@ -1,0 +1,148 @@
+"""Writing an import's run folder: the plan, one journal line and one `cells/LABEL/` folder
+per run, the device snapshots as samples, and `import.json` with the provenance of every
+fact the journal holds."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from abbench.fsutil import atomic_write_text
+from abbench.importers.discover import Run
+from abbench.importers.facts import entry_state, fingerprint, hit_pct, run_summary, times
+from abbench.importers.identity import Identity
+from abbench.importers.order import Order
+from abbench.importers.state import Snapshot
+from abbench.records import (
+    IMPORT_FILE,
+    CellRecord,
+    EntryState,
+    Fact,
+    ImportedCell,
+    ImportInfo,
+    Plan,
+    PlannedCell,
+    Sample,
+    append_jsonl,
+    keys,
+)
+
+FORMAT = "abbench-import v1"
+
+
+def write_run_folder(out: Path, plan: Plan, runs: dict[str, Run], order: Order,
+                     identities: dict[str, Identity], notes: list[str], src: Path) -> None:
+    """Write the run folder of `plan` into the (empty) folder `out`."""
+    atomic_write_text(out / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")
+    (out / "journal.jsonl").touch()
+    samples: list[Sample] = []
+    imported: list[ImportedCell] = []
+    for cell in plan.cells:
+        name = order.names[cell.index]
+        imported.append(_write_cell(out, cell, runs[name], order, identities[name]))
+        samples.extend(_samples(runs[name], cell.index))
+    for s in sorted(samples, key=lambda s: s.t_wall):
+        append_jsonl(out / "samples.jsonl", s.to_json(), fsync=False)
+    info = ImportInfo(source=str(src.resolve()), order=order.fact, notes=tuple(notes),
+                      cells=tuple(imported))
+    atomic_write_text(out / IMPORT_FILE, json.dumps(info.to_json(), indent=1) + "\n")
+
+
+def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
+                identity: Identity) -> ImportedCell:
+    """One run's `cells/LABEL/` folder and journal line; its provenance."""
+    summary, tps_fact = run_summary(run)
+    hit, hit_fact = hit_pct(run, summary)
+    if hit is not None:
+        summary["cache_hit_pct"] = hit
+    else:
+        summary.pop("cache_hit_pct", None)
+    driver = order.entries.get(order.names[cell.index])
+    entry, facts, gate = entry_state(run, driver)
+    t_start, t_end, sf, ef = times(run, driver, summary)
+    entry = EntryState(**{**entry.to_json(), "t_wall": t_start})
+    config, config_facts, complete = identity
+    facts.update(config_facts)
+    facts.update({"order": order.fact, "t_start": sf, "t_end": ef, "tok/s": tps_fact,
+                  "hit_pct": hit_fact, "config": _config_fact(complete)})
+    if driver is not None:
+        facts["entry"] = Fact("measured", f"{driver.where} (named by {driver.named_by})")
+    fp = fingerprint(run.table)
+    folder = out / "cells" / cell.label
+    folder.mkdir(parents=True)
+    doc = _summary_doc(run, summary, tps_fact, fp, config)
+    atomic_write_text(folder / "summary.json", json.dumps(doc, allow_nan=False) + "\n")
+    if run.table_file is not None:
+        shutil.copyfile(run.table_file, folder / "tokens.csv")
+    record = CellRecord(
+        index=cell.index, name=cell.name, label=cell.label, status="ok",
+        t_start_wall=t_start, t_end_wall=t_end, t_start_mono=0.0,
+        t_end_mono=max(0.0, t_end - t_start), entry=entry, gate=gate, summary=summary,
+        fingerprint=fp, tokens_per_s=float(summary["tok/s"]),
+    )
+    append_jsonl(out / "journal.jsonl", record.to_json())
+    return ImportedCell(cell.label, tuple(p.name for p in run.files()), config, facts)
+
+
+def _config_fact(complete: bool) -> Fact:
+    if complete:
+        return Fact("measured", "whole: the CSV preamble or the log's command line")
+    return Fact("derived", "partial (no preamble, no command line): its own arm")
+
+
+def _summary_doc(run: Run, summary: dict[str, Any], tps_fact: Fact, fp: str | None,
+                 config: dict[str, Any]) -> dict[str, Any]:
+    """The cell's `summary.json`: the run's figures and per-token columns, as an external
+    cell's output is kept."""
+    threads: Any = (run.table.preamble.get("threads") if run.table else None) \
+        or config.get("threads")
+    return {
+        "format": FORMAT, "files": [p.name for p in run.files()],
+        "tok/s_source": tps_fact.source, "summary": summary, "fingerprint": fp,
+        "preamble": run.table.preamble if run.table else {},
+        "resolved": {"threads": n} if (n := _whole(threads)) is not None else {},
+        "metrics": run.metrics,
+        "per_token": dict(run.table.columns) if run.table else {},
+    }
+
+
+def _samples(run: Run, index: int) -> list[Sample]:
+    """The run's dated `.state` snapshots as samples; BEFORE belongs to its cell."""
+    return [Sample(t_mono=snap.t_wall, t_wall=snap.t_wall, values=_sample_values(snap),
+                   cell=index if snap.section == "BEFORE" else None)
+            for snap in (run.state.snapshots if run.state else ())
+            if snap.t_wall is not None]
+
+
+def _whole(value: Any) -> int | None:
+    """A positive whole number however the file wrote it (`8`, `8.0`); None otherwise."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(number) or number <= 0 or number != int(number):
+        return None
+    return int(number)
+
+
+def _sample_values(s: Snapshot) -> dict[str, Any]:
+    """A snapshot in the sampler's flat keys, so the timeline plots it like live samples."""
+    v: dict[str, Any] = {}
+    for p, pol in s.policies.items():
+        for key, val in (("cap_khz", pol.scaling_max_khz), ("hw_max_khz", pol.hw_max_khz),
+                         ("cur_khz", pol.cur_khz)):
+            if val is not None:
+                v[keys.policy_key(p, key)] = val
+    readings = [(key, getattr(s, name)) for key, name in keys.ENTRY_READINGS]
+    for key, val in (*readings, (keys.ANDROID_THERMAL_STATUS, s.thermal_status)):
+        if val is not None:
+            v[key] = val
+    for name, (c, _) in s.temperatures.items():
+        v[keys.android_zone(name)] = c
+    return v
+
+
+__all__ = ["FORMAT", "write_run_folder"]
