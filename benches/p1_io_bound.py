@@ -97,7 +97,7 @@ def main() -> None:
 
     path = resolve_model(a.model)
     cfg = EngineConfig(model=a.model, n_tokens=a.tokens + a.warmup, cache_mib=a.cache_mib,
-                       io_lanes=a.lanes, o_direct=True, overlap=True)
+                       io_lanes=a.lanes, o_direct=True, overlap=True, ignore_eos=True)
     with Engine(cfg, path) as engine:
         if not engine.runner.o_direct:
             raise SystemExit("O_DIRECT is refused on this filesystem: P1 needs it")

@@ -54,7 +54,7 @@ def main() -> None:
     a = ap.parse_args()
 
     n = a.warmup + a.blocks * (a.block + SKIP_AFTER_ROOFLINE)
-    cfg = EngineConfig(model=a.model, n_tokens=n, resident=True, threads=a.threads)
+    cfg = EngineConfig(ignore_eos=True, model=a.model, n_tokens=n, resident=True, threads=a.threads)
     blas = max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
     with Engine(cfg, resolve_model(a.model)) as engine:
         info = engine.info

@@ -27,7 +27,7 @@ from abbench.engine.session import Engine, TokenRecord
 
 
 def measure(model: str, tokens: int, mode: str) -> tuple[float, list[float]]:
-    cfg = EngineConfig(model=model, n_tokens=tokens, resident=True,
+    cfg = EngineConfig(ignore_eos=True, model=model, n_tokens=tokens, resident=True,
                        predict_log=mode == "log", predict_prefetch=mode == "prefetch",
                        predict_spec_max=0)
     with Engine(cfg, resolve_model(model)) as engine:

@@ -37,8 +37,8 @@ from abbench.sensors import Sampler, open_device
 
 def run_cell(model: str, tokens: int, out: Path) -> tuple[float, float, float]:
     """tok/s of one cell, plus this process's CPU seconds and the wall seconds it ran."""
-    cmd = [sys.executable, "-m", "abbench", "engine", "run", "-m", model, "-n", str(tokens),
-           "--resident", "--json", str(out), "-q"]
+    cmd = [sys.executable, "-m", "abbench", "engine", "run", "--ignore-eos", "-m", model,
+           "-n", str(tokens), "--resident", "--json", str(out), "-q"]
     cpu0, wall0 = cpu_seconds(), time.monotonic()
     subprocess.run(cmd, check=True)  # this thread sleeps in waitpid meanwhile
     cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0

@@ -34,7 +34,7 @@ def main() -> None:
     for cache in a.cache_mib:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "run.json"
-            cmd = [sys.executable, "-m", "abbench", "engine", "run", "-m", a.model,
+            cmd = [sys.executable, "-m", "abbench", "engine", "run", "--ignore-eos", "-m", a.model,
                    "-n", str(a.tokens), "--cache-mib", f"{cache:g}", "--dense", "pinned",
                    "--overlap", "--io-lanes", "4", "--json", str(out), "-q"]
             subprocess.run(cmd, check=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from abbench.engine import synth
+from abbench.engine.models import resolve_model
 
 
 def _shared() -> Path:
@@ -47,6 +48,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny.gguf"
     synth.write_model(synth.preset("tiny"), path)
     return path
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    """The ~1.5 GiB default preset, built once per session into the session's cache."""
+    return Path(resolve_model("synthetic:default"))
 
 
 @pytest.fixture(scope="session")

@@ -133,8 +133,9 @@ def test_plans_have_a_size_limit(tmp_path: Path) -> None:
 def test_configurations(tmp_path: Path) -> None:
     plan = plan_of(tmp_path)
     a = plan.cells[0].config
-    expected = {f: getattr(EngineConfig(model="synthetic:tiny", n_tokens=32, cache_mib=64.0), f)
-                for f in EngineConfig.__dataclass_fields__}
+    # A cell decodes exactly its tokens (ignore_eos), unlike the command line's default.
+    config = EngineConfig(model="synthetic:tiny", n_tokens=32, cache_mib=64.0, ignore_eos=True)
+    expected = {f: getattr(config, f) for f in EngineConfig.__dataclass_fields__}
     assert a == {"engine": "embedded", **expected, "timeout_s": 900.0}
     assert plan.cells[1].config["io_lanes"] == 2
     assert plan.cells[3].config == {"engine": "external", "command": ["sh", "-c", "true"],

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REFERENCE
 
+from abbench.engine import synth
 from abbench.records import read_journal, read_plan, read_samples
 
 REF = REFERENCE
@@ -290,7 +291,8 @@ def test_a_synthetic_model_is_built_before_the_first_cell(tmp_path: Path,
                 "--no-live")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "building synthetic:tiny@3" in p.stderr
-    assert [f.name for f in cache.glob("*.gguf")] == ["synthetic-tiny-s3-v2.gguf"]
+    assert [f.name for f in cache.glob("*.gguf")] == [
+        f"synthetic-tiny-s3-v{synth.FORMAT_VERSION}.gguf"]
     folder = run_folder(tmp_path / "r")
     for cell in ("01-A", "02-A"):
         assert "building" not in (folder / "cells" / cell / "stderr.txt").read_text()

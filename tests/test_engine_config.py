@@ -151,7 +151,7 @@ def test_cli_value_invalid_for_the_model(
      "dense": "mmap", "cache_mib": 12.5, "overlap": True, "o_direct": False, "threads": 2},
     {"model": "m.gguf", "drop_cold_experts": 0.75, "drop_in_prefill": True,
      "drop_no_renorm": True, "prompt_tokens": (1, 2, 3), "predict_prefetch": True,
-     "predict_spec_max": 0, "prefetch_sync": True, "predict_log": True, "stop_at_eos": True},
+     "predict_spec_max": 0, "prefetch_sync": True, "predict_log": True, "ignore_eos": True},
     {"model": "m.gguf", "prefetch": 2, "repeat_penalty": 1.3, "repeat_last_n": 8,
      "n_expert_used": 1, "n_ctx": 99, "io_lanes": 2, "resident": True},
 ])

@@ -287,3 +287,40 @@ def test_default_preset_shape() -> None:
     per_layer = [float(r[1].rstrip("%")) for r in rows[1:]]
     early, late = per_layer[:3], per_layer[-4:]
     assert sum(early) / 3 < sum(late) / 4, p.stdout
+
+
+def _predicted_run(path: Path, fused: bool) -> tuple[Any, ...]:
+    """Tokens, per-layer routing with the stale-gate prediction made there, and the scores
+    of a predicting run, with the router GEMV fused with the next layer's or not."""
+    cfg = EngineConfig(model=str(path), prompt="Predict me", n_tokens=N_TOKENS, seed=3,
+                       cache_mib=1.0, predict_log=True, predict_prefetch=True)
+    with Engine(cfg, path) as engine:
+        predictor = engine.predictor
+        assert predictor is not None
+        n_layer = len(engine.model.layers)
+        stacked = [layer.moe.router_and_next for layer in engine.model.layers]
+        assert all(m is not None for m in stacked[:-1]) and stacked[-1] is None
+        if not fused:
+            for layer in engine.model.layers:
+                layer.moe.router_and_next = None
+        seen: list[list[int]] = []
+
+        def hook(layer: int, x: np.ndarray, ids: np.ndarray, w: np.ndarray, phase: int,
+                 next_logits: np.ndarray | None = None) -> None:
+            assert (next_logits is not None) == (fused and phase == 1 and layer + 1 < n_layer)
+            predictor(layer, x, ids, w, phase, next_logits)
+            nxt = predictor.pred_ids[layer + 1] if layer + 1 < n_layer else None
+            seen.append([*ids.tolist(), *(nxt.tolist() if nxt is not None else [])])
+
+        engine.model.routing_hook = hook
+        result = engine.run()
+    return result.output_ids, seen, result.extra["predict"]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_the_fused_router_gemv_predicts_and_routes_as_two_gemvs(
+        preset: str, request: pytest.FixtureRequest) -> None:
+    # One GEMV over this layer's router stacked on the next one's (the P4 saving) must give
+    # the same routing and the same stale-gate predictions, bit for bit, as two GEMVs.
+    path: Path = request.getfixturevalue(f"{preset}_model")
+    assert _predicted_run(path, fused=True) == _predicted_run(path, fused=False)

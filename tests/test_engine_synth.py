@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -153,6 +154,21 @@ def test_expert_and_dense_types_are_stored_as_asked(type_name: str, tmp_path: Pa
     assert types["output.weight"] == type_name
     assert types["blk.0.ffn_gate_inp.weight"] == "F32"  # the router stays exact
     assert types["output_norm.weight"] == "F32"
+    ftype = field(GGUFReader(path), "general.file_type")
+    assert ftype == {"F16": gguf.LlamaFileType.MOSTLY_F16, "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+                     "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[type_name]
+
+
+def test_the_file_says_its_type_and_others_can_read_it(tmp_path: Path) -> None:
+    # llama.cpp prints `general.file_type` and a server of another user must read the file.
+    path = tmp_path / "m.gguf"
+    old = os.umask(0o022)
+    try:
+        synth.write_model(TINY, path)
+    finally:
+        os.umask(old)
+    assert field(GGUFReader(path), "general.file_type") == gguf.LlamaFileType.ALL_F32
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
 
 # -- determinism and knobs ------------------------------------------------------------

@@ -1,69 +1,109 @@
-"""Byte-fallback tokenization: UTF-8 round trips, BOS, and the refusal without byte tokens."""
+"""llama.cpp's SPM tokenizer (`tokenizer.ggml.model = "llama"`): the merge rule by hand,
+the space prefix, special tokens, byte fallback, BOS/EOS and what decoding hides. The
+same texts against a real llama.cpp build are in tests/test_llamacpp.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from gguf import TokenType
 
 from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
-from abbench.engine.tokenizer import ByteTokenizer
+from abbench.engine.tokenizer import SPACE, SpmTokenizer, Vocab, read_vocab
 from abbench.errors import UsageError
 
-VOCAB = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-TEXTS = ["Hello, world!", "naïve café – 東京 🚀", "", "line\nbreak\ttab \x00 nul"]
+SPECIAL = ["<unk>", "<s>", "</s>"]
+BYTES = [f"<0x{b:02X}>" for b in range(256)]
+N, C, U, B, D = (int(TokenType.NORMAL), int(TokenType.CONTROL), int(TokenType.UNKNOWN),
+                 int(TokenType.BYTE), int(TokenType.USER_DEFINED))
 
 
-@pytest.mark.parametrize("text", TEXTS)
-def test_encode_decode_round_trip_with_bos(text: str) -> None:
-    tok = ByteTokenizer(VOCAB, bos_id=1, add_bos=True)
-    ids = tok.encode(text)
-    raw = text.encode("utf-8")
-    assert ids[0] == 1
-    assert ids[1:] == [3 + b for b in raw]  # one byte token per UTF-8 byte
-    assert tok.decode(ids) == text
+def vocab(pieces: dict[str, float] | None = None, user: tuple[str, ...] = (),
+          **kw: bool) -> SpmTokenizer:
+    """Special tokens, the 256 byte tokens, then `pieces` (text: score) and user tokens."""
+    pieces = pieces or {}
+    tokens = SPECIAL + BYTES + list(pieces) + list(user)
+    scores = [0.0] * (3 + 256) + list(pieces.values()) + [0.0] * len(user)
+    types = [U, C, C] + [B] * 256 + [N] * len(pieces) + [D] * len(user)
+    settings = {"add_bos": True, "add_eos": False, "add_space_prefix": True} | kw
+    return SpmTokenizer(Vocab(tuple(tokens), tuple(scores), tuple(types), 1, 2, **settings))
 
 
-def test_no_bos_when_not_asked() -> None:
-    tok = ByteTokenizer(VOCAB, bos_id=1, add_bos=False)
-    assert tok.encode("A") == [3 + ord("A")]
-    assert ByteTokenizer(VOCAB, bos_id=None, add_bos=True).encode("A") == [3 + ord("A")]
+def texts(tok: SpmTokenizer, ids: list[int]) -> list[str]:
+    return [tok.vocab.tokens[i] for i in ids]
 
 
-def test_byte_tokens_are_found_wherever_they_sit() -> None:
-    vocab = list(reversed(VOCAB)) + ["\u2581the", "word"]
-    tok = ByteTokenizer(vocab, bos_id=None, add_bos=False)
-    ids = tok.encode("é")
-    assert [vocab[i] for i in ids] == ["<0xC3>", "<0xA9>"]
-    assert tok.decode(ids) == "é"
-    # non-byte tokens decode to their text, SentencePiece's \u2581 as a space
-    assert tok.decode([len(VOCAB), len(VOCAB) + 1]) == " theword"
+def byte_ids(text: str) -> list[int]:
+    return [3 + b for b in text.encode("utf-8")]
 
 
-def test_decode_skips_control_and_unknown_ids_and_replaces_broken_utf8() -> None:
-    tok = ByteTokenizer(VOCAB, bos_id=1, add_bos=True)
-    assert tok.decode([1, 2, 0, 3 + ord("a"), 10_000, -1]) == "a"
+def test_bytes_only_vocabulary_spells_the_escaped_text_with_bos() -> None:
+    tok = vocab()
+    # A leading space is added and every space becomes "▁", as llama.cpp does for SPM.
+    assert tok.encode("Hi there") == [1, *byte_ids(f"{SPACE}Hi{SPACE}there")]
+    assert tok.encode("") == [1]
+    assert tok.encode("Hi", add_special=False) == byte_ids(f"{SPACE}Hi")
+
+
+def test_pairs_merge_best_score_first_and_leftmost_on_a_tie() -> None:
+    # "abc": ab (score 1) and bc (score 2) compete for b: bc wins, then a stays alone.
+    tok = vocab({"ab": 1.0, "bc": 2.0}, add_space_prefix=False)
+    assert texts(tok, tok.encode("abc", add_special=False)) == ["<0x61>", "bc"]
+    # Equal scores: the leftmost pair merges first.
+    tied = vocab({"ab": 1.0, "bc": 1.0}, add_space_prefix=False)
+    assert texts(tied, tied.encode("abc", add_special=False)) == ["ab", "<0x63>"]
+    # Merges build on merges: a+b, then ab+c.
+    chain = vocab({"ab": 1.0, "abc": 0.5}, add_space_prefix=False)
+    assert texts(chain, chain.encode("abcab", add_special=False)) == ["abc", "ab"]
+
+
+def test_a_word_piece_with_the_space_marker() -> None:
+    tok = vocab({f"{SPACE}t": -1.0, f"{SPACE}the": -0.5, "th": -2.0, "he": -3.0})
+    assert texts(tok, tok.encode("the", add_special=False)) == [f"{SPACE}the"]
+
+
+def test_special_tokens_in_the_text_are_tokens_and_reopen_the_space_prefix() -> None:
+    tok = vocab()
+    ids = tok.encode("a</s>b")
+    assert ids == [1, *byte_ids(f"{SPACE}a"), 2, *byte_ids(f"{SPACE}b")]
+    # Without parse_special, control tokens are plain text; user-defined ones still match.
+    assert tok.encode("a</s>", parse_special=False) == [1, *byte_ids(f"{SPACE}a</s>")]
+    user = vocab(user=("<tool>",))
+    tool = len(user.vocab.tokens) - 1
+    assert user.encode("x<tool>", add_special=False, parse_special=False) == [
+        *byte_ids(f"{SPACE}x"), tool]
+
+
+def test_add_eos_and_no_bos_follow_the_file() -> None:
+    tok = vocab(add_bos=False, add_eos=True)
+    assert tok.encode("a") == [*byte_ids(f"{SPACE}a"), 2]
+
+
+def test_decode_hides_control_tokens_and_joins_bytes() -> None:
+    tok = vocab({f"{SPACE}c": 3.0, f"{SPACE}ca": 2.0, f"{SPACE}caf": 1.0})
+    ids = tok.encode("café")
+    assert texts(tok, ids)[:2] == ["<s>", f"{SPACE}caf"]
+    assert tok.decode(ids) == " café"  # BOS hidden, "▁" a space, é's two bytes joined
+    assert tok.decode([2, 0, 10_000, -1]) == ""
     assert tok.decode([3 + 0xC3]) == "\ufffd"  # a lone lead byte
 
 
-def test_vocabulary_without_byte_tokens_asks_for_prompt_tokens() -> None:
-    bpe = ["<s>", "</s>", "Ġthe", "a", "b"]
-    with pytest.raises(UsageError, match="no byte tokens") as e:
-        ByteTokenizer(bpe, bos_id=0, add_bos=True)
+def test_a_byte_the_vocabulary_cannot_spell_is_a_clear_error() -> None:
+    v = vocab().vocab
+    missing = SpmTokenizer(Vocab(v.tokens[:3] + v.tokens[4:], v.scores[1:], v.types[1:], 1, 2,
+                                 True, False, True))
+    with pytest.raises(UsageError, match="byte 0x00") as e:
+        missing.encode("\x00")
     assert e.value.tip is not None and "--prompt-tokens" in e.value.tip
 
 
-def test_vocabulary_missing_one_byte_token_is_refused() -> None:
-    vocab = [t for t in VOCAB if t != "<0x7F>"]
-    with pytest.raises(UsageError):
-        ByteTokenizer(vocab, bos_id=1, add_bos=True)
-
-
-def test_from_model_reads_the_synthetic_vocabulary(tiny_model: Path) -> None:
-    tok = ByteTokenizer.from_model(ModelFile(tiny_model))
-    assert tok.bos_id == synth.BOS_ID
+def test_the_synthetic_vocabulary_from_the_file(tiny_model: Path) -> None:
+    tok = SpmTokenizer.from_model(ModelFile(tiny_model))
+    assert tok.vocab.bos_id == synth.BOS_ID and tok.vocab.add_bos
     ids = tok.encode("Grüße")
-    assert ids[0] == synth.BOS_ID
-    assert len(ids) == 1 + len("Grüße".encode())
-    assert tok.decode(ids) == "Grüße"
+    assert ids[0] == synth.BOS_ID and len(ids) == 1 + len(f"{SPACE}Grüße".encode())
+    # Byte tokens decode to their bytes, "▁" (E2 96 81) included, as llama.cpp prints them.
+    assert tok.decode(ids) == f"{SPACE}Grüße"
+    assert read_vocab(ModelFile(tiny_model)).add_space_prefix

@@ -102,10 +102,11 @@ def execute(name: str, cfg: EngineConfig, path: Path) -> Run:
         probe = model.routing_hook  # the engine's predictor, when a policy installed one
 
         def hooks(
-            layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int
+            layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
+            next_logits: np.ndarray | None = None,
         ) -> None:
             if probe is not None:
-                probe(layer, x, ids, weights, phase)
+                probe(layer, x, ids, weights, phase, next_logits)
             on_routing(layer, x, ids, weights, phase)
 
         model.routing_hook = hooks
@@ -116,7 +117,7 @@ def execute(name: str, cfg: EngineConfig, path: Path) -> Run:
 
 def base_config(path: Path, **overrides: Any) -> EngineConfig:
     settings: dict[str, Any] = {"prompt": PROMPT, "n_tokens": N_TOKENS, "seed": SEED}
-    return EngineConfig(model=str(path), **(settings | overrides))
+    return EngineConfig(ignore_eos=True, model=str(path), **(settings | overrides))
 
 
 _RUNS: dict[tuple[str, str, tuple[tuple[str, Any], ...]], Run] = {}
@@ -593,7 +594,7 @@ def test_repeat_penalty_comes_from_the_model_unless_overridden(tiny_model: Path,
     from test_engine_gguf_file import rewrite_gguf
 
     keys = {"general.sampling.penalty_repeat", "general.sampling.penalty_last_n"}
-    base = EngineConfig(model=str(tiny_model), n_tokens=48, resident=True)
+    base = EngineConfig(ignore_eos=True, model=str(tiny_model), n_tokens=48, resident=True)
     default = execute("the model's penalty", base, tiny_model).result
     assert (default.repeat_penalty, default.repeat_last_n) == (1.1, 64)
     off = execute("penalty off", replace(base, repeat_penalty=1.0), tiny_model).result
@@ -621,7 +622,7 @@ def test_short_cycles_definition() -> None:
 
 def test_sampled_text_has_no_short_cycle(small_model: Path) -> None:
     """DESIGN 3.2: 128 tokens of `small` with default sampling contain no cycle shorter than 16."""
-    cfg = EngineConfig(model=str(small_model), n_tokens=128)  # the CLI's defaults
+    cfg = EngineConfig(ignore_eos=True, model=str(small_model), n_tokens=128)  # the CLI's defaults
     r = execute("default sampling", cfg, small_model).result
     assert r.temp > 0, "the model file should ask for sampling (`general.sampling.temp`)"
     out = r.output_ids
@@ -637,12 +638,14 @@ def test_default_preset_has_no_short_cycle(tmp_path_factory: pytest.TempPathFact
 
     path = tmp_path_factory.mktemp("default-model") / "default.gguf"
     synth.write_model(synth.preset("default"), path)
-    r = execute("default preset", EngineConfig(model=str(path), n_tokens=128), path).result
+    r = execute("default preset", EngineConfig(ignore_eos=True, model=str(path), n_tokens=128),
+                path).result
     assert not short_cycles(r.output_ids), r.output_ids
     # Issue 2's run (64 tokens, a 256 MiB cache: a sixth of the experts, 4 lanes, overlap)
     # streams: every token after the warm-up reads from disk. (Not a law: over longer runs
     # an occasional token routes only to cached experts, e.g. 1 of 124 here at 128 tokens.)
-    cfg = EngineConfig(model=str(path), n_tokens=64, cache_mib=256, io_lanes=4, overlap=True)
+    cfg = EngineConfig(ignore_eos=True, model=str(path), n_tokens=64, cache_mib=256,
+                       io_lanes=4, overlap=True)
     with Engine(cfg, path) as engine:
         run = engine.run()
     reads = [t.read_bytes for t in run.decode]

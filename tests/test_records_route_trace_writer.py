@@ -75,7 +75,7 @@ class Traced:
 
 def traced_run(path: Path, out: Path, **overrides: Any) -> Traced:
     """Run with `--route-trace`, also recording the router's choices through the hook."""
-    cfg = EngineConfig(model=str(path), prompt=PROMPT, n_tokens=N_TOKENS, seed=5,
+    cfg = EngineConfig(ignore_eos=True, model=str(path), prompt=PROMPT, n_tokens=N_TOKENS, seed=5,
                        route_trace=str(out), **overrides)
     routing: dict[tuple[int, int, int], tuple[list[int], list[float]]] = {}
     passes = defaultdict(int)
@@ -83,9 +83,10 @@ def traced_run(path: Path, out: Path, **overrides: Any) -> Traced:
         probe = engine.model.routing_hook
         n_layer = engine.info["n_layer"]
 
-        def hook(layer: int, x: np.ndarray, ids: np.ndarray, w: np.ndarray, phase: int) -> None:
+        def hook(layer: int, x: np.ndarray, ids: np.ndarray, w: np.ndarray, phase: int,
+                 next_logits: np.ndarray | None = None) -> None:
             if probe is not None:
-                probe(layer, x, ids, w, phase)
+                probe(layer, x, ids, w, phase, next_logits)
             routing[phase, passes[phase], layer] = (ids.tolist(), w.tolist())
             if layer == n_layer - 1:
                 passes[phase] += 1
@@ -247,7 +248,7 @@ def test_dropped_rows_only_with_the_drop_policy(runs: dict[str, Traced]) -> None
 
 
 def failing_run(path: Path, out: Path, monkeypatch: pytest.MonkeyPatch, after: int) -> None:
-    cfg = EngineConfig(model=str(path), prompt=PROMPT, n_tokens=8, cache_mib=0,
+    cfg = EngineConfig(ignore_eos=True, model=str(path), prompt=PROMPT, n_tokens=8, cache_mib=0,
                        route_trace=str(out))
     with Engine(cfg, path) as engine:
         forward = engine.model.forward

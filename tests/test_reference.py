@@ -218,7 +218,7 @@ def test_logits_match_reference(model: Path, streaming: dict[str, object]) -> No
     ref = load(model)
     tokens = sequence(ref, N_POSITIONS)
     expected = forward(ref, tokens)
-    cfg = EngineConfig(model=str(model), prompt_tokens=tuple(tokens), n_tokens=1,
+    cfg = EngineConfig(ignore_eos=True, model=str(model), prompt_tokens=tuple(tokens), n_tokens=1,
                        n_ctx=N_POSITIONS + 1, **streaming)  # type: ignore[arg-type]
     routed: list[tuple[int, np.ndarray, np.ndarray]] = []
     with Engine(cfg, model) as engine:
@@ -256,7 +256,8 @@ def test_greedy_run_matches_reference(model: Path) -> None:
     ref = load(model)
     prompt = sequence(ref, 8)
     n = 12
-    cfg = EngineConfig(model=str(model), prompt_tokens=tuple(prompt), n_tokens=n, temp=0.0,
+    cfg = EngineConfig(ignore_eos=True, model=str(model), prompt_tokens=tuple(prompt),
+                       n_tokens=n, temp=0.0,
                        repeat_penalty=1.0, cache_mib=0.1)  # plain argmax: no penalty
     with Engine(cfg, model) as engine:
         result = engine.run()

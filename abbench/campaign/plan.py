@@ -23,7 +23,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from abbench.campaign.schema import TOML_KEY, CampaignSpec
-from abbench.campaign.tables import MAX_CELLS
+from abbench.campaign.tables import CELL_DEFAULTS, MAX_CELLS
 from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError
 from abbench.records import DecisionSpec, MatchSpec, Plan, PlannedCell, Sequential
@@ -117,7 +117,7 @@ def planned_cells(before: list[PlannedCell], names: list[str],
 
 # -- the printed plan ----------------------------------------------------------------
 
-_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
+_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)} | CELL_DEFAULTS
 
 
 def estimate_s(config: dict[str, Any], tok_per_s: float = DEFAULT_TOK_PER_S) -> float | None:

@@ -28,6 +28,7 @@ from abbench.campaign._check import (
     under,
 )
 from abbench.campaign.tables import (
+    CELL_DEFAULTS,
     CELL_HINTS,
     ENGINE_KEYS,
     ENGINES,
@@ -330,6 +331,7 @@ def _engine_config(name: str, merged: Layer, workload: WorkloadTable, folder: Pa
     the engine's own rules and against what it would reject only in the cell (a context the
     model does not have); every problem names the key that set the value."""
     values: Layer = {"model": (workload.model, ("workload", "model"))}
+    values.update({k: (v, ("workload", k)) for k, v in CELL_DEFAULTS.items()})
     values.update({k: (v, ("workload", k)) for k, v in workload.settings.items()})
     values.update({k: v for k, v in merged.items() if k in ENGINE_KEYS})
     model, at = values["model"]

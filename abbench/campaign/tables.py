@@ -48,6 +48,9 @@ CELL_HINTS: dict[str, Any] = {
     **{k: typing.get_type_hints(EngineConfig)[f] for k, f in ENGINE_KEYS.items()},
 }
 WORKLOAD_KEYS = ("engine", "timeout_s", *ENGINE_KEYS)
+# Engine keys whose default in a cell differs from the command line's: a cell decodes
+# exactly `tokens` (a run that stopped at EOS would be less work, not a slower run).
+CELL_DEFAULTS: dict[str, Any] = {"ignore_eos": True}
 SWEEP_KEYS = ("timeout_s", *ENGINE_KEYS)
 
 

@@ -62,8 +62,10 @@ def run_engine(a: argparse.Namespace) -> int:
         write_csv(a.csv, result)
     if a.json:
         write_json(a.json, result)
-    if a.show_text:
-        print(result.text)
+    if a.show_text:  # the bytes as they are, as llama.cpp prints them
+        sys.stdout.flush()
+        sys.stdout.buffer.write(result.text_bytes + b"\n")
+        sys.stdout.buffer.flush()
     if not a.quiet:
         for line in summary_lines(result, summarize(result)):
             print(line)

@@ -119,13 +119,15 @@ class RoutePredictor:
         self._prev = [None] * n
 
     def __call__(
-        self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int
+        self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
+        next_logits: np.ndarray | None = None,
     ) -> None:
         if phase != 1:
             return
         k = len(ids)
-        nxt = layer + 1 < len(self.routers)
-        stale_logits = self.routers[layer + 1] @ x if nxt else None  # (n_expert,)
+        stale_logits = next_logits  # (n_expert,): from the router's fused GEMV, else here
+        if stale_logits is None and layer + 1 < len(self.routers):
+            stale_logits = self.routers[layer + 1] @ x
         if self.log:
             actual = set(ids.tolist())
             if k > MAX_SCORED_K:

@@ -27,7 +27,7 @@ from abbench.engine.policies import Policies
 from abbench.engine.predictor import RoutePredictor
 from abbench.engine.sampling import Sampler
 from abbench.engine.streamer import expert_layout
-from abbench.engine.tokenizer import ByteTokenizer
+from abbench.engine.tokenizer import SpmTokenizer
 from abbench.errors import ConfigError
 from abbench.records.route_trace import RouteTraceWriter
 
@@ -82,6 +82,9 @@ class RunResult:
     peak_rss_mib: float
     dense_bytes: int
     extra: dict[str, Any] = field(default_factory=dict)
+    # The output as llama.cpp prints it: each token's bytes, unchecked (byte tokens may spell
+    # bytes that are no UTF-8); `text` is the same decoded, broken sequences replaced.
+    text_bytes: bytes = b""
 
     @property
     def decode(self) -> tuple[TokenRecord, ...]:
@@ -160,9 +163,9 @@ class Engine:
                     f"(0..{args.vocab_size - 1})"
                 )
             self.prompt_ids = list(config.prompt_tokens)
-            self.tokenizer: ByteTokenizer | None = None
+            self.tokenizer: SpmTokenizer | None = None
         else:
-            self.tokenizer = ByteTokenizer.from_model(self.mf)
+            self.tokenizer = SpmTokenizer.from_model(self.mf)
             self.prompt_ids = self.tokenizer.encode(config.prompt)
         need = len(self.prompt_ids) + config.n_tokens
         n_ctx = config.n_ctx or need
@@ -207,6 +210,7 @@ class Engine:
                 weights=config.predict_spec_max > 0,
             )
             self.model.routing_hook = self.predictor
+            self.model.fuse_next_routers()
             self.runner.predictor = self.predictor
         self.layout = layout
         self.load_s = time.perf_counter() - t0
@@ -280,7 +284,7 @@ class Engine:
             current = holder[0]
             output.append(current)
             pos += 1
-            if cfg.stop_at_eos and self.eos_id is not None and current == self.eos_id:
+            if not cfg.ignore_eos and self.eos_id is not None and current == self.eos_id:
                 break
         self.runner.finish()
         extra: dict[str, Any] = {
@@ -295,7 +299,7 @@ class Engine:
         if self.predictor is not None and cfg.predict_log:
             extra["predict"] = self.predictor.scores.to_dict()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        text = self.tokenizer.decode(output) if self.tokenizer else ""
+        raw = b"".join(self.tokenizer.piece(i) for i in output) if self.tokenizer else b""
         return RunResult(
             config=cfg,
             model=self.info,
@@ -306,7 +310,8 @@ class Engine:
             repeat_last_n=self.repeat_last_n,
             prompt_ids=tuple(prompt),
             output_ids=tuple(output),
-            text=text,
+            text=raw.decode("utf-8", errors="replace"),
+            text_bytes=raw,
             records=tuple(records),
             load_s=self.load_s,
             resident_mib=self.runner.cache.resident_bytes / MIB,

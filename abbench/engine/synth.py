@@ -44,7 +44,7 @@ VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
 N_VOCAB = len(VOCAB_SPECIAL) + 256
 BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
 ALIGNMENT = 4096
-FORMAT_VERSION = 2  # bump when the generator's output changes for the same spec
+FORMAT_VERSION = 3  # bump when the generator's output changes for the same spec
 SAMPLING_PENALTY_REPEAT = 1.1  # the sampling defaults written into every synthetic model
 SAMPLING_PENALTY_LAST_N = 64
 
@@ -129,6 +129,7 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
         w = gguf.GGUFWriter(tmp_name, "qwen3moe")
         w.add_custom_alignment(ALIGNMENT)
         w.add_name(name)
+        w.add_file_type(FILE_TYPES[spec.expert_type])  # the experts hold nearly every byte
         w.add_description(f"abbench synthetic model: {asdict(spec)}")
         w.add_block_count(spec.n_layer)
         w.add_context_length(spec.context_length)
@@ -179,6 +180,9 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
             w.write_tensor_data(_quantize(a, type_name)[0])
             del a
         w.close()
+        # mkstemp makes the file 0600: give it the mode a plain create would (0644 under
+        # the usual umask), so a llama.cpp or server process of another user can read it.
+        os.chmod(tmp_name, 0o666 & ~_umask())
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
@@ -186,6 +190,16 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
 
 
 Make = Callable[[], np.ndarray]
+
+# `general.file_type` (llama.cpp's `llama_ftype`) by the experts' tensor type.
+FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
+              "BF16": gguf.LlamaFileType.MOSTLY_BF16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def _tensors(spec: SynthSpec, rng: np.random.Generator

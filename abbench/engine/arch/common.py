@@ -9,10 +9,14 @@ import numpy as np
 
 
 class RoutingHook(Protocol):
-    """Called with each layer's router input and final routing (predictors, traces)."""
+    """Called with each layer's router input and final routing (predictors, traces). Once
+    the model fused the next layer's router into this one's (`fuse_next_routers`, for a
+    stale-gate predictor), decode calls also pass `next_logits`: (n_expert,) the next
+    layer's router times this layer's input."""
 
     def __call__(
-        self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int
+        self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
+        next_logits: np.ndarray | None = None,
     ) -> None: ...
 
 

@@ -236,10 +236,18 @@ class SparseMoE:
         self.k = k
         self.router = mf.read_dense(f"blk.{layer}.ffn_gate_inp.weight", pinned)  # (n_expert, d)
         self.experts = experts
+        # (2 n_expert, d): this router over the next layer's, once a stale-gate predictor is
+        # installed (`Model.fuse_next_routers`): the next layer's router multiplies the very
+        # vector this one does, so one GEMV gives both. Row for row the same dot products,
+        # so the routing is bit-identical either way (tested).
+        self.router_and_next: np.ndarray | None = None
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """x: (d,) → the top-k expert ids and their weights, highest first."""
-        logits = self.router @ x  # (n_expert,)
+        return self.top_k(self.router @ x)  # (n_expert,)
+
+    def top_k(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """logits: (n_expert,) → the top-k ids and their renormalised weights."""
         # Top-k by logit (softmax is monotonic); ties resolve to the lower expert id.
         ids = np.argsort(-logits, kind="stable")[: self.k]  # (k,)
         # softmax over all experts, then renormalised over the top-k, is the softmax of
@@ -249,9 +257,15 @@ class SparseMoE:
 
     def __call__(self, x: np.ndarray, phase: int, hook: RoutingHook | None) -> np.ndarray:
         """x: (d,) the normalised hidden state → (d,) the layer's MoE output."""
-        ids, weights = self.route(x)  # (k,), (k,)
-        if hook is not None:  # predictors see the router's choice, before any drop
-            hook(self.layer, x, ids, weights, phase)
+        if hook is not None and phase == 1 and self.router_and_next is not None:
+            both = self.router_and_next @ x  # (2 n_expert,)
+            n = self.router.shape[0]
+            ids, weights = self.top_k(both[:n])  # (k,), (k,)
+            hook(self.layer, x, ids, weights, phase, next_logits=both[n:])
+        else:
+            ids, weights = self.route(x)  # (k,), (k,)
+            if hook is not None:  # predictors see the router's choice, before any drop
+                hook(self.layer, x, ids, weights, phase)
         chosen = self.experts.select(self.layer, ids, weights, phase)  # the drop policy
         y = self.experts(self.layer, x, chosen, phase)  # (k', d) cache/reads → SwiGLU
         return chosen.weights @ y  # (k',) @ (k', d) → (d,)
@@ -299,6 +313,12 @@ class Model:
 
     def router_matrix(self, layer: int) -> np.ndarray:
         return self.layers[layer].moe.router  # (n_expert, d)
+
+    def fuse_next_routers(self) -> None:
+        """Stack each layer's router over the next one's, for a stale-gate predictor: its
+        hook then receives `next_logits` from the router's own GEMV (decode only)."""
+        for this, nxt in zip(self.layers, self.layers[1:]):
+            this.moe.router_and_next = np.vstack([this.moe.router, nxt.moe.router])
 
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         h = self.token_embd[token].astype(np.float32, copy=True)  # (d,)
