@@ -135,8 +135,11 @@ def history_floor(records: Sequence[RepeatRecord], history: str, t_wall: float,
     chains: dict[tuple[str, int], list[RepeatRecord]] = defaultdict(list)
     newest: dict[str, float] = {}
     for r in records:
-        if r.group is None or not (r.comparable and r.fingerprints_equal) \
-                or not math.isfinite(r.log_ratio):
+        # A grouped record is counted as the campaign counted it: its two cells are in one
+        # repeat group, linked through a member each is comparable with, though maybe not
+        # comparable with each other (requiring that here dropped df the campaign's own
+        # noise had, and left a calibration's floor empty when the probe was noisy).
+        if r.group is None or not r.fingerprints_equal or not math.isfinite(r.log_ratio):
             continue
         chains[(r.run, r.group)].append(r)
         newest[r.run] = max(newest.get(r.run, 0.0), r.t_wall)

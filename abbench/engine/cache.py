@@ -53,6 +53,13 @@ class ExpertCache:
         """Residency without touching recency or counters (policies and predictors ask this)."""
         return key in self.entries
 
+    def refresh_resident(self, keys: list[Key]) -> None:
+        """`refresh` of keys known to be resident, in order (the retention path: one call
+        per layer, not one per key)."""
+        move = self.entries.move_to_end
+        for key in keys:
+            move(key)
+
     def refresh(self, key: Key) -> bool:
         """Mark a resident expert recently used without counting a hit (retention)."""
         if key in self.entries:

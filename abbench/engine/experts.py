@@ -335,8 +335,8 @@ class ExpertRunner:
                                        self.cache.entries, pol.spec_max, pol.drop_frac)
         else:
             return
-        for key in plan.retain:  # refreshed first: the reads below then evict older entries
-            self.cache.refresh(key)
+        # Refreshed first: the reads below then evict older entries.
+        self.cache.refresh_resident(plan.retain)
         self.tok.retained += len(plan.retain)
         if not plan.read:
             return

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -85,9 +85,9 @@ def kept_weights(weights: np.ndarray, keep: Sequence[bool], renorm: bool) -> np.
 # -- speculation ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Speculation:
-    """What a speculation policy asks for after one layer's own reads."""
+class Speculation(NamedTuple):
+    """What a speculation policy asks for after one layer's own reads. (A tuple, not a
+    frozen dataclass: one is made per layer per token, on the path P4 measures.)"""
 
     read: list[Key]  # to read speculatively, in issue order
     retain: list[Key]  # resident: refresh in the LRU (free; never a read)
@@ -112,12 +112,14 @@ def stale_gate_prefetch(layer: int, pred_ids: np.ndarray, pred_weights: np.ndarr
     `spec_max`, except — when dropping is armed — one below drop_frac/k that is not the top
     prediction: dropping would skip it unread, so reading it is the waste.
     """
+    keys = [(layer, e) for e in pred_ids.tolist()]
+    if spec_max == 0:  # retention only (the P4 setting): no read to weigh
+        return Speculation([], [key for key in keys if key in resident])
     read: list[Key] = []
     retain: list[Key] = []
     budget = spec_max
     threshold = drop_frac / len(pred_ids) if drop_frac is not None else 0.0
-    for j, e in enumerate(pred_ids.tolist()):
-        key = (layer, e)
+    for j, key in enumerate(keys):
         if key in resident:
             retain.append(key)
             continue

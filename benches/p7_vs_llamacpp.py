@@ -1,0 +1,87 @@
+"""P7 and P8 — the embedded engine against llama.cpp on the same GGUF file and threads
+(DESIGN 9: P7 resident decode tok/s >= 0.95, goal 1.0; P8 prefill tok/s of a 64-token
+prompt >= 0.5).
+
+llama.cpp is the one tests/llamacpp.py builds from the pinned source (built on first use,
+then cached), run as its users run it: `llama-bench -t THREADS -r 1` with its defaults.
+Its `tg N` test decodes N tokens after an empty context and its `pp N` test prefills an
+N-token prompt in one batch. The embedded engine runs the same file with every expert
+resident (`--resident`) and THREADS compute threads: decode tok/s over N decoded tokens,
+and prefill tok/s over a prompt of N token ids (the prefill passes' wall time). The two
+alternate, round after round, so the host's drift falls on both alike; each round's ratio
+is printed and the median is the figure.
+
+    python benches/p7_vs_llamacpp.py [--model synthetic:default] [--rounds 5] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from llamacpp import build  # noqa: E402  (tests/llamacpp.py: the pinned llama.cpp build)
+
+from abbench.engine.config import EngineConfig  # noqa: E402
+from abbench.engine.models import resolve_model  # noqa: E402
+from abbench.engine.session import Engine  # noqa: E402
+
+
+def llama_bench(binary: Path, model: Path, threads: int, tokens: int) -> tuple[float, float]:
+    """(decode tok/s, prefill tok/s) of one llama-bench run: `tg tokens`, `pp tokens`."""
+    out = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-r", "1",
+                          "-p", str(tokens), "-n", str(tokens), "-o", "json"],
+                         capture_output=True, text=True, timeout=1200, check=True)
+    rows = json.loads(out.stdout)
+    tg = next(r["avg_ts"] for r in rows if r["n_gen"] == tokens and r["n_prompt"] == 0)
+    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == tokens and r["n_gen"] == 0)
+    return float(tg), float(pp)
+
+
+def embedded(model: Path, threads: int, tokens: int) -> tuple[float, float]:
+    """(decode tok/s, prefill tok/s) of one embedded run, every expert resident."""
+    prompt = tuple(3 + (7 * i) % 256 for i in range(tokens))  # byte tokens: any text
+    cfg = EngineConfig(model=str(model), prompt_tokens=prompt, n_tokens=tokens,
+                       resident=True, threads=threads, ignore_eos=True)
+    with Engine(cfg, model) as engine:
+        result = engine.run()
+    decode_s = sum(r.wall_ms for r in result.decode) / 1e3
+    # Prefill passes are the prompt's tokens but its last (which the first decode pass
+    # runs): tok/s over those, a rate comparable with llama.cpp's pp over all N.
+    prefill_s = sum(r.wall_ms for r in result.prefill) / 1e3
+    return len(result.decode) / decode_s, len(result.prefill) / prefill_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="synthetic:default")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=64)
+    a = ap.parse_args()
+    binary = build() / "llama-bench"
+    model = Path(resolve_model(a.model))
+    print(f"model: {a.model} ({model}), {a.threads} threads, {a.tokens} tokens, "
+          f"{a.rounds} alternating rounds; llama.cpp 0c1e570 (llama-cpp-python sdist)")
+    p7, p8 = [], []
+    for i in range(a.rounds):
+        ours = embedded(model, a.threads, a.tokens)
+        theirs = llama_bench(binary, model, a.threads, a.tokens)
+        p7.append(ours[0] / theirs[0])
+        p8.append(ours[1] / theirs[1])
+        print(f"round {i + 1}: decode {ours[0]:7.1f} vs {theirs[0]:7.1f} tok/s "
+              f"({p7[-1]:.3f})   prefill {ours[1]:8.1f} vs {theirs[1]:8.1f} tok/s "
+              f"({p8[-1]:.3f})")
+    print(f"P7 resident decode, embedded / llama.cpp, median of rounds: "
+          f"{statistics.median(p7):.3f}  bar >= 0.95 (goal 1.0)")
+    print(f"P8 prefill of {a.tokens} tokens, embedded / llama.cpp, median of rounds: "
+          f"{statistics.median(p8):.3f}  bar >= 0.5")
+
+
+if __name__ == "__main__":
+    main()
