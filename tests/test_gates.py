@@ -642,11 +642,12 @@ def test_default_preset_has_no_short_cycle(tmp_path_factory: pytest.TempPathFact
                 path).result
     assert not short_cycles(r.output_ids), r.output_ids
     # Issue 2's run (64 tokens, a 256 MiB cache: a sixth of the experts, 4 lanes, overlap)
-    # streams: every token after the warm-up reads from disk. (Not a law: over longer runs
-    # an occasional token routes only to cached experts, e.g. 1 of 124 here at 128 tokens.)
+    # streams: the tokens after the warm-up read from disk. (Not a law for every token: an
+    # occasional one routes only to cached experts, e.g. 1 of 124 at 128 tokens, and 1 of
+    # 60 since prompts are tokenized as llama.cpp does.)
     cfg = EngineConfig(ignore_eos=True, model=str(path), n_tokens=64, cache_mib=256,
                        io_lanes=4, overlap=True)
     with Engine(cfg, path) as engine:
         run = engine.run()
     reads = [t.read_bytes for t in run.decode]
-    assert min(reads[4:]) > 0, reads
+    assert len(reads) == 64 and sum(r == 0 for r in reads[4:]) <= 2, reads
