@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     a = ap.parse_args()
+    if a.tokens < 2:
+        ap.error("--tokens must be at least 2 (a prompt of one token has no prefill pass)")
     binary = build() / "llama-bench"
     model = Path(resolve_model(a.model))
     print(f"model: {a.model} ({model}), {a.threads} threads, {a.tokens} tokens, "

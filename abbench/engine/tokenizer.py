@@ -216,7 +216,9 @@ def read_vocab(mf: ModelFile) -> Vocab:
             raise ModelFileError(f"{mf.path}: `{key}` holds values of the wrong type")
 
     def token_id(key: str, default: int) -> int | None:
-        value = mf.get(key, default)
+        value = mf.get(key)
+        if value is None:  # absent: llama.cpp's default id, where the vocabulary has it
+            return default if default < n else None
         if not isinstance(value, int) or not 0 <= value < n:
             raise ModelFileError(f"{mf.path}: metadata `{key}` is {value!r}, outside the "
                                  f"vocabulary of {n} tokens")
