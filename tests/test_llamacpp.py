@@ -33,9 +33,14 @@ N_TOKENS = 64
 # Pure greedy on both sides: the synthetic files carry sampling defaults (temperature 1,
 # repeat penalty 1.1) that both engines would otherwise apply.
 GREEDY = ("--temp", "0", "--repeat-penalty", "1")
-# One thread on both sides: the comparison is of numerics, and a reduction split over
-# threads is one more order of float sums that can swap a near-tie (one CI run of `tiny`
-# differed with 2 threads and matched on rerun).
+# One thread on both sides: the comparison is of numerics, not of how a reduction splits.
+THREADS = 1
+# llama-completion prints tokens through an asynchronous logger that it never joins (its
+# singleton is leaked by design, common/log.cpp), so a loaded machine can lose the tail of
+# stdout at exit: two CI runs printed 35 of 64 tokens, exit status 0. Its last write is
+# "\n\n"; the queue is written in order, so output ending in it is whole.
+END = b"\n\n"
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="session")
@@ -57,19 +62,24 @@ def test_the_same_text_gives_llama_cpps_token_ids(llama_bin: Path, tiny_model: P
 
 
 def _llama_completion(llama_bin: Path, model: Path) -> bytes:
-    out = subprocess.run(
-        [str(llama_bin / "llama-completion"), "-m", str(model), "-p", PROMPT,
-         "-n", str(N_TOKENS), *GREEDY, "-fa", "off", "-ctk", "f32", "-ctv", "f32",
-         "--ignore-eos", "--no-display-prompt", "-no-cnv", "-t", "1", "-s", "0"],
-        capture_output=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout
+    for _ in range(ATTEMPTS):
+        out = subprocess.run(
+            [str(llama_bin / "llama-completion"), "-m", str(model), "-p", PROMPT,
+             "-n", str(N_TOKENS), *GREEDY, "-fa", "off", "-ctk", "f32", "-ctv", "f32",
+             "--ignore-eos", "--no-display-prompt", "-no-cnv", "-t", str(THREADS), "-s", "0"],
+            capture_output=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        if out.stdout.endswith(END):
+            return out.stdout.removesuffix(END)
+    pytest.fail(f"llama-completion's stdout was cut short {ATTEMPTS} times "
+                f"(last: {out.stdout[-80:]!r})")
 
 
 def _abbench_text(model: Path) -> bytes:
     out = subprocess.run(
         [sys.executable, "-m", "abbench", "engine", "run", "-m", str(model), "-p", PROMPT,
-         "-n", str(N_TOKENS), *GREEDY, "--ignore-eos", "--threads", "1", "--show-text", "-q"],
+         "-n", str(N_TOKENS), *GREEDY, "--ignore-eos", "--threads", str(THREADS),
+         "--show-text", "-q"],
         capture_output=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.removesuffix(b"\n")
@@ -81,7 +91,5 @@ def test_64_greedy_tokens_print_what_llama_completion_prints(
     model: Path = request.getfixturevalue(f"{preset}_model")
     ours = _abbench_text(model)
     theirs = _llama_completion(llama_bin, model)
-    # llama-completion ends its output with newlines of its own.
-    assert theirs.rstrip(b"\n") == ours.rstrip(b"\n") and len(theirs) - len(ours) <= 2, (
-        ours, theirs)
+    assert theirs == ours, (ours, theirs)
     assert ours  # the tokens printed something: equal empty outputs would prove nothing
