@@ -296,3 +296,14 @@ def test_a_synthetic_model_is_built_before_the_first_cell(tmp_path: Path,
     folder = run_folder(tmp_path / "r")
     for cell in ("01-A", "02-A"):
         assert "building" not in (folder / "cells" / cell / "stderr.txt").read_text()
+
+
+def test_the_report_shows_each_cells_prefill_and_time_to_first_token(three_cell_run) -> None:
+    _, tmp = three_cell_run
+    folder = run_folder(tmp / "reports")
+    doc = json.loads((folder / "report.json").read_text())
+    for c in doc["cells"]:
+        summary = json.loads((folder / "cells" / c["label"] / "summary.json").read_text())
+        assert c["ttft_s"] == summary["summary"]["ttft_s"] > 0
+        assert c["prefill_tok_s"] == pytest.approx(summary["summary"]["n_prompt"] / c["ttft_s"])
+    assert "| prefill tok/s | TTFT s |" in (folder / "report.md").read_text()

@@ -30,7 +30,7 @@ import pytest
 
 from abbench.engine.config import EngineConfig
 from abbench.engine.experts import MIB
-from abbench.engine.session import Engine, RunResult
+from abbench.engine.session import Engine, RunResult, TokenRecord
 from abbench.engine.telemetry import fingerprint
 
 # Dropping at top-2/top-4 warns (tested in test_policies); here it is expected.
@@ -99,6 +99,14 @@ def execute(name: str, cfg: EngineConfig, path: Path) -> Run:
             passes[-1].append(_digest(logits))
             return logits
 
+        prefill = model.prefill
+
+        def traced_prefill(tokens: list[int], pos: int) -> None:
+            prefill(tokens, pos)
+            end = pos + len(tokens)  # a prefill's output is the keys and values it cached
+            passes[-1].append(_digest(*(a for lay in model.layers for a in (
+                lay.attention.k_cache[:, :end], lay.attention.v_cache[:, :end]))))
+
         probe = model.routing_hook  # the engine's predictor, when a policy installed one
 
         def hooks(
@@ -111,6 +119,7 @@ def execute(name: str, cfg: EngineConfig, path: Path) -> Run:
 
         model.routing_hook = hooks
         model.forward = traced_forward  # type: ignore[method-assign]
+        model.prefill = traced_prefill  # type: ignore[method-assign]
         result = engine.run()
     return Run(name, result, tuple(tuple(p) for p in passes))
 
@@ -171,8 +180,9 @@ def _config_diff(a: EngineConfig, b: EngineConfig) -> str:
 
 def _pass_label(result: RunResult, index: int) -> str:
     rec = result.records[index]
-    kind = "prefill" if rec.phase == 0 else "decode"
-    return f"forward pass {index} ({kind} step {rec.step}, input token {rec.token})"
+    if rec.phase == 0:
+        return f"forward pass {index} (prefill batch {rec.step} of {rec.tokens} tokens)"
+    return f"forward pass {index} (decode step {rec.step}, input token {rec.token})"
 
 
 def assert_same_output(base: Run, other: Run) -> None:
@@ -184,7 +194,8 @@ def assert_same_output(base: Run, other: Run) -> None:
     for i, (pa, pb) in enumerate(zip(base.passes, other.passes)):
         if pa != pb:
             j = next(j for j, (a, b) in enumerate(zip(pa, pb)) if a != b)
-            what = f"layer {j} router input/routing" if j < n_layer else "logits"
+            last = "logits" if base.result.records[i].phase else "keys and values"
+            what = f"layer {j} router input/routing" if j < n_layer else last
             problems.append(f"first numeric divergence: {_pass_label(base.result, i)}, {what}")
             break
     if len(base.passes) != len(other.passes):
@@ -203,10 +214,22 @@ def assert_same_output(base: Run, other: Run) -> None:
 # -- what each configuration must have done for its comparison to mean something ----------
 
 
+def lookups_in(r: Run, rec: TokenRecord) -> tuple[int, int]:
+    """The bounds on a pass's lookups: a decode pass looks up each routed expert; a prefill
+    batch the union of its tokens' routings per layer, each expert once."""
+    if rec.phase == 1:
+        return r.routed_per_pass, r.routed_per_pass
+    union = min(rec.tokens * r.k, int(r.info["n_expert"]))
+    return r.routed_per_pass, int(r.info["n_layer"]) * union
+
+
 def expect_resident(r: Run) -> None:
     t = r.total
     assert t["read_bytes"] == 0, f"`{r.name}`: a resident run read {t['read_bytes']} bytes"
-    assert t["hits"] == t["experts_routed"] > 0, f"`{r.name}`: {t}"
+    assert t["misses"] == 0 and t["hits"] > 0, f"`{r.name}`: {t}"
+    for i, rec in enumerate(r.result.records):
+        lo, hi = lookups_in(r, rec)
+        assert lo <= rec.hits <= hi, f"`{r.name}`, {_pass_label(r.result, i)}: {rec}"
 
 
 def expect_cache_off(r: Run) -> None:
@@ -215,9 +238,11 @@ def expect_cache_off(r: Run) -> None:
     for i, rec in enumerate(r.result.records):
         where = f"`{r.name}`, {_pass_label(r.result, i)}"
         assert rec.hits == 0, f"{where}: {rec.hits} hits with the cache off"
-        assert rec.misses == rec.experts_routed == r.routed_per_pass, f"{where}: {rec}"
-        assert rec.read_bytes == r.routed_per_pass * expert_bytes, (
-            f"{where}: read {rec.read_bytes} bytes, expected {r.routed_per_pass} experts x "
+        assert rec.experts_routed == r.routed_per_pass * rec.tokens, f"{where}: {rec}"
+        lo, hi = lookups_in(r, rec)
+        assert lo <= rec.misses <= hi, f"{where}: {rec}"
+        assert rec.read_bytes == rec.misses * expert_bytes, (
+            f"{where}: read {rec.read_bytes} bytes, expected {rec.misses} experts x "
             f"{expert_bytes}"
         )
     assert r.result.resident_mib == 0, f"`{r.name}`: {r.result.resident_mib} MiB resident"
@@ -487,7 +512,8 @@ def test_one_expert_per_token(small_model: Path, variant: str) -> None:
     other = run(small_model, variant + " k=1", n_expert_used=1, **overrides)
     assert base.k == 1
     for r in (base, other):
-        assert all(rec.experts_routed == int(r.info["n_layer"]) for rec in r.result.records), (
+        n_layer = int(r.info["n_layer"])
+        assert all(rec.experts_routed == n_layer * rec.tokens for rec in r.result.records), (
             f"`{r.name}`: routed more than one expert per layer"
         )
     for expect in expectations:
@@ -504,8 +530,8 @@ def test_every_expert_per_token(tiny_model: Path, variant: str) -> None:
     base = baseline(tiny_model, n_expert_used=n)
     other = run(tiny_model, f"{variant} k={n}", n_expert_used=n, **overrides)
     for r in (base, other):
-        routed = {rec.experts_routed for rec in r.result.records}
-        assert routed == {int(r.info["n_layer"]) * n}, f"`{r.name}`: routed {routed} per pass"
+        routed = {rec.experts_routed // rec.tokens for rec in r.result.records}
+        assert routed == {int(r.info["n_layer"]) * n}, f"`{r.name}`: routed {routed} per token"
     for expect in expectations:
         expect(other)
     assert_same_output(base, other)

@@ -91,6 +91,8 @@ class CellStats:
     log_rate: float | None = None  # log tokens/s of the steady window (None: no window)
     token_variance: float = math.nan  # its moving-block variance (NaN: no window)
     peak_rss_mib: float | None = None  # the process's peak RSS, where recorded
+    prefill_tok_s: float | None = None  # prompt tokens / time to first token, where recorded
+    ttft_s: float | None = None  # time to first token (prefill, load excluded)
 
     @property
     def ok(self) -> bool:
@@ -213,6 +215,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         **_work_per_token(cols, start, steady, summary, doc),
         during=_with_metrics(device_during(record, samples), doc),
         peak_rss_mib=peak_kb / 1024 if peak_kb is not None else _num(summary, "peak_rss_MiB"),
+        prefill_tok_s=_num(summary, "prefill_tok/s"), ttft_s=_num(summary, "ttft_s"),
         notes=tuple(notes),
         wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
         log_rate=log_rate(steady) if len(steady) >= 2 else None,

@@ -76,6 +76,18 @@ def expert_down(buf: ExpertBuffer, act: np.ndarray, out: np.ndarray) -> None:
     np.matmul(buf.down, act, out=out)  # (d, ff) @ (ff,) → (d,)
 
 
+def expert_rows(buf: ExpertBuffer, x: np.ndarray, expit: Callable[..., Any]) -> np.ndarray:
+    """One expert over a batch of rows (prefill): x (m, d) → (m, d). The same SwiGLU as
+    `expert_up` and `expert_down`, as GEMMs: equal to them up to float summation order."""
+    ff = buf.down.shape[1]
+    h = x @ buf.gate_up.T  # (m, d) @ (d, 2ff) → (m, 2ff)
+    gate, up = h[:, :ff], h[:, ff:]  # (m, ff) each
+    act = expit(gate)  # silu(gate) * up
+    act *= gate
+    act *= up
+    return act @ buf.down.T  # (m, ff) @ (ff, d) → (m, d)
+
+
 def split_rows(w: np.ndarray) -> int:
     """Where a large GEMV is split in two (half the rows, on a 16-row boundary), 0 if not.
 

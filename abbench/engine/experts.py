@@ -32,7 +32,7 @@ import numpy as np
 
 from abbench.engine import partner
 from abbench.engine.cache import ExpertCache, Key
-from abbench.engine.compute import ComputeTeam, Job
+from abbench.engine.compute import ComputeTeam, Job, expert_rows
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.policies import (
     Policies,
@@ -280,17 +280,20 @@ class ExpertRunner:
                 jobs += [Job(slot, buf, None) for slot, _, buf, _ in load.missing]
             stall += self.team.run(jobs, x, self.out)
         except BaseException:
-            # Every read ends (done or failed) before its buffer is reused; then the
-            # entries whose contents are not trustworthy leave the cache.
-            for t in load.tickets:
-                t.event.wait()
-            for _, e, _, cached in load.missing:
-                if cached:
-                    self.cache.drop((layer, e))
+            self._abandon(layer, load)
             raise
         if load.missing:
             self._account_reads(layer, load)
         self.tok.stall_s += stall
+
+    def _abandon(self, layer: int, load: Load) -> None:
+        """A layer failed: every read ends (done or failed) before its buffer is reused;
+        then the entries whose contents are not trustworthy leave the cache."""
+        for t in load.tickets:
+            t.event.wait()
+        for _, e, _, cached in load.missing:
+            if cached:
+                self.cache.drop((layer, e))
 
     def _account_reads(self, layer: int, load: Load) -> None:
         """The layer's reads into the counters; scratch buffers back to the free list."""
@@ -317,6 +320,107 @@ class ExpertRunner:
             dropped = [0 if kept else 1 for kept in chosen.keep]
         trace.layer(phase, self.step, layer, chosen.routed, chosen.routed_weights.tolist(),
                     full, dropped, self.layout[layer].file_bytes)
+
+    # -- prefill: the prompt as one batch per layer --------------------------------------
+
+    def prefill(self, layer: int, x: np.ndarray, ids: np.ndarray,
+                weights: np.ndarray) -> np.ndarray:
+        """The MoE output of a batch of prompt tokens at one layer (DESIGN 3.2).
+
+        x: (n, d) normalised inputs; ids, weights: (n, k) each token's routing. The union of
+        the kept experts is looked up and read once for the whole batch (one lookup each, as
+        a decode token does per layer); each expert then runs one GEMM over the rows routed
+        to it. With --drop-in-prefill a token drops against the residency before the
+        layer's reads. → (n, d), each token's weighted sum in routing order.
+        """
+        t0 = time.perf_counter()
+        if self._pending:
+            self._settle()
+        n, k = ids.shape
+        self.tok.experts_routed += n * k
+        keep = np.ones((n, k), bool)  # (n, k)
+        w = weights  # (n, k)
+        frac = self.policies.drop_frac_in(0)
+        if frac is not None:
+            resident = np.vectorize(lambda e: self.cache.peek((layer, int(e))), otypes=[bool])
+            flags = resident(ids)  # (n, k)
+            w = np.zeros_like(weights)
+            for t in range(n):
+                keep[t] = cold_keep(weights[t], flags[t].tolist(), frac)
+                w[t, keep[t]] = kept_weights(weights[t], keep[t].tolist(),
+                                             self.policies.drop_renorm)
+            self.tok.experts_dropped += int(n * k - keep.sum())
+        # The union in first-use order (row-major): the batch's reads are issued in it.
+        kept_ids = ids[keep]  # (kept,)
+        _, first = np.unique(kept_ids, return_index=True)
+        union = kept_ids[np.sort(first)].tolist()
+        evictions_before = self.cache.counters.evictions
+        load = self._load(layer, union)
+        self.tok.evictions += self.cache.counters.evictions - evictions_before
+        if self.trace is not None:
+            self._trace_prefill(self.trace, layer, ids, weights, keep, union, load.residency)
+        self.tok.mgmt_s += time.perf_counter() - t0
+        y = np.zeros((n, k, x.shape[1]), np.float32)  # (n, k, d) per routed slot
+        self._run_batch(layer, x, ids, keep, union, load, y)
+        # Each token's slots summed in routing order, as the decode path sums them.
+        out = np.zeros_like(x)  # (n, d)
+        for j in range(k):
+            out += w[:, j, None] * y[:, j]
+        return out
+
+    def _run_batch(self, layer: int, x: np.ndarray, ids: np.ndarray, keep: np.ndarray,
+                   union: list[int], load: Load, y: np.ndarray) -> None:
+        """Each expert of the union as one GEMM over its rows of x (n, d), into y (n, k, d):
+        resident ones first, then each read as it lands (without --overlap, every read is
+        waited for first). A wait on a read is stall."""
+        from scipy.special import expit  # imported once by the compute team already
+
+        jobs = [(job.slot, job.buffer, None) for job in load.resident]
+        jobs += [(slot, buf, t) for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
+        stall = 0.0
+        try:
+            if not self.overlap and load.tickets:
+                w0 = time.perf_counter()
+                for t in load.tickets:
+                    t.wait()
+                stall = time.perf_counter() - w0
+            for slot, buf, ticket in jobs:
+                if ticket is not None:
+                    w0 = time.perf_counter()
+                    ticket.wait()  # raises if the read failed
+                    stall += time.perf_counter() - w0
+                rows, cols = np.nonzero((ids == union[slot]) & keep)  # (m,), (m,)
+                y[rows, cols] = expert_rows(buf, x[rows], expit)  # (m, d)
+        except BaseException:
+            self._abandon(layer, load)
+            raise
+        if load.missing:
+            self._account_reads(layer, load)
+        self.tok.stall_s += stall
+
+    def _trace_prefill(self, trace: RouteTraceWriter, layer: int, ids: np.ndarray,
+                       weights: np.ndarray, keep: np.ndarray, union: list[int],
+                       residency: list[int]) -> None:
+        """The batch's rows, token by token (`step` = the token's index in the prompt): an
+        expert's first row carries its lookup's residency; later rows in the batch are hits
+        on the one read (the replay's accounting, records/route_trace.py)."""
+        status = dict(zip(union, residency))
+        seen: set[int] = set()
+        base = self.step
+        for t in range(ids.shape[0]):
+            routed = ids[t].tolist()
+            res, dropped = [], []
+            for e, kept in zip(routed, keep[t].tolist()):
+                dropped.append(0 if kept else 1)
+                if not kept:
+                    res.append(0)
+                elif e in seen:
+                    res.append(1)
+                else:
+                    seen.add(e)
+                    res.append(status[e])
+            trace.layer(0, base + t, layer, routed, weights[t].tolist(), res, dropped,
+                        self.layout[layer].file_bytes)
 
     # -- speculation -----------------------------------------------------------------
 

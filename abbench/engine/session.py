@@ -1,9 +1,10 @@
 """One engine run: load a model for streaming, prefill a prompt, decode N tokens, measure each.
 
-Prompt tokens but the last run through the same forward pass as decode (`phase=0`); decode
-step i feeds the newest token and samples the next (`phase=1`), so N decode steps produce
-N tokens, each one forward pass. Timing covers the forward pass and sampling; counters of
-what the expert side did are collected per forward pass.
+Prompt tokens but the last run as one batch per layer (`phase=0`, DESIGN 3.2; one record
+per batch of up to PREFILL_BATCH tokens); decode step i feeds the newest token and samples
+the next (`phase=1`), so N decode steps produce N tokens, each one forward pass — step 1
+feeds the prompt's last token, and time to first token is prefill plus step 1. Timing
+covers each pass and sampling; counters of what the expert side did are collected per pass.
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ from abbench.engine.tokenizer import SpmTokenizer
 from abbench.errors import ConfigError
 from abbench.records.route_trace import RouteTraceWriter
 
+# Prompt tokens per prefill pass: llama.cpp's default micro-batch. It bounds a pass's
+# attention scores (heads x batch x context floats) and its union of experts.
+PREFILL_BATCH = 512
+
 
 @dataclass(frozen=True)
 class TokenRecord:
     step: int  # 1-based within its phase
     phase: int  # 0 prefill, 1 decode
-    token: int  # the token fed to this forward pass
+    token: int  # the token fed to this forward pass (a prefill batch's first)
     wall_ms: float
     io_ms: float
     compute_ms: float
@@ -56,6 +61,7 @@ class TokenRecord:
     spec_useful: int = 0
     spec_cancelled: int = 0
     retained: int = 0
+    tokens: int = 1  # how many tokens the pass ran: a prefill batch's size, 1 in decode
 
     @property
     def cache_hit_pct(self) -> float:
@@ -270,9 +276,12 @@ class Engine:
             sampler.accept(tok)
         output: list[int] = []
         pos = 0
-        for i, tok in enumerate(prompt[:-1]):
-            records.append(self._step(tok, pos, 0, i + 1, None))
-            pos += 1
+        # The prompt but its last token, in batches of PREFILL_BATCH; the last one runs as
+        # decode step 1, whose logits sample the first output token.
+        for start in range(0, len(prompt) - 1, PREFILL_BATCH):
+            batch = prompt[start : min(start + PREFILL_BATCH, len(prompt) - 1)]
+            records.append(self._prefill(batch, pos, len(records) + 1))
+            pos += len(batch)
         self.runner.finish()
         current = prompt[-1]
         for step in range(1, cfg.n_tokens + 1):
@@ -321,18 +330,32 @@ class Engine:
             extra=extra,
         )
 
+    def _prefill(self, tokens: list[int], pos: int, step: int) -> TokenRecord:
+        """One prefill pass over `tokens` (positions pos ..), measured as one record."""
+        return self._measure(step, 0, tokens, lambda: self.model.prefill(tokens, pos), pos)
+
     def _step(
         self, token: int, pos: int, phase: int, step: int,
         sample: Callable[[np.ndarray], None] | None,
     ) -> TokenRecord:
+        def forward() -> None:
+            logits = self.model.forward(token, pos, phase)
+            if sample is not None:
+                sample(logits)
+
+        return self._measure(step, phase, [token], forward, step - 1)
+
+    def _measure(self, step: int, phase: int, tokens: list[int], work: Callable[[], None],
+                 trace_step: int) -> TokenRecord:
         tok = self.runner.tok
-        self.runner.begin_pass(phase, step - 1)
+        self.runner.begin_pass(phase, trace_step)
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         partner0 = self.runner.partner_cpu_s()
         t0 = time.perf_counter()
-        logits = self.model.forward(token, pos, phase)
-        if sample is not None:
-            sample(logits)
+        # A prefill batch's GEMMs run on one BLAS thread too: BLAS splits a GEMM by thread
+        # count, and the output must not depend on --threads (measured: two BLAS threads
+        # gave no clear gain on 2 cores).
+        work()
         wall = time.perf_counter() - t0
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
@@ -340,7 +363,8 @@ class Engine:
         return TokenRecord(
             step=step,
             phase=phase,
-            token=token,
+            token=tokens[0],
+            tokens=len(tokens),
             wall_ms=wall * 1e3,
             io_ms=tok.io_s * 1e3,
             compute_ms=max(0.0, wall - tok.stall_s - tok.mgmt_s) * 1e3,

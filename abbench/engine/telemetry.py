@@ -68,6 +68,10 @@ def summarize(result: RunResult) -> dict[str, Any]:
     def per_tok(x: float) -> float:
         return x / n if n else 0.0
 
+    # The prompt's last token runs as decode step 1, whose logits give the first token.
+    prefill_s = sum(r.wall_ms for r in pre) / 1e3
+    ttft_s = prefill_s + (dec[0].wall_ms / 1e3 if dec else 0.0)
+
     return {
         "tokens": n,
         "s/tok": per_tok(wall),
@@ -92,7 +96,9 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "peak_rss_MiB": result.peak_rss_mib,
         "dense_MiB": result.dense_bytes / MIB,
         "n_prompt": len(result.prompt_ids),
-        "prefill_s": sum(r.wall_ms for r in pre) / 1e3,
+        "prefill_s": prefill_s,
+        "ttft_s": ttft_s,
+        "prefill_tok/s": len(result.prompt_ids) / ttft_s if ttft_s > 0 else 0.0,
         "load_s": result.load_s,
         "experts_routed": routed,
         "experts_dropped": dropped,
@@ -113,7 +119,8 @@ def summary_lines(result: RunResult, s: dict[str, Any] | None = None) -> list[st
         f"compute: {s['threads']} threads, cpu {s['cpu_s/tok']:.3f} s/token "
         f"({100 * s['cpu_occupancy']:.0f}% occupancy), majflt {s['majflt/tok']:.2f}/token, "
         f"peak RSS {s['peak_rss_MiB']:.0f} MiB, load {s['load_s']:.2f} s, "
-        f"prefill {s['n_prompt']} tokens {s['prefill_s']:.2f} s",
+        f"prefill {s['n_prompt']} tokens {s['prefill_tok/s']:.1f} tok/s, TTFT "
+        f"{s['ttft_s']:.3f} s",
         f"moe-stream: read {s['read_MiB']:.1f} MiB ({s['read_MiB/tok']:.2f} MiB/token), "
         f"decode {s['s/tok']:.3f} s/token (compute {s['compute_s/tok']:.3f} + cache mgmt "
         f"{s['mgmt_s/tok']:.3f} + flash I/O {s['stall_s/tok']:.3f} s/token, "
@@ -185,8 +192,8 @@ def csv_text(result: RunResult) -> str:
     keys = ["tokens", "s/tok", "tok/s", "read_MiB", "cache_hit_pct", "stall_s/tok",
             "majflt/tok", "cpu_s/tok", "experts_routed", "experts_dropped", "spec_read_MiB",
             "spec_experts", "spec_useful", "io_s/tok", "compute_s/tok", "mgmt_s/tok",
-            "n_prompt", "prefill_s", "load_s", "cache_resident_MiB", "cache_budget_MiB",
-            "peak_rss_MiB"]
+            "n_prompt", "prefill_s", "ttft_s", "prefill_tok/s", "load_s", "cache_resident_MiB",
+            "cache_budget_MiB", "peak_rss_MiB"]
     return format_bmoe_csv(_preamble(result), CSV_COLUMNS, (_row(r, len(dec)) for r in dec),
                            {k: _fmt(s[k]) for k in keys})
 
@@ -228,7 +235,8 @@ def json_doc(result: RunResult) -> dict[str, Any]:
         "text": result.text,
         "per_token": {k: [_num(getattr(r, k)) for r in dec] for k in PER_TOKEN_KEYS}
         | {"cache_hit_pct": [r.cache_hit_pct for r in dec], "token": [r.token for r in dec]},
-        "prefill": {k: [_num(getattr(r, k)) for r in pre] for k in PER_TOKEN_KEYS},
+        "prefill": {k: [_num(getattr(r, k)) for r in pre]
+                    for k in [*PER_TOKEN_KEYS, "tokens"]},  # one entry per batch
         **{k: v for k, v in result.extra.items() if k != "preamble"},
     }
 

@@ -54,6 +54,7 @@ def _cell(c: CellStats, a: CampaignAnalysis) -> dict[str, Any]:
         "spec_read_mib_per_token": plain(c.spec_read_mib_per_token),
         "spec_useful_pct": plain(c.spec_useful_pct), "threads": c.threads,
         "peak_rss_mib": plain(c.peak_rss_mib),
+        "prefill_tok_s": plain(c.prefill_tok_s), "ttft_s": plain(c.ttft_s),
         "entry": rec.entry.to_json() if rec else None,
         "gate": rec.gate.to_json() if rec else None,
         "t_start_wall": rec.t_start_wall if rec else None,

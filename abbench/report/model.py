@@ -109,12 +109,15 @@ class CellRow:
     pressure: str
     gate: str  # "waited 12 s", wherever a wait is recorded
     gate_polled: str  # the same where the gate polled or gave up, "-" otherwise
+    prefill: str  # prompt tokens per second until the first token
+    ttft: str  # time to first token, seconds
 
 
 Column: TypeAlias = tuple[str, str]  # (heading, CellRow field)
 CELL_COLUMNS: tuple[Column, ...] = (
     ("#", "number"), ("cell", "name"), ("config", "config"), ("status", "status"),
     ("tok/s", "rate"), ("drop rate", "drop"), ("median ms (p5–p95)", "median_range"),
+    ("prefill tok/s", "prefill"), ("TTFT s", "ttft"),
     ("MiB/tok", "mib"), ("hit %", "hit"), ("stall ms/tok", "stall"),
     ("majflt/tok", "majflt"), ("CPU occ.", "cpu"), ("spec useful", "spec"),
     ("caps during", "caps"), ("entry", "entry"), ("pressure", "pressure"),
@@ -368,7 +371,8 @@ def _cells(a: CampaignAnalysis) -> Cells:
             cpu=t.num(c.cpu_occupancy and 100 * c.cpu_occupancy, ".0f", "%"),
             spec=t.num(c.spec_useful_pct, ".0f", "%"), caps=t.caps_during(c),
             entry=t.entry(rec.entry) if rec else "-", pressure=t.pressure(c), gate=gate,
-            gate_polled=polled))
+            gate_polled=polled, prefill=t.num(c.prefill_tok_s, ".1f"),
+            ttft=t.num(c.ttft_s, ".3f")))
     notes = tuple(f"cell {c.index + 1} ({c.name}): {n}" for c in a.cells for n in c.notes)
     return Cells(tuple(rows), notes)
 

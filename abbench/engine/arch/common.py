@@ -9,10 +9,11 @@ import numpy as np
 
 
 class RoutingHook(Protocol):
-    """Called with each layer's router input and final routing (predictors, traces). Once
-    the model fused the next layer's router into this one's (`fuse_next_routers`, for a
-    stale-gate predictor), decode calls also pass `next_logits`: (n_expert,) the next
-    layer's router times this layer's input."""
+    """Called with each layer's router input and final routing (predictors, tests): in
+    decode x (d,), ids and weights (k,); in prefill (`phase` 0) once per layer for the
+    whole batch, x (n, d), ids and weights (n, k). Once the model fused the next layer's
+    router into this one's (`fuse_next_routers`, for a stale-gate predictor), decode calls
+    also pass `next_logits`: (n_expert,) the next layer's router times this layer's input."""
 
     def __call__(
         self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,

@@ -207,6 +207,46 @@ class Attention:
         out /= scores.sum(axis=-1, keepdims=True)
         return mv(self.wo, out.reshape(-1), self._out)  # (d,)
 
+    def prefill(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """x: (n, d) normalised inputs of positions pos .. pos+n-1; cos, sin: (n, hd/2)
+        their rotations → (n, d). Causal attention over the cache and the batch itself;
+        the batch's keys and values join the cache."""
+        nq, nkv, hd = self.n_head, self.n_kv, self.hd
+        n = x.shape[0]
+        w = self.wqkv if self.wqkv is not None else np.concatenate([self.wq, self.wk, self.wv])
+        qkv = x @ w.T  # (n, q+k+v rows)
+        qk_rows = self.q_rows + self.k_rows
+        qk = qkv[:, :qk_rows].reshape(n, nq + nkv, hd)  # (n, n_head + n_kv, hd)
+        v = qkv[:, qk_rows:].reshape(n, nkv, hd)  # (n, n_kv, hd)
+        inv = (np.einsum("thi,thi->th", qk, qk) * (1.0 / hd) + self.eps) ** -0.5  # (n, heads)
+        qk = qk * inv[:, :, None] * self.qk_norm  # (n, heads, hd)
+        qk = rope_rows(qk, cos[:, None], sin[:, None])  # (n, heads, hd)
+        end = pos + n
+        self.k_cache[:, pos:end] = qk[:, nq:].transpose(1, 0, 2)  # (n_kv, n, hd)
+        self.v_cache[:, pos:end] = v.transpose(1, 0, 2)
+        keys = self.k_cache[:, :end]  # (n_kv, T, hd)
+        values = self.v_cache[:, :end]  # (n_kv, T, hd)
+        g = nq // nkv
+        qg = qk[:, :nq].reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)  # (n_kv, g, n, hd)
+        scores = qg @ keys.transpose(0, 2, 1)[:, None]  # (n_kv, g, n, T), already scaled
+        future = np.arange(end)[None, :] > (pos + np.arange(n))[:, None]  # (n, T) causal
+        scores[..., future] = -np.inf
+        if self._shift:
+            scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)  # unnormalised softmax; exp(-inf) = 0
+        out = scores @ values[:, None]  # (n_kv, g, n, hd)
+        out /= scores.sum(axis=-1, keepdims=True)
+        heads = out.transpose(2, 0, 1, 3).reshape(n, nq * hd)  # (n, n_head*hd)
+        return heads @ self.wo.T  # (n, d)
+
+
+def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """NeoX RoPE of a batch, elementwise: x (..., hd) with cos, sin broadcasting to
+    (..., hd/2). The same rotation as `rope_matrix`, without its multiplications by 0."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+
 
 def rope_matrix(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """NeoX RoPE at one position as a right-multiplied (hd, hd) matrix.
@@ -270,6 +310,17 @@ class SparseMoE:
         y = self.experts(self.layer, x, chosen, phase)  # (k', d) cache/reads → SwiGLU
         return chosen.weights @ y  # (k',) @ (k', d) → (d,)
 
+    def prefill(self, x: np.ndarray, hook: RoutingHook | None) -> np.ndarray:
+        """x: (n, d) a batch of prompt tokens' normalised hidden states → (n, d)."""
+        logits = x @ self.router.T  # (n, n_expert)
+        ids = np.argsort(-logits, axis=1, kind="stable")[:, : self.k]  # (n, k)
+        top = np.take_along_axis(logits, ids, axis=1)  # (n, k)
+        w = np.exp(top - top[:, :1])  # (n, k)
+        w /= w.sum(axis=1, keepdims=True)
+        if hook is not None:
+            hook(self.layer, x, ids, w, 0)  # the batch's routings: (n, d), (n, k), (n, k)
+        return self.experts.prefill(self.layer, x, ids, w)  # (n, d)
+
 
 class DecoderLayer:
     def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, pinned: bool, n_ctx: int,
@@ -319,6 +370,18 @@ class Model:
         hook then receives `next_logits` from the router's own GEMV (decode only)."""
         for this, nxt in zip(self.layers, self.layers[1:]):
             this.moe.router_and_next = np.vstack([this.moe.router, nxt.moe.router])
+
+    def prefill(self, tokens: list[int], pos: int) -> None:
+        """Run prompt tokens at positions pos .. pos+n-1 as one batch per layer (DESIGN
+        3.2), filling the KV cache; their logits are not needed (the prompt's last token
+        runs through `forward`, which samples the first output token)."""
+        h = self.token_embd[tokens].astype(np.float32)  # (n, d)
+        cos, sin = self.cos[pos : pos + len(tokens)], self.sin[pos : pos + len(tokens)]
+        for layer in self.layers:
+            h += layer.attention.prefill(rms_norm_rows(h, layer.attn_norm, self.eps), pos,
+                                         cos, sin)
+            h += layer.moe.prefill(rms_norm_rows(h, layer.ffn_norm, self.eps),
+                                   self.routing_hook)
 
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         h = self.token_embd[token].astype(np.float32, copy=True)  # (d,)
