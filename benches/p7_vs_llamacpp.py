@@ -7,7 +7,8 @@ then cached), run as its users run it: `llama-bench -t THREADS -r 1` with its de
 Its `tg N` test decodes N tokens after an empty context and its `pp N` test prefills an
 N-token prompt in one batch. The embedded engine runs the same file with every expert
 resident (`--resident`) and THREADS compute threads: decode tok/s over N decoded tokens,
-and prefill tok/s over a prompt of N token ids (the prefill passes' wall time). The two
+and prefill tok/s of a prompt of N token ids: N over its time to first token (the prefill
+batch of N-1 tokens, then decode step 1 on the last). The two
 alternate, round after round, so the host's drift falls on both alike; each round's ratio
 is printed and the median is the figure.
 
@@ -51,10 +52,11 @@ def embedded(model: Path, threads: int, tokens: int) -> tuple[float, float]:
     with Engine(cfg, model) as engine:
         result = engine.run()
     decode_s = sum(r.wall_ms for r in result.decode) / 1e3
-    # Prefill passes are the prompt's tokens but its last (which the first decode pass
-    # runs): tok/s over those, a rate comparable with llama.cpp's pp over all N.
-    prefill_s = sum(r.wall_ms for r in result.prefill) / 1e3
-    return len(result.decode) / decode_s, len(result.prefill) / prefill_s
+    # The prompt but its last token is one prefill batch; the last runs as decode step 1,
+    # whose logits give the first token. All N prompt tokens over that time (the time to
+    # first token) is the rate comparable with llama.cpp's pp N.
+    ttft_s = sum(r.wall_ms for r in result.prefill) / 1e3 + result.decode[0].wall_ms / 1e3
+    return len(result.decode) / decode_s, len(result.prompt_ids) / ttft_s
 
 
 def main() -> None:

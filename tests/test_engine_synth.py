@@ -283,3 +283,16 @@ def test_writing_a_model_holds_one_tensor_at_a_time(tmp_path: Path) -> None:
     largest = spec.n_expert * spec.expert_ff * spec.d_model * 4  # one expert tensor, F32
     assert out.stat().st_size > 8 * largest
     assert grown < 2 * largest + 8 * 2**20, (grown, largest, out.stat().st_size)
+
+
+def test_synth_writes_the_bpe_vocabulary_when_asked(tmp_path: Path) -> None:
+    out = tmp_path / "bpe.gguf"
+    p = abbench("model", "synth", "--preset", "tiny", "--tokenizer", "gpt2", "-o", out)
+    assert p.returncode == 0, p.stderr
+    r = gguf.GGUFReader(out)
+    assert field(r, "tokenizer.ggml.model") == "gpt2"
+    assert field(r, "tokenizer.ggml.pre") == "qwen2"
+    tokens = field(r, "tokenizer.ggml.tokens")
+    assert isinstance(tokens, list) and len(tokens) == synth.BPE_VOCAB_SIZE
+    embd = next(t for t in r.tensors if t.name == "token_embd.weight")
+    assert embd.data.shape[0] == len(tokens)

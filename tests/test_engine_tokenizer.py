@@ -1,18 +1,30 @@
 """llama.cpp's SPM tokenizer (`tokenizer.ggml.model = "llama"`): the merge rule by hand,
-the space prefix, special tokens, byte fallback, BOS/EOS and what decoding hides. The
-same texts against a real llama.cpp build are in tests/test_llamacpp.py."""
+the space prefix, special tokens, byte fallback, BOS/EOS and what decoding hides; its
+byte-level BPE (`gpt2`) on the synthetic BPE vocabulary: round trips, special tokens, a
+deterministic vocabulary, and files it cannot read. The same texts against a real
+llama.cpp build are in tests/test_llamacpp.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from gguf import TokenType
+from test_engine_gguf_file import rewrite_gguf
 
 from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
-from abbench.engine.tokenizer import SPACE, SpmTokenizer, Vocab, read_vocab
-from abbench.errors import UsageError
+from abbench.engine.tokenizer import (
+    SPACE,
+    BpeTokenizer,
+    SpmTokenizer,
+    Vocab,
+    byte_alphabet,
+    read_vocab,
+    tokenizer_for,
+)
+from abbench.errors import ModelFileError, UsageError
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
 BYTES = [f"<0x{b:02X}>" for b in range(256)]
@@ -107,3 +119,64 @@ def test_the_synthetic_vocabulary_from_the_file(tiny_model: Path) -> None:
     # Byte tokens decode to their bytes, "▁" (E2 96 81) included, as llama.cpp prints them.
     assert tok.decode(ids) == f"{SPACE}Grüße"
     assert read_vocab(ModelFile(tiny_model)).add_space_prefix
+
+
+# -- byte-level BPE (`gpt2`) ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_bpe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bpe") / "tiny-bpe.gguf"
+    synth.write_model(replace(synth.preset("tiny"), tokenizer="gpt2"), path)
+    return path
+
+
+def test_the_byte_alphabet_spells_each_byte_once() -> None:
+    alphabet = byte_alphabet()
+    assert len(set(alphabet)) == 256
+    assert all(alphabet[b] == chr(b) for b in range(ord("!"), ord("~") + 1))
+    assert alphabet[ord(" ")] == "Ġ" and alphabet[ord("\n")] == "Ċ"  # GPT-2's spellings
+
+
+def test_the_synthetic_bpe_vocabulary_from_the_file(tiny_bpe: Path) -> None:
+    tok = tokenizer_for(ModelFile(tiny_bpe))
+    v = tok.vocab
+    assert isinstance(tok, BpeTokenizer) and v.model == "gpt2" and v.pre == "qwen2"
+    assert len(v.tokens) == synth.BPE_VOCAB_SIZE and len(v.merges) > 100
+    assert not v.add_bos and not v.add_space_prefix and v.bos_id == v.eos_id == 0
+    # Merges do their work: a word from the corpus is fewer tokens than its bytes.
+    assert len(tok.encode(" engine")) < len(" engine")
+
+
+@pytest.mark.parametrize("text", ["Hello world", "naïve café – 東京 🚀", "  two  spaces  ",
+                                  "3.14159 and 2026", "line\nbreak\ttab", "it's DON'T", "a"])
+def test_bpe_decodes_to_the_text_it_encoded(tiny_bpe: Path, text: str) -> None:
+    tok = tokenizer_for(ModelFile(tiny_bpe))
+    ids = tok.encode(text)
+    assert all(0 <= i < len(tok.vocab.tokens) for i in ids)
+    assert tok.decode(ids) == text
+
+
+def test_bpe_special_tokens_in_the_text_are_tokens_that_print_nothing(tiny_bpe: Path) -> None:
+    tok = tokenizer_for(ModelFile(tiny_bpe))
+    start = tok.vocab.tokens.index("<|im_start|>")
+    ids = tok.encode("<|im_start|>hi<|endoftext|>")
+    assert ids[0] == start and ids[-1] == 0
+    assert tok.decode(ids) == "hi" and tok.piece(start) == b""
+    assert tok.encode("<|im_start|>", parse_special=False) != [start]
+
+
+def test_the_bpe_vocabulary_is_the_same_every_time(tiny_bpe: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again.gguf"
+    synth.write_model(replace(synth.preset("tiny"), tokenizer="gpt2"), again)
+    assert again.read_bytes() == tiny_bpe.read_bytes()
+
+
+def test_an_unsupported_pre_tokenizer_names_the_key(tiny_bpe: Path, tmp_path: Path) -> None:
+    odd = rewrite_gguf(tiny_bpe, tmp_path / "odd.gguf",
+                       set_keys={"tokenizer.ggml.pre": "llama3"})
+    with pytest.raises(UsageError, match=r"`tokenizer.ggml.pre` = 'llama3' is not supported"):
+        tokenizer_for(ModelFile(odd))
+    bare = rewrite_gguf(tiny_bpe, tmp_path / "bare.gguf", drop_keys={"tokenizer.ggml.merges"})
+    with pytest.raises(ModelFileError, match="tokenizer.ggml.merges"):
+        tokenizer_for(ModelFile(bare))

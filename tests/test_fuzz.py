@@ -44,7 +44,7 @@ from abbench.engine import synth
 from abbench.engine.config import EngineConfig
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.session import Engine, model_info
-from abbench.engine.tokenizer import SpmTokenizer
+from abbench.engine.tokenizer import tokenizer_for
 from abbench.errors import AbbenchError
 from abbench.importers import (
     import_folder,
@@ -486,7 +486,7 @@ def _gguf(folder: Path, data: bytes) -> None:
         return
     try:
         opened = survive(lambda: model_info(mf)) is not None
-        survive(lambda: SpmTokenizer.from_model(mf).encode("hé $(x)"))
+        survive(lambda: tokenizer_for(mf).encode("hé $(x)"))
     finally:
         mf.close()
     if opened:  # what `abbench engine run -m FILE` does with it: load, decode a token

@@ -1,12 +1,16 @@
 """Parity with llama.cpp (DESIGN 11), against binaries built from source (tests/llamacpp.py:
 the first run builds them, about 5 minutes on 2 cores, then they are cached).
 
-- The same text gives the same token ids as `llama-tokenize` on the same file.
+- The same text gives the same token ids as `llama-tokenize` on the same file, with the
+  synthetic SentencePiece vocabulary and with the synthetic byte-level BPE one (`gpt2`,
+  Qwen's `qwen2` pre-tokenizer).
 - `abbench engine run --show-text` prints, byte for byte, what `llama-completion` prints
-  for the same prompt: 64 greedy tokens on the tiny, small and default presets, with
+  for the same prompt: 64 greedy tokens on the tiny, small and default presets (and tiny
+  with the BPE vocabulary), with
   llama.cpp's attention in F32 (`-fa off -ctk f32 -ctv f32`: its default flash attention
-  rounds K/V to F16 and swaps near-tie routings). On the synthetic vocabulary (byte tokens
-  and three control tokens) equal bytes are equal tokens.
+  rounds K/V to F16 and swaps near-tie routings). On the SentencePiece vocabulary (byte
+  tokens and three control tokens) equal bytes are equal tokens; on the BPE one a token
+  that differed would change every token after it.
 
 Skipped, with the reason, only where no C++ toolchain exists.
 """
@@ -16,18 +20,21 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from llamacpp import Unavailable, build
 
+from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
-from abbench.engine.tokenizer import SpmTokenizer
+from abbench.engine.tokenizer import tokenizer_for
 
 pytestmark = pytest.mark.slow
 
 TEXTS = ["Hello world", "naïve café – 東京 🚀", "  two  spaces  ", "3.14159 and 2026",
-         "line\nbreak\ttab", "</s> control <s> tokens", "a"]
+         "line\nbreak\ttab", "</s> control <s> tokens", "a",
+         "<|endoftext|>it's <|im_start|>DON'T\n\n  x", "Ελληνικά русский 中文 🔥🔥"]
 PROMPT = "The quick brown fox"
 N_TOKENS = 64
 # Pure greedy on both sides: the synthetic files carry sampling defaults (temperature 1,
@@ -51,14 +58,24 @@ def llama_bin() -> Path:
         pytest.skip(str(e))
 
 
+@pytest.fixture(scope="module")
+def tiny_bpe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny preset with the synthetic byte-level BPE vocabulary (`gpt2`, `qwen2`)."""
+    path = tmp_path_factory.mktemp("bpe") / "tiny-bpe.gguf"
+    synth.write_model(replace(synth.preset("tiny"), tokenizer="gpt2"), path)
+    return path
+
+
+@pytest.mark.parametrize("vocab", ["spm", "bpe"])
 @pytest.mark.parametrize("text", TEXTS)
-def test_the_same_text_gives_llama_cpps_token_ids(llama_bin: Path, tiny_model: Path,
-                                                  text: str) -> None:
-    out = subprocess.run([str(llama_bin / "llama-tokenize"), "-m", str(tiny_model), "-p", text,
+def test_the_same_text_gives_llama_cpps_token_ids(llama_bin: Path, text: str, vocab: str,
+                                                  request: pytest.FixtureRequest) -> None:
+    model: Path = request.getfixturevalue("tiny_model" if vocab == "spm" else "tiny_bpe_model")
+    out = subprocess.run([str(llama_bin / "llama-tokenize"), "-m", str(model), "-p", text,
                           "--ids"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     theirs = ast.literal_eval(out.stdout.strip().splitlines()[-1])
-    assert SpmTokenizer.from_model(ModelFile(tiny_model)).encode(text) == theirs
+    assert tokenizer_for(ModelFile(model)).encode(text) == theirs
 
 
 def _llama_completion(llama_bin: Path, model: Path) -> bytes:
@@ -85,7 +102,7 @@ def _abbench_text(model: Path) -> bytes:
     return out.stdout.removesuffix(b"\n")
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "default"])
+@pytest.mark.parametrize("preset", ["tiny", "small", "default", "tiny_bpe"])
 def test_64_greedy_tokens_print_what_llama_completion_prints(
         llama_bin: Path, preset: str, request: pytest.FixtureRequest) -> None:
     model: Path = request.getfixturevalue(f"{preset}_model")

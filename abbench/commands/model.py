@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                     help="storage type of expert tensors (default F32)")
     sy.add_argument("--dense-type", choices=["F32", "F16", "BF16", "Q8_0"],
                     help="storage type of large dense tensors (default F32)")
+    sy.add_argument("--tokenizer", choices=list(synth.TOKENIZERS),
+                    help="vocabulary: llama (SentencePiece with byte tokens, the default) or "
+                    "gpt2 (byte-level BPE of 512 tokens, Qwen's qwen2 pre-tokenizer)")
     sy.set_defaults(func=cmd_model_synth)
     info = msub.add_parser("info", help="architecture and sizes of a model file")
     info.add_argument("model", help="a .gguf file or synthetic:PRESET")
@@ -50,6 +53,7 @@ def cmd_model_synth(a: argparse.Namespace) -> int:
         ("popularity_skew", a.popularity_skew), ("update_early", a.update_early),
         ("update_late", a.update_late), ("router_scale", a.router_scale),
         ("expert_type", a.expert_type), ("dense_type", a.dense_type),
+        ("tokenizer", a.tokenizer),
     ) if v is not None}
     if overrides:
         from dataclasses import replace

@@ -28,7 +28,7 @@ from abbench.engine.policies import Policies
 from abbench.engine.predictor import RoutePredictor
 from abbench.engine.sampling import Sampler
 from abbench.engine.streamer import expert_layout
-from abbench.engine.tokenizer import SpmTokenizer
+from abbench.engine.tokenizer import Tokenizer, tokenizer_for
 from abbench.errors import ConfigError
 from abbench.records.route_trace import RouteTraceWriter
 
@@ -169,9 +169,9 @@ class Engine:
                     f"(0..{args.vocab_size - 1})"
                 )
             self.prompt_ids = list(config.prompt_tokens)
-            self.tokenizer: SpmTokenizer | None = None
+            self.tokenizer: Tokenizer | None = None
         else:
-            self.tokenizer = SpmTokenizer.from_model(self.mf)
+            self.tokenizer = tokenizer_for(self.mf)
             self.prompt_ids = self.tokenizer.encode(config.prompt)
         need = len(self.prompt_ids) + config.n_tokens
         n_ctx = config.n_ctx or need

@@ -16,12 +16,15 @@ the routing the shape the seed measured on real models:
 
 The file is a complete GGUF: architecture metadata under `qwen3moe.*`, a byte-fallback
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, then `<0x00>`..`<0xFF>`) with the
-standard `tokenizer.ggml.*` keys, and sampling defaults: `general.sampling.temp = 1.0`,
-because a random model decoded greedily falls into a short loop (seeded sampling keeps
-synthetic text varied), and llama.cpp's long-standing repetition penalty
-(`general.sampling.penalty_repeat = 1.1` over `penalty_last_n = 64` tokens), because without
-it a popular token repeats back to back, and a token following itself routes to the experts
-it just used, so a streaming decode reads nothing for it.
+standard `tokenizer.ggml.*` keys — or, with `tokenizer = "gpt2"`, a byte-level BPE
+vocabulary of 512 tokens trained (Hugging Face `tokenizers`, deterministic) on the text the
+package ships in `data/bpe-corpus.txt`, with Qwen's `qwen2` pre-tokenizer — and sampling
+defaults: `general.sampling.temp = 1.0`, because a random model decoded greedily falls
+into a short loop (seeded sampling keeps synthetic text varied), and llama.cpp's
+long-standing repetition penalty (`general.sampling.penalty_repeat = 1.1` over
+`penalty_last_n = 64` tokens), because without it a popular token repeats back to back,
+and a token following itself routes to the experts it just used, so a streaming decode
+reads nothing for it.
 Tensors are 4096-byte aligned and experts stored in F32, so O_DIRECT reads land straight in
 the buffer the GEMV uses.
 """
@@ -40,8 +43,12 @@ import numpy as np
 
 from abbench.errors import UsageError
 
+TOKENIZERS = ("llama", "gpt2")
 VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
-N_VOCAB = len(VOCAB_SPECIAL) + 256
+BPE_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # Qwen's names; 0 is BOS/EOS
+BPE_VOCAB_SIZE = 512
+BPE_CORPUS = Path(__file__).with_name("data") / "bpe-corpus.txt"
+N_VOCAB = len(VOCAB_SPECIAL) + 256  # the SentencePiece vocabulary's size
 BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
 ALIGNMENT = 4096
 FORMAT_VERSION = 3  # bump when the generator's output changes for the same spec
@@ -68,8 +75,12 @@ class SynthSpec:
     router_scale: float = 1.0
     dense_type: str = "F32"
     expert_type: str = "F32"
+    tokenizer: str = "llama"  # "llama" (SentencePiece, byte fallback) or "gpt2" (BPE)
 
     def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZERS:
+            raise UsageError(f"tokenizer must be one of {', '.join(TOKENIZERS)} "
+                             f"(got {self.tokenizer!r})")
         if self.n_expert_used > self.n_expert:
             raise UsageError("n_expert_used must not exceed n_expert")
         if self.n_head % self.n_head_kv:
@@ -148,18 +159,21 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
         w.add_sampling_penalty_repeat(SAMPLING_PENALTY_REPEAT)
         w.add_sampling_penalty_last_n(SAMPLING_PENALTY_LAST_N)
         w.add_uint32("abbench.synthetic.format", FORMAT_VERSION)
+        vocab = _vocab(spec.tokenizer)
         for key, value in asdict(spec).items():
+            if key == "tokenizer" and value == "llama":
+                continue  # the default: files written before the option stay byte-identical
             if isinstance(value, str):
                 w.add_string(f"abbench.synthetic.{key}", value)
             elif isinstance(value, int):
                 w.add_int64(f"abbench.synthetic.{key}", value)
             else:
                 w.add_float64(f"abbench.synthetic.{key}", float(value))
-        _add_vocab(w)
+        _add_vocab(w, vocab)
 
         # One tensor in memory at a time: every tensor's info first (the header needs
         # them), then each one generated, converted and written in the file's order.
-        plan = list(_tensors(spec, rng))
+        plan = list(_tensors(spec, rng, len(vocab.tokens)))
         for name_, shape, type_name, _ in plan:
             qtype = gguf.GGMLQuantizationType[type_name]
             if qtype == gguf.GGMLQuantizationType.F32:
@@ -202,7 +216,7 @@ def _umask() -> int:
     return mask
 
 
-def _tensors(spec: SynthSpec, rng: np.random.Generator
+def _tensors(spec: SynthSpec, rng: np.random.Generator, n_vocab: int
              ) -> Iterator[tuple[str, tuple[int, ...], str, Make]]:
     """(name, F32 shape, storage type, make) for every tensor in file order. `make()`
     generates the tensor in F32; calling them in order draws `rng` in a fixed order, so a
@@ -231,13 +245,13 @@ def _tensors(spec: SynthSpec, rng: np.random.Generator
     rho = 0.25  # share of an embedding's energy along `common`
 
     def embedding() -> np.ndarray:
-        embd = rng.standard_normal((N_VOCAB, d)).astype(np.float32) * np.sqrt(1 - rho)
+        embd = rng.standard_normal((n_vocab, d)).astype(np.float32) * np.sqrt(1 - rho)
         return embd + common * np.sqrt(rho * d)  # (vocab, d), rows of norm ~ sqrt(d)
 
-    yield "token_embd.weight", (N_VOCAB, d), dense, embedding
+    yield "token_embd.weight", (n_vocab, d), dense, embedding
     yield "output_norm.weight", (d,), "F32", ones(d)
-    yield "output.weight", (N_VOCAB, d), dense, lambda: (
-        rng.standard_normal((N_VOCAB, d)).astype(np.float32) / np.sqrt(d) * 2.0)
+    yield "output.weight", (n_vocab, d), dense, lambda: (
+        rng.standard_normal((n_vocab, d)).astype(np.float32) / np.sqrt(d) * 2.0)
     ranks = np.arange(1, spec.n_expert + 1, dtype=np.float64)
     ladder = -np.log(ranks)  # Zipf-like: logit bias ~ -log(rank)
     ladder = (ladder - ladder.mean()) * spec.popularity_skew
@@ -273,15 +287,63 @@ def _tensors(spec: SynthSpec, rng: np.random.Generator
         yield b + "ffn_down_exps.weight", (spec.n_expert, d, ff), experts, experts_of(
             d, ff, upd / (0.6 * np.sqrt(ff)))
 
-def _add_vocab(w: gguf.GGUFWriter) -> None:
-    tokens = VOCAB_SPECIAL + [f"<0x{b:02X}>" for b in range(256)]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    types += [gguf.TokenType.BYTE] * 256
-    w.add_tokenizer_model("llama")
+@dataclass(frozen=True)
+class SynthVocab:
+    model: str  # tokenizer.ggml.model
+    tokens: list[str]
+    types: list[gguf.TokenType]
+    merges: list[str]  # BPE only
+
+
+def _vocab(kind: str) -> SynthVocab:
+    if kind == "llama":
+        tokens = VOCAB_SPECIAL + [f"<0x{b:02X}>" for b in range(256)]
+        types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+        return SynthVocab("llama", tokens, types + [gguf.TokenType.BYTE] * 256, [])
+    return _bpe_vocab()
+
+
+def _bpe_vocab() -> SynthVocab:
+    """A byte-level BPE vocabulary trained on the shipped corpus: the special tokens, the
+    256 characters of the byte alphabet, then one token per merge, in merge order."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    from abbench.engine.tokenizer import PRE_TOKENIZERS
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKENIZERS["qwen2"]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, special_tokens=BPE_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator([BPE_CORPUS.read_text(encoding="utf-8")], trainer=trainer)
+    model = json.loads(tk.to_str())["model"]
+    by_id = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise AssertionError("the trained BPE vocabulary's ids are not 0..n-1")
+    tokens = [t for t, _ in by_id]
+    types = [gguf.TokenType.CONTROL if t in BPE_SPECIAL else gguf.TokenType.NORMAL
+             for t in tokens]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    return SynthVocab("gpt2", tokens, types, merges)
+
+
+def _add_vocab(w: gguf.GGUFWriter, vocab: SynthVocab) -> None:
+    w.add_tokenizer_model(vocab.model)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types([int(t) for t in vocab.types])
+    if vocab.model == "gpt2":  # as Qwen's files: BOS = EOS = <|endoftext|>, no BOS added
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_merges(vocab.merges)
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(0)
+        w.add_add_bos_token(False)
+        return
     w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types([int(t) for t in types])
+    w.add_token_scores([0.0] * len(vocab.tokens))
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)

@@ -11,8 +11,13 @@ opens the ids when `add_bos` (the default for this model type), EOS closes them 
 byte tokens into their bytes. Written from llama.cpp's behaviour (src/llama-vocab.cpp at
 the pinned commit) and checked against its `llama-tokenize` in tests/test_llamacpp.py.
 
-Other tokenizer models (`gpt2` byte-level BPE) are not implemented yet: their prompts are
-given as ids (`--prompt-tokens`).
+`tokenizer.ggml.model = "gpt2"` is byte-level BPE as llama.cpp runs it: the same split
+around special tokens, then the pre-tokenizer named by `tokenizer.ggml.pre` (its regex, as
+llama.cpp lists it) cuts each plain piece into words, each word's UTF-8 bytes are spelt in
+GPT-2's byte-to-character alphabet and merged by the file's `tokenizer.ggml.merges` in rank
+order. The BPE itself is Hugging Face `tokenizers`' (built from the file's vocabulary and
+merges), not a hand-written one. No space prefix; BOS only when `add_bos_token` says so.
+Decoding maps a token's characters back to its bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,16 @@ SPACE = "\u2581"  # SentencePiece's visible space
 SPECIAL_TYPES = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
 HIDDEN_TYPES = (TokenType.CONTROL, TokenType.UNKNOWN)  # not printed (`special` off)
 _BYTE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+NO_TOKENIZER_TIP = "give the prompt as token ids: --prompt-tokens 1,2,3"
+
+# The pre-tokenizers of `tokenizer.ggml.pre` this reads, with their regexes as llama.cpp's
+# src/llama-vocab.cpp lists them (at the pinned commit), by the names that select them.
+QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+               r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+PRE_TOKENIZERS = {"qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT,
+                  "gpt2": GPT2_SPLIT, "mpt": GPT2_SPLIT, "olmo": GPT2_SPLIT}
 
 
 @dataclass(frozen=True)
@@ -43,14 +58,25 @@ class Vocab:
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool
+    model: str = "llama"  # tokenizer.ggml.model: "llama" (SPM) or "gpt2" (byte-level BPE)
+    merges: tuple[str, ...] = ()  # BPE merges, "left right", by rank
+    pre: str = "default"  # tokenizer.ggml.pre: the BPE pre-tokenizer
 
     def __post_init__(self) -> None:
         if not len(self.tokens) == len(self.scores) == len(self.types):
             raise ValueError("tokens, scores and types differ in length")
 
 
-class SpmTokenizer:
-    """llama.cpp's SPM tokenizer over a `Vocab`."""
+def tokenizer_for(mf: ModelFile) -> Tokenizer:
+    """The tokenizer the model file declares (`tokenizer.ggml.model`)."""
+    vocab = read_vocab(mf)
+    kind = BpeTokenizer if vocab.model == "gpt2" else SpmTokenizer
+    return kind(vocab, str(mf.path))
+
+
+class Tokenizer:
+    """What llama.cpp's tokenizers share: BOS/EOS, special tokens matched in the text first,
+    and how a token prints. Subclasses tokenize the plain text between special tokens."""
 
     def __init__(self, vocab: Vocab, source: str = "the model") -> None:
         self.vocab = vocab
@@ -61,17 +87,16 @@ class SpmTokenizer:
         special = [i for i, t in enumerate(vocab.types) if t in SPECIAL_TYPES
                    and vocab.tokens[i]]
         self._special = sorted(special, key=lambda i: -len(vocab.tokens[i].encode()))
-        self._byte_ids: list[int | None] = [
-            self._ids.get(f"<0x{b:02X}>", self._ids.get(chr(b)) if b < 128 else None)
-            for b in range(256)]
-        # A byte token's byte; one whose text is no `<0xNN>` prints nothing (llama.cpp
-        # would read garbage there: the file is odd, not unreadable).
-        self._token_bytes = {i: int(t[3:5], 16) for i, t in enumerate(vocab.tokens)
-                             if vocab.types[i] == TokenType.BYTE and _BYTE.fullmatch(t)}
 
     @classmethod
-    def from_model(cls, mf: ModelFile) -> SpmTokenizer:
+    def from_model(cls, mf: ModelFile) -> Tokenizer:
         return cls(read_vocab(mf), str(mf.path))
+
+    def _plain(self, text: str, after_special: bool) -> list[int]:
+        raise NotImplementedError
+
+    def _normal_piece(self, text: str) -> bytes:
+        raise NotImplementedError
 
     # -- encoding ----------------------------------------------------------------------
 
@@ -90,8 +115,7 @@ class SpmTokenizer:
                 out.append(part)
                 after_special = True
                 continue
-            prefixed = " " + part if v.add_space_prefix and after_special else part
-            out += self._spm(prefixed.replace(" ", SPACE))
+            out += self._plain(part, after_special)
             after_special = False
         if add_special and v.add_eos and v.eos_id is not None:
             out.append(v.eos_id)
@@ -118,6 +142,59 @@ class SpmTokenizer:
                         split.append(piece)
             parts = split
         return parts
+
+    # -- decoding ----------------------------------------------------------------------
+
+    def piece(self, token: int) -> bytes:
+        """What llama.cpp prints for one token: nothing for control, unknown and unused
+        tokens, "▁" as a space, a byte token's byte."""
+        if not 0 <= token < len(self.vocab.tokens):
+            return b""
+        kind, text = self.vocab.types[token], self.vocab.tokens[token]
+        if kind == TokenType.NORMAL:
+            return self._normal_piece(text)
+        if kind == TokenType.USER_DEFINED:
+            return text.encode("utf-8")
+        if kind == TokenType.BYTE:
+            return self._byte_piece(token)
+        return b""
+
+    def _byte_piece(self, token: int) -> bytes:
+        return b""
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids` as llama.cpp prints them one by one (bytes joined first, so a
+        character spelt in byte tokens comes out whole)."""
+        return b"".join(self.piece(i) for i in ids).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        """End of generation: EOS (the only end-of-generation token this reads)."""
+        return token == self.vocab.eos_id
+
+
+class SpmTokenizer(Tokenizer):
+    """llama.cpp's SPM tokenizer over a `Vocab`."""
+
+    def __init__(self, vocab: Vocab, source: str = "the model") -> None:
+        super().__init__(vocab, source)
+        self._byte_ids: list[int | None] = [
+            self._ids.get(f"<0x{b:02X}>", self._ids.get(chr(b)) if b < 128 else None)
+            for b in range(256)]
+        # A byte token's byte; one whose text is no `<0xNN>` prints nothing (llama.cpp
+        # would read garbage there: the file is odd, not unreadable).
+        self._token_bytes = {i: int(t[3:5], 16) for i, t in enumerate(vocab.tokens)
+                             if vocab.types[i] == TokenType.BYTE and _BYTE.fullmatch(t)}
+
+    def _plain(self, text: str, after_special: bool) -> list[int]:
+        prefixed = " " + text if self.vocab.add_space_prefix and after_special else text
+        return self._spm(prefixed.replace(" ", SPACE))
+
+    def _normal_piece(self, text: str) -> bytes:
+        return text.replace(SPACE, " ").encode("utf-8")
+
+    def _byte_piece(self, token: int) -> bytes:
+        b = self._token_bytes.get(token)
+        return b"" if b is None else bytes([b])
 
     def _spm(self, text: str) -> list[int]:
         """One plain piece (spaces already "▁"): characters merged by best-scoring pair."""
@@ -162,54 +239,88 @@ class SpmTokenizer:
             if i is None:
                 raise UsageError(f"{self.source}: the text holds byte 0x{b:02X}, which this "
                                  f"vocabulary cannot spell (no byte token <0x{b:02X}>)",
-                                 tip="give the prompt as token ids: --prompt-tokens 1,2,3")
+                                 tip=NO_TOKENIZER_TIP)
             ids.append(i)
         return ids
 
-    # -- decoding ----------------------------------------------------------------------
 
-    def piece(self, token: int) -> bytes:
-        """What llama.cpp prints for one token: nothing for control, unknown and unused
-        tokens, "▁" as a space, a byte token's byte."""
-        if not 0 <= token < len(self.vocab.tokens):
-            return b""
-        kind, text = self.vocab.types[token], self.vocab.tokens[token]
-        if kind == TokenType.NORMAL:
-            return text.replace(SPACE, " ").encode("utf-8")
-        if kind == TokenType.USER_DEFINED:
-            return text.encode("utf-8")
-        if kind == TokenType.BYTE and token in self._token_bytes:
-            return bytes([self._token_bytes[token]])
-        return b""
+class BpeTokenizer(Tokenizer):
+    """llama.cpp's byte-level BPE (`gpt2`) over a `Vocab`, the BPE run by Hugging Face
+    `tokenizers` from the file's own vocabulary and merges."""
 
-    def decode(self, ids: list[int]) -> str:
-        """The text of `ids` as llama.cpp prints them one by one (bytes joined first, so a
-        character spelt in byte tokens comes out whole)."""
-        return b"".join(self.piece(i) for i in ids).decode("utf-8", errors="replace")
+    def __init__(self, vocab: Vocab, source: str = "the model") -> None:
+        super().__init__(vocab, source)
+        from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
-    def is_eog(self, token: int) -> bool:
-        """End of generation: EOS (the only end-of-generation token this reads)."""
-        return token == self.vocab.eos_id
+        split = PRE_TOKENIZERS[vocab.pre]
+        merges = []
+        for rank, m in enumerate(vocab.merges):
+            cut = m.find(" ", 1)  # as llama.cpp splits a merge
+            if cut < 0:
+                raise ModelFileError(f"{source}: `tokenizer.ggml.merges` entry {rank} "
+                                     f"({m!r}) is not two symbols separated by a space")
+            merges.append((m[:cut], m[cut + 1:]))
+        bpe = models.BPE(vocab=self._ids, merges=merges, fuse_unk=False)
+        self._bpe = Tokenizer(bpe)
+        self._bpe.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        self._char_byte = {c: b for b, c in enumerate(byte_alphabet())}
+
+    def _plain(self, text: str, after_special: bool) -> list[int]:
+        return list(self._bpe.encode(text, add_special_tokens=False).ids)
+
+    def _normal_piece(self, text: str) -> bytes:
+        # A character outside the byte alphabet is kept as its UTF-8 (as llama.cpp does).
+        return b"".join(bytes([self._char_byte[c]]) if c in self._char_byte
+                        else c.encode("utf-8") for c in text)
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's byte-to-character map: byte b is spelt by character `byte_alphabet()[b]`
+    (printable bytes as themselves, the rest shifted past U+0100)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars: dict[int, str] = {b: chr(b) for b in keep}
+    shift = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + shift)
+            shift += 1
+    return [chars[b] for b in range(256)]
 
 
 def read_vocab(mf: ModelFile) -> Vocab:
-    """The SPM vocabulary of a model file, with llama.cpp's defaults for absent keys."""
+    """The vocabulary of a model file (SPM or byte-level BPE), with llama.cpp's defaults
+    for absent keys."""
     model = mf.get("tokenizer.ggml.model")
     tokens = mf.array("tokenizer.ggml.tokens")
     if not tokens:
         raise UsageError(f"{mf.path}: no tokenizer in the file (`tokenizer.ggml.tokens` "
-                         "missing)", tip="give the prompt as token ids: --prompt-tokens 1,2,3")
-    if model != "llama":
-        raise UsageError(f"{mf.path}: tokenizer `{model}` is not supported yet (only "
-                         "`llama`, SentencePiece)",
-                         tip="give the prompt as token ids: --prompt-tokens 1,2,3")
+                         "missing)", tip=NO_TOKENIZER_TIP)
+    if model not in ("llama", "gpt2"):
+        raise UsageError(f"{mf.path}: tokenizer `tokenizer.ggml.model` = {model!r} is not "
+                         "supported (`llama` SentencePiece and `gpt2` byte-level BPE are)",
+                         tip=NO_TOKENIZER_TIP)
+    bpe = model == "gpt2"
+    pre = str(mf.get("tokenizer.ggml.pre", "default"))
+    if bpe and pre not in PRE_TOKENIZERS:
+        raise UsageError(f"{mf.path}: BPE pre-tokenizer `tokenizer.ggml.pre` = {pre!r} is "
+                         f"not supported (supported: {', '.join(sorted(PRE_TOKENIZERS))})",
+                         tip=NO_TOKENIZER_TIP)
     n = len(tokens)
     scores = mf.array("tokenizer.ggml.scores") or [0.0] * n
     types = mf.array("tokenizer.ggml.token_type") or [int(TokenType.NORMAL)] * n
-    for key, values, kind in (("tokenizer.ggml.tokens", tokens, str),
-                              ("tokenizer.ggml.scores", scores, (int, float)),
-                              ("tokenizer.ggml.token_type", types, int)):
-        if len(values) != n:
+    merges = mf.array("tokenizer.ggml.merges") or []
+    if bpe and not merges:
+        raise ModelFileError(f"{mf.path}: a `gpt2` tokenizer without `tokenizer.ggml.merges`")
+    checks: list[tuple[str, list[object], type | tuple[type, ...], int | None]] = [
+        ("tokenizer.ggml.tokens", tokens, str, n),
+        ("tokenizer.ggml.scores", scores, (int, float), n),
+        ("tokenizer.ggml.token_type", types, int, n),
+        ("tokenizer.ggml.merges", merges, str, None)]
+    for key, values, kind, length in checks:
+        if length is not None and len(values) != length:
             raise ModelFileError(f"{mf.path}: `{key}` has {len(values)} entries for {n} "
                                  "tokens")
         if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
@@ -224,12 +335,15 @@ def read_vocab(mf: ModelFile) -> Vocab:
                                  f"vocabulary of {n} tokens")
         return value
 
+    # llama.cpp's defaults per tokenizer type: SPM adds BOS and a space prefix; BPE
+    # neither, and its default BOS/EOS id is 11.
     return Vocab(
         tokens=tuple(str(t) for t in tokens), scores=tuple(float(s) for s in scores),
         types=tuple(int(t) for t in types),
-        bos_id=token_id("tokenizer.ggml.bos_token_id", 1),
-        eos_id=token_id("tokenizer.ggml.eos_token_id", 2),
-        add_bos=bool(mf.get("tokenizer.ggml.add_bos_token", True)),
+        bos_id=token_id("tokenizer.ggml.bos_token_id", 11 if bpe else 1),
+        eos_id=token_id("tokenizer.ggml.eos_token_id", 11 if bpe else 2),
+        add_bos=bool(mf.get("tokenizer.ggml.add_bos_token", not bpe)),
         add_eos=bool(mf.get("tokenizer.ggml.add_eos_token", False)),
-        add_space_prefix=bool(mf.get("tokenizer.ggml.add_space_prefix", True)),
+        add_space_prefix=not bpe and bool(mf.get("tokenizer.ggml.add_space_prefix", True)),
+        model=str(model), merges=tuple(str(m) for m in merges), pre=pre,
     )
