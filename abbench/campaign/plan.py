@@ -30,7 +30,8 @@ from abbench.records import DecisionSpec, MatchSpec, Plan, PlannedCell, Sequenti
 from abbench.sim.profile import load_profile
 
 # The duration estimate: a rough speed of the embedded engine on the synthetic `default`
-# preset (the README's run: 12.6 tok/s decode, 11 tok/s prefill, 256 MiB cache, 2 threads),
+# preset (measured 12.6-21.7 tok/s decode with a 256 MiB cache on 2 threads), prompt tokens
+# counted at it too — an overestimate since prefill runs as one batch (~85 tok/s there) —
 # and a start-up cost per cell (interpreter, model open, dense weights read). Only an
 # estimate: pass the speed you measured to `describe_plan`.
 DEFAULT_TOK_PER_S = 10.0
