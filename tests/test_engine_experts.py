@@ -67,3 +67,30 @@ def test_a_failed_read_leaves_no_entry_behind(tiny_model: Path, tmp_path: Path,
         assert y.shape == (1, le.d) and np.isfinite(y).all()
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_failed_read_in_a_prefill_batch_leaves_no_entry_behind(tiny_model: Path,
+                                                                 tmp_path: Path,
+                                                                 threads: int) -> None:
+    """The batch's experts run on `threads` threads: the error still reaches the caller,
+    after every expert of the batch has finished, and the failed one is not resident."""
+    path = tmp_path / "cut.gguf"
+    shutil.copyfile(tiny_model, path)
+    le = expert_layout(ModelFile(tiny_model), 4, 8)[3]
+    os.truncate(path, max(s.offset for s in le.slices(7)) + 100)  # inside expert 7's last
+    r = runner(tiny_model, overlap=True)
+    r.threads = threads
+    r.reader.close()
+    r.reader = SliceReader(path, 2, False)
+    x = np.ones((3, le.d), np.float32)  # (n, d)
+    ids = np.array([[0, 7], [1, 0], [2, 1]])  # (n, k): expert 7 in the first token's routing
+    w = np.full((3, 2), 0.5, np.float32)
+    try:
+        with pytest.raises(EngineError, match="expert read failed"):
+            r.prefill(3, x, ids, w)
+        assert not r.cache.peek((3, 7))
+        y = r.prefill(3, x, ids[:, ::-1][:, 1:], w[:, :1])  # experts 0, 1, 2: still served
+        assert y.shape == (3, le.d) and np.isfinite(y).all()
+    finally:
+        r.close()

@@ -22,10 +22,11 @@ policies, lookups, read issue, trace rows) is the pass's *mgmt* time.
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -402,9 +403,28 @@ class ExpertRunner:
                     t.wait()
                 stall = time.perf_counter() - w0
             if self.threads > 1 and len(jobs) > 1:
+                # The caller and threads - 1 helpers take jobs from one counter (each thread
+                # that runs a GEMM gets a BLAS work buffer: no idle caller, no extra one).
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.threads, "prefill")
-                stall += sum(self._pool.map(run, jobs)) / self.threads
+                    self._pool = ThreadPoolExecutor(self.threads - 1, "prefill")
+                taken = itertools.count()
+                failed: list[BaseException] = []
+
+                def work() -> float:
+                    waited = 0.0
+                    while not failed and (i := next(taken)) < len(jobs):
+                        try:
+                            waited += run(jobs[i])
+                        except BaseException as e:
+                            failed.append(e)
+                    return waited
+
+                helpers = [self._pool.submit(work) for _ in range(self.threads - 1)]
+                mine = work()
+                wait(helpers)  # every job ends, failed or not, before a buffer is let go
+                if failed:
+                    raise failed[0]
+                stall += (mine + sum(f.result() for f in helpers)) / self.threads
             else:
                 stall += sum(run(job) for job in jobs)
         except BaseException:
