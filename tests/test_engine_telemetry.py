@@ -247,3 +247,21 @@ def test_fingerprint_follows_the_work(result: RunResult, big_cache: RunResult) -
                  for i, r in enumerate(result.records))
     assert telemetry.fingerprint(dataclasses.replace(result, records=more)) != \
         telemetry.fingerprint(result)
+
+
+def test_time_to_first_token_is_the_prefill_batch_and_decode_step_one(result: RunResult,
+                                                                       tmp_path: Path) -> None:
+    s = telemetry.summarize(result)
+    (batch,) = result.prefill
+    assert batch.tokens == len(result.prompt_ids) - 1
+    assert s["ttft_s"] == pytest.approx((batch.wall_ms + result.decode[0].wall_ms) / 1e3)
+    assert s["prefill_tok/s"] == pytest.approx(len(result.prompt_ids) / s["ttft_s"])
+    assert f"TTFT {s['ttft_s']:.3f} s" in telemetry.summary_lines(result, s)[1]
+    out = tmp_path / "run.csv"
+    telemetry.write_csv(str(out), result)
+    summary = next(ln for ln in out.read_text().splitlines() if ln.startswith("# summary "))
+    pairs = dict(kv.split("=", 1) for kv in summary[len("# summary "):].split())
+    assert float(pairs["ttft_s"]) == pytest.approx(s["ttft_s"], abs=1e-4)
+    assert float(pairs["prefill_tok/s"]) == pytest.approx(s["prefill_tok/s"], rel=1e-3)
+    doc = telemetry.json_doc(result)
+    assert doc["prefill"]["tokens"] == [batch.tokens]

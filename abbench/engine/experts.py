@@ -22,10 +22,9 @@ policies, lookups, read issue, trace rows) is the pass's *mgmt* time.
 
 from __future__ import annotations
 
-import itertools
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
@@ -270,19 +269,23 @@ class ExpertRunner:
         """The loaded experts into `self.out` (x: (d,)). With `--overlap` the resident ones
         run while the reads are in flight and each missing one as it lands; without, every
         read is waited for first (all of that wait is stall)."""
-        jobs = list(load.resident)
+        tickets = load.tickets if self.overlap else [None] * len(load.tickets)
+        jobs = load.resident + [Job(slot, buf, t)
+                                for (slot, _, buf, _), t in zip(load.missing, tickets)]
+        self._compute(layer, load, lambda: self.team.run(jobs, x, self.out))
+
+    def _compute(self, layer: int, load: Load, compute: Callable[[], float]) -> None:
+        """Run one layer's `compute` (it returns its stall seconds) over `load`: without
+        `--overlap` every read is waited for first, as stall; on a failure the layer is
+        abandoned; then the reads are accounted."""
         stall = 0.0
         try:
-            if self.overlap:
-                jobs += [Job(slot, buf, t)
-                         for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
-            elif load.tickets:
+            if not self.overlap and load.tickets:
                 w0 = time.perf_counter()
                 for t in load.tickets:
                     t.wait()
                 stall = time.perf_counter() - w0
-                jobs += [Job(slot, buf, None) for slot, _, buf, _ in load.missing]
-            stall += self.team.run(jobs, x, self.out)
+            stall += compute()
         except BaseException:
             self._abandon(layer, load)
             raise
@@ -395,44 +398,16 @@ class ExpertRunner:
             y[rows, cols] = expert_rows(buf, x[rows], expit)  # (m, d); no two jobs share a row
             return waited
 
-        stall = 0.0
-        try:
-            if not self.overlap and load.tickets:
-                w0 = time.perf_counter()
-                for t in load.tickets:
-                    t.wait()
-                stall = time.perf_counter() - w0
-            if self.threads > 1 and len(jobs) > 1:
-                # The caller and threads - 1 helpers take jobs from one counter (each thread
-                # that runs a GEMM gets a BLAS work buffer: no idle caller, no extra one).
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.threads - 1, "prefill")
-                taken = itertools.count()
-                failed: list[BaseException] = []
+        def run_all() -> float:
+            if self.threads == 1 or len(jobs) == 1:
+                return sum(run(job) for job in jobs)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, "prefill")
+            running = [self._pool.submit(run, job) for job in jobs]
+            wait(running)  # every job ends, failed or not, before a buffer is let go
+            return sum(f.result() for f in running) / self.threads  # the first error raises
 
-                def work() -> float:
-                    waited = 0.0
-                    while not failed and (i := next(taken)) < len(jobs):
-                        try:
-                            waited += run(jobs[i])
-                        except BaseException as e:
-                            failed.append(e)
-                    return waited
-
-                helpers = [self._pool.submit(work) for _ in range(self.threads - 1)]
-                mine = work()
-                wait(helpers)  # every job ends, failed or not, before a buffer is let go
-                if failed:
-                    raise failed[0]
-                stall += (mine + sum(f.result() for f in helpers)) / self.threads
-            else:
-                stall += sum(run(job) for job in jobs)
-        except BaseException:
-            self._abandon(layer, load)
-            raise
-        if load.missing:
-            self._account_reads(layer, load)
-        self.tok.stall_s += stall
+        self._compute(layer, load, run_all)
 
     def _trace_prefill(self, trace: RouteTraceWriter, layer: int, ids: np.ndarray,
                        weights: np.ndarray, keep: np.ndarray, union: list[int],
