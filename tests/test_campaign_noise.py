@@ -21,16 +21,23 @@ def _report(folder: Path) -> dict:
 
 def test_calibrate_records_a_floor_the_next_campaign_uses(tiny_model: Path,
                                                           tmp_path: Path) -> None:
+    # The widest probe tolerance: this host's own speed swings are not what is tested here.
+    # MemAvailable is measured for real too, and a shared machine's can move by more than
+    # its 15% between two cells, so the counted repeats may be fewer than the three pairs.
     p = abbench("calibrate", "--model", tiny_model, "--cells", "4", "--spacing", "0",
-                "--probe-tol", "0.5", "--out", tmp_path / "cal", "--sentinels",
+                "--probe-tol", "1", "--out", tmp_path / "cal", "--sentinels",
                 tmp_path / "s", "--no-live")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "the device's noise floor is now ±" in p.stdout
     (history,) = (tmp_path / "s").glob("*.jsonl")
-    repeats = [r for r in read_repeats(history) if r.group is not None]
-    assert len(repeats) == 3 and all(r.fingerprints_equal and r.comparable for r in repeats)
+    records = read_repeats(history)
+    assert len(records) == 3  # every consecutive pair of the four cells, counted or not
+    repeats = [r for r in records if r.group is not None]
+    assert repeats and all(r.fingerprints_equal and r.comparable for r in repeats)
+    assert all(not (r.comparable and r.fingerprints_equal) for r in records if r.group is None)
+    df = len(repeats)  # one group of n cells has n - 1 degrees of freedom
     calibration = run_folder(tmp_path / "cal")
-    assert _report(calibration)["own_noise"]["df"] == 3
+    assert _report(calibration)["own_noise"]["df"] == df
 
     # A campaign with no repeat of its own: its verdict's cell level is the device's floor.
     cells = write_campaign(tmp_path, tiny_model, """
@@ -49,7 +56,7 @@ def test_calibrate_records_a_floor_the_next_campaign_uses(tiny_model: Path,
                 "--no-live")
     assert p.returncode in (0, 1, 3), p.stdout + p.stderr
     r = _report(run_folder(tmp_path / "r"))
-    assert r["noise"]["source"] == "device history" and r["noise"]["df"] == 3
+    assert r["noise"]["source"] == "device history" and r["noise"]["df"] == df
     assert r["noise_floor"]["campaigns"] == [calibration.name]
     assert not r["own_noise"]["known"]
     assert "cell-to-cell noise ±" in (run_folder(tmp_path / "r") / "report.md").read_text()
