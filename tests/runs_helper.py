@@ -30,8 +30,8 @@ AT_MAX = dict(HW)
 def cell(name: str, rate: float, **kw: Any) -> dict[str, Any]:
     """A cell spec: name, steady tokens/s, and overrides (caps, cpu_temp, battery_temp, mem,
     probe, caps_during, fingerprint, sentinel_of, gave_up, status, n, noise, per_token,
-    dropped, compute_ms, read_bytes, majflt, cpu_ms, gap_s, config: the configuration's
-    identity, by default the name)."""
+    dropped, compute_ms, read_bytes, majflt, cpu_ms, gap_s, wall_ms: the per-token times
+    themselves, config: the configuration's identity, by default the name)."""
     return {"name": name, "rate": rate, **kw}
 
 
@@ -63,6 +63,9 @@ def make_run(tmp: Path, cells: list[dict[str, Any]], decisions: list[dict[str, A
     for i, (c, pc) in enumerate(zip(cells, planned, strict=True)):
         n = c.get("n", 64)
         wall = (1000.0 / c["rate"]) * (1 + c.get("noise", 0.02) * rng.standard_normal(n))
+        if "wall_ms" in c:
+            wall = np.asarray(c["wall_ms"], float)
+            n = len(wall)
         caps = c.get("caps", AT_MAX)
         if state:
             entry = EntryState(t_wall=t, caps_khz=dict(caps) if caps else {},

@@ -270,7 +270,8 @@ def test_wrong_types(tmp_path: Path, old: str, new: str, key: str, words: str) -
     ("mem_available_tol_frac = 0.15", "mem_available_tol_frac = 2",
      "match.mem_available_tol_frac", "in [0, 1]"),
     ("min_effect = 0.03", "min_effect = -0.03", "decision[0].min_effect", ">= 0"),
-    ("engine = \"embedded\"", "engine = \"embeded\"", "workload.engine", "must be `embedded`"),
+    ("engine = \"embedded\"", "engine = \"embeded\"", "workload.engine",
+         "must be one of `embedded`, `external`, `llama-bench`"),
     ("tokens = 128", "tokens = 128\ntimeout_s = 0", "workload.timeout_s", "in (0,"),
     ('output = "stdout-summary"', 'output = "csv:/x"', "cells.ext.output", "not an output"),
     ('output = "stdout-summary"', 'output = "json:"', "cells.ext.output", "not an output"),
@@ -427,7 +428,7 @@ def test_external_cells(tmp_path: Path) -> None:
     e = problem(tmp_path, '[cells.X]\ncommand = []\n')
     assert "`cells.X.command`: must be a non-empty array of strings" in e.message
     e = problem(tmp_path, '[cells.X]\ncommand = ["x"]\nengine = "remote"\n')
-    assert "`cells.X.engine`: must be `embedded` or `external`" in e.message
+    assert "`cells.X.engine`: must be one of `embedded`, `external`, `llama-bench`" in e.message
     spec = load_campaign(write(tmp_path, '[cells.X]\ncommand = ["run", "a b"]\ntimeout_s = 5\n'))
     x = spec.cells["X"]
     assert (x.engine, x.command, x.output, x.timeout_s) == (

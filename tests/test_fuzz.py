@@ -93,7 +93,9 @@ TOKENS = [b"", b"\x00", b"\xff\xfe", b"\xef\xbb\xbf", b",", b",,", b"=", b"==", 
           b"meminfo: ", b"Thermal Status: ", b"Temperature{mValue=1, mName=x}",
           b"ENTRY STATE: cell=", b"generation: 1 tokens, 1 s/token (1 tok/s)",
           b"# route_trace v1", b"# layer=0 expert_bytes=", b"n_expert=", b"step,wall_ms",
-          b"x" * 5000, b"9" * 5000]
+          b"x" * 5000, b"9" * 5000, b"Infinity", b"-Infinity", b"0.5", b"1.2.3", b"true",
+          b"null", b"[]", b'"n_gen": ', b'"samples_ns": [', b" ms / ", b" runs ",
+          b"eval time = "]
 
 
 @st.composite
@@ -895,3 +897,40 @@ def _rejects_gguf(folder: Path, data: bytes) -> bool:
 
 def _rejects_trace(folder: Path, data: bytes) -> bool:
     return survive(lambda: read_route_trace(_write(folder, "probe.route.csv", data))) is None
+
+
+# -- what llama.cpp's tools print (records/llamacpp.py) -------------------------------------
+
+LLAMA = REPO / "tests" / "fixtures" / "llamacpp"
+BENCH_SEEDS = [(LLAMA / "bench-tiny.jsonl").read_bytes()]
+PERF_SEEDS = [(LLAMA / "completion-tiny.stderr").read_bytes()]
+
+
+def _llama_outputs(bench: bytes, stderr: bytes) -> None:
+    """A llama.cpp cell's output parses to a summary with a positive finite tok/s, or is
+    a CellOutputError (a failed cell with its reason), never anything else."""
+    from abbench.errors import CellOutputError
+    from abbench.records.llamacpp import bench_summary, completion_summary, parse_bench_jsonl
+
+    for parse in (lambda: bench_summary(parse_bench_jsonl(bench.decode("utf-8", "replace"))),
+                  lambda: completion_summary(bench, stderr.decode("utf-8", "replace"))):
+        try:
+            summary = parse()[0]
+        except CellOutputError:
+            continue
+        tps = summary["tok/s"]
+        assert isinstance(tps, float) and 0 < tps < float("inf"), summary
+        json.dumps(summary, allow_nan=False)
+
+
+@fuzz(DEFAULT)
+@given(bench=inputs(BENCH_SEEDS), stderr=inputs(PERF_SEEDS))
+def test_fuzz_llama_cpp_outputs(bench: bytes, stderr: bytes) -> None:
+    _llama_outputs(bench, stderr)
+
+
+@pytest.mark.slow
+@fuzz(SLOW)
+@given(bench=inputs(BENCH_SEEDS), stderr=inputs(PERF_SEEDS))
+def test_fuzz_llama_cpp_outputs_slow(bench: bytes, stderr: bytes) -> None:
+    _llama_outputs(bench, stderr)

@@ -49,3 +49,20 @@ def test_a_run_folder_renders_to_the_report_it_had(kind: str, tmp_path: Path,
     assert _without_run(got) == _without_run(expected_json)
     md = (run / "report.md").read_text(encoding="utf-8")
     assert md.replace(str(run), "RUN") == expected_md.replace(expected_json["run"], "RUN")
+
+
+def test_a_number_no_json_holds_in_a_record_renders_as_null(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """Found by the slow run-folder fuzzer: import.json with `1e400` (inf once read) in a
+    cell's free-form configuration made report.json unwritable."""
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "imported-headerless", run)
+    text = (run / "import.json").read_text(encoding="utf-8")
+    assert '"model": "qwen"' in text
+    (run / "import.json").write_text(text.replace('"model": "qwen"', '"model": 1e400', 1),
+                                     encoding="utf-8")
+    assert main(["report", str(run), "--style", "plain"]) in (0, 1, 3)
+    capsys.readouterr()
+    got = json.loads((run / "report.json").read_text(encoding="utf-8"))
+    assert got["import"]["cells"][0]["config"]["model"] is None

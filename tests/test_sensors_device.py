@@ -19,6 +19,7 @@ from abbench.sensors.tree import SnapshotTree, Tree
 FIXTURES = Path(__file__).parent / "fixtures" / "sensors"
 PHONE = FIXTURES / "android-qwen"
 LAPTOP = FIXTURES / "linux-laptop"
+LAPTOP_POWER = FIXTURES / "laptop-power"
 
 # the flat keys the campaign relies on (DESIGN 4 / the interface brief)
 PHONE_KEYS = {
@@ -158,8 +159,23 @@ def test_describe_lists_sources() -> None:
     assert rows["battery"] == "38.1 °C, Discharging, 80% (power_supply)"
     assert rows["Android"].startswith("thermal status 1 (light), 4 HAL")
     assert rows["GPU (NVML)"].startswith("not read")
+    assert rows["power"].startswith("missing: no power_supply power_now")
     empty = dict(open_device("local", root=FIXTURES / "nowhere").describe())
     assert empty["cpufreq"].startswith("missing") and empty["memory"].startswith("missing")
+
+
+def test_power_keys_and_describe() -> None:
+    device = open_device("local", root=LAPTOP_POWER)
+    v = device.sample()
+    assert v["battery.power_w"] == 8.734 and v["battery.status"] == "Discharging"
+    assert {k: v[k] for k in v if k.startswith("rapl.")} == {
+        "rapl.package-0.energy_uj": 35874514612, "rapl.package-0.max_uj": 262143328850,
+        "rapl.psys.energy_uj": 96385401251, "rapl.psys.max_uj": 262143328850}
+    assert dict(device.describe())["power"] == (
+        "battery 8.73 W, Discharging (power_supply); "
+        "RAPL package-0, psys energy counters (powercap RAPL)")
+    charging = dict(open_device("local", root=FIXTURES / "android-power-charging").describe())
+    assert charging["power"] == "battery 7.77 W, Charging: not usable for energy (power_supply)"
 
 
 def test_run_locally_takes_an_argument_list(tmp_path: Path) -> None:

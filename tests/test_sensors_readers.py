@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import types
 from pathlib import Path
 from typing import Any
@@ -10,16 +11,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from abbench.records import keys
 from abbench.sensors import host, readers
 from abbench.sensors.tree import LocalTree, SnapshotTree, natural_key
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sensors"
 LAPTOP = FIXTURES / "linux-laptop"
 PHONE = FIXTURES / "android-qwen"
+PHONE_POWER = FIXTURES / "android-power"
+PHONE_CHARGING = FIXTURES / "android-power-charging"
+LAPTOP_POWER = FIXTURES / "laptop-power"
+RAPL = "sys/class/powercap"
 
 TREE_READERS = [readers.collect_cpufreq, readers.collect_thermal_zones,
-                readers.collect_battery, readers.collect_meminfo, readers.collect_pressure,
-                readers.collect_loadavg]
+                readers.collect_battery, readers.collect_rapl, readers.collect_meminfo,
+                readers.collect_pressure, readers.collect_loadavg]
 
 
 def write(root: Path, rel: str, text: str) -> None:
@@ -149,6 +155,9 @@ def test_every_reader_on_an_empty_tree_reads_nothing(reader: Any, tmp_path: Path
 def test_readers_survive_garbage(tmp_path: Path) -> None:
     for rel in ["proc/meminfo", "proc/loadavg", "proc/pressure/cpu",
                 "sys/class/power_supply/x/type", "sys/class/power_supply/x/temp",
+                "sys/class/power_supply/x/current_now", "sys/class/power_supply/x/voltage_now",
+                "sys/class/powercap/intel-rapl:0/name",
+                "sys/class/powercap/intel-rapl:0/energy_uj",
                 "sys/class/thermal/thermal_zone0/type", "sys/class/thermal/thermal_zone0/temp",
                 "sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq"]:
         write(tmp_path, rel, "\x00\xff garbage = = avg10=x\n:::\n")
@@ -174,7 +183,12 @@ def test_a_reader_that_raises_is_a_gap() -> None:
 @given(st.dictionaries(
     st.sampled_from(["/proc/meminfo", "/proc/loadavg", "/proc/pressure/cpu",
                      "/sys/class/power_supply/b/type", "/sys/class/power_supply/b/temp",
-                     "/sys/class/power_supply/b/capacity", "/sys/class/thermal/thermal_zone0/type",
+                     "/sys/class/power_supply/b/capacity", "/sys/class/power_supply/b/power_now",
+                     "/sys/class/power_supply/b/current_now",
+                     "/sys/class/power_supply/b/voltage_now",
+                     "/sys/class/powercap/intel-rapl:0/name",
+                     "/sys/class/powercap/intel-rapl:0/energy_uj",
+                     "/sys/class/thermal/thermal_zone0/type",
                      "/sys/class/thermal/thermal_zone0/temp",
                      "/sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq",
                      "/sys/devices/system/cpu/cpufreq/policy0/cpuinfo_max_freq"]),
@@ -185,13 +199,132 @@ def test_fuzzed_files_never_raise(files: dict[str, str]) -> None:
         assert isinstance(reader(tree), dict)
 
 
-def test_local_and_snapshot_trees_agree() -> None:
-    local = LocalTree(PHONE)
+@pytest.mark.parametrize("root", [PHONE, PHONE_POWER, LAPTOP_POWER], ids=lambda p: p.name)
+def test_local_and_snapshot_trees_agree(root: Path) -> None:
+    local = LocalTree(root)
     files = {p: local.read(p) or "" for pattern in readers.REMOTE_GLOBS
              for p in local.glob(pattern)}
     snap = SnapshotTree(files)
     for reader in TREE_READERS:
-        assert reader(snap) == reader(PHONE), reader.__name__
+        assert reader(snap) == reader(root), reader.__name__
+
+
+# --- power and energy ---------------------------------------------------------------------
+
+def test_battery_power_from_power_now() -> None:
+    # an ACPI battery rated in Wh: power_now in µW wins over the voltage beside it
+    assert readers.collect_battery(LAPTOP_POWER) == {
+        "battery.status": "Discharging", "battery.capacity_pct": 62, "battery.power_w": 8.734}
+
+
+def test_battery_power_from_current_and_voltage() -> None:
+    # the kernel ABI's sign: negative µA while discharging; the key keeps the magnitude
+    assert readers.collect_battery(PHONE_POWER) == {
+        "battery.temp_c": 33.4, "battery.status": "Discharging", "battery.capacity_pct": 64,
+        "battery.power_w": 2.363544}   # 0.612 A × 3.862 V
+
+
+def test_charging_battery_gives_the_magnitude_and_its_status() -> None:
+    v = readers.collect_battery(PHONE_CHARGING)
+    assert v["battery.status"] == "Charging"
+    assert v["battery.power_w"] == 7.768245   # +1.843 A × 4.215 V, into the battery
+
+
+@pytest.mark.parametrize(("current", "voltage", "watts"), [
+    ("-612000", "3862000", 2.363544),   # µA, µV (the ABI)
+    ("612000", "3862000", 2.363544),    # ACPI's positive sign while discharging
+    ("-612", "3862", 2.363544),         # mA, mV (vendor kernels)
+    ("612", "3862000", 2.363544),       # mA, µV
+    ("-612000", "3862", 2.363544),      # µA, mV
+    ("10000", "3862000", 0.03862),      # 10 mA in µA: at the line, still µA
+])
+def test_battery_power_units_and_signs(current: str, voltage: str, watts: float) -> None:
+    base = "/sys/class/power_supply/battery"
+    tree = SnapshotTree({f"{base}/type": "Battery\n", f"{base}/current_now": current + "\n",
+                         f"{base}/voltage_now": voltage + "\n"})
+    assert readers.collect_battery(tree) == {"battery.power_w": watts}
+
+
+@pytest.mark.parametrize("files", [
+    {},                                                        # no power files at all
+    {"current_now": "-612000\n"},                              # no voltage
+    {"voltage_now": "3862000\n"},                              # no current
+    {"current_now": "0\n", "voltage_now": "3862000\n"},        # nothing flowing
+    {"power_now": "0\n"},
+    {"power_now": "n/a\n", "current_now": "", "voltage_now": "3862000\n"},
+])
+def test_battery_power_absent_or_zero_leaves_the_key_out(files: dict[str, str]) -> None:
+    base = "/sys/class/power_supply/BAT0"
+    tree = SnapshotTree({f"{base}/type": "Battery\n", f"{base}/status": "Discharging\n",
+                         **{f"{base}/{name}": text for name, text in files.items()}})
+    assert readers.collect_battery(tree) == {"battery.status": "Discharging"}
+
+
+def test_battery_power_falls_back_from_a_zero_power_now() -> None:
+    assert readers.battery_power_w(0, -612000, 3862000) == 2.363544
+    assert readers.battery_power_w(-8734000, None, None) == 8.734
+
+
+def test_rapl_top_level_domains_only() -> None:
+    # intel-rapl:0:0 (core), :0:1 (uncore), intel-rapl-mmio:0 and the intel-rapl control
+    # folder are not read
+    assert readers.collect_rapl(LAPTOP_POWER) == {
+        "rapl.package-0.energy_uj": 35874514612, "rapl.package-0.max_uj": 262143328850,
+        "rapl.psys.energy_uj": 96385401251, "rapl.psys.max_uj": 262143328850,
+    }
+
+
+def test_rapl_other_vendors_and_repeated_names(tmp_path: Path) -> None:
+    for zone, name, energy in [("intel-rapl:0", "package-0", "1200"),
+                               ("intel-rapl:1", "package-0", "3400"),
+                               ("amd-rapl:0", "Package 1", "5600")]:
+        write(tmp_path, f"{RAPL}/{zone}/name", name + "\n")
+        write(tmp_path, f"{RAPL}/{zone}/energy_uj", energy + "\n")
+    assert readers.collect_rapl(tmp_path) == {
+        "rapl.package-0.energy_uj": 1200, "rapl.package-0-2.energy_uj": 3400,
+        "rapl.package_1.energy_uj": 5600}
+
+
+class Denied:
+    """A tree whose `energy_uj` files fail as they do for a non-root user since Linux 5.10
+    (EACCES: LocalTree.read gives None). Tests run as root, where chmod denies nothing."""
+
+    def __init__(self, root: Path, denied: str) -> None:
+        self.tree, self.denied = LocalTree(root), denied
+
+    def read(self, path: str) -> str | None:
+        return None if path.startswith(self.denied) else self.tree.read(path)
+
+    def glob(self, pattern: str) -> list[str]:
+        return self.tree.glob(pattern)
+
+
+def test_rapl_unreadable_energy_leaves_the_domain_out(tmp_path: Path) -> None:
+    psys_only = {keys.rapl_energy("psys"): 96385401251, keys.rapl_max("psys"): 262143328850}
+    denied = Denied(LAPTOP_POWER, f"/{RAPL}/intel-rapl:0/energy_uj")
+    assert readers.collect_rapl(denied) == psys_only
+    # over adb/ssh a file `cat` could not read is absent from the snapshot
+    local = LocalTree(LAPTOP_POWER)
+    files = {p: local.read(p) or "" for pattern in readers.REMOTE_GLOBS
+             for p in local.glob(pattern) if p != f"/{RAPL}/intel-rapl:0/energy_uj"}
+    assert readers.collect_rapl(SnapshotTree(files)) == psys_only
+    # a directory where the file should be: the read fails (EISDIR) like EACCES
+    shutil.copytree(LAPTOP_POWER, tmp_path / "t")
+    (tmp_path / "t" / RAPL / "intel-rapl:0" / "energy_uj").unlink()
+    (tmp_path / "t" / RAPL / "intel-rapl:0" / "energy_uj").mkdir()
+    assert readers.collect_rapl(tmp_path / "t") == psys_only
+
+
+def test_power_keys_are_described() -> None:
+    values = {**readers.collect_battery(LAPTOP_POWER), **readers.collect_rapl(LAPTOP_POWER)}
+    units = {k: (e.unit, e.type) for k in values if (e := keys.describe(k)) is not None}
+    assert units == {
+        "battery.status": ("", "str"), "battery.capacity_pct": ("%", "int"),
+        "battery.power_w": ("W", "float"),
+        "rapl.package-0.energy_uj": ("µJ", "int"), "rapl.package-0.max_uj": ("µJ", "int"),
+        "rapl.psys.energy_uj": ("µJ", "int"), "rapl.psys.max_uj": ("µJ", "int"),
+    }
+    assert keys.rapl_domains(values) == ["package-0", "psys"]
 
 
 # --- psutil fallbacks ---------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from test_campaign_run import abbench, run_folder, write_campaign
 
 from abbench.errors import UsageError
-from abbench.records import read_journal, read_samples
+from abbench.records import keys, read_journal, read_samples
 from abbench.records.toml import tomllib
 from abbench.sim import open_device
 from abbench.sim.device import SimulatedDevice, ThermalModel
@@ -145,6 +145,22 @@ def test_readers_see_the_tree(sim) -> None:
     assert v["temp.cpu_c"] == pytest.approx(52.0, abs=0.01)
     assert v["battery.temp_c"] == pytest.approx(31.5, abs=0.1)
     assert v["mem.available_mib"] == 6000
+    # Power: idle here (no cell attached), from µA (negative: discharging) and µV.
+    cf = dev.model.clock_fraction()
+    assert v[keys.BATTERY_POWER_W] == pytest.approx(0.8 + 5.0 * 0.1 * cf, rel=1e-4)
+    assert v[keys.BATTERY_STATUS] == "Discharging"
+    current = int((dev.root / "sys/class/power_supply/battery/current_now").read_text())
+    assert current < 0
+
+
+def test_a_capped_busy_device_draws_less_power_but_more_than_its_base() -> None:
+    model = ThermalModel(load_profile("phone"))
+    full = model.power_w(1.0)
+    assert full == pytest.approx(0.8 + 5.0)
+    model.case_c = 36.0  # every trip engaged: clock fraction 0.59
+    model._update_level()
+    assert model.power_w(1.0) == pytest.approx(0.8 + 5.0 * model.clock_fraction())
+    assert 0.8 < model.power_w(1.0) < full and model.power_w(0.0) == 0.8
 
 
 # Spins for `seconds` of wall time and prints the CPU seconds it got: the share of the
@@ -240,6 +256,14 @@ def test_campaign_on_a_simulated_device(tiny_model: Path, tmp_path: Path) -> Non
     later = [s for s in read_samples(folder) if s.cell in (1, 2)]
     assert any(s.values.get("cpu.policy4.capped") for s in later)
     assert "SIMULATED" in (folder / "report.md").read_text()
+    # Every cell has an energy figure from the simulated battery: 0.8 W + 5 W × clocks.
+    report = json.loads((folder / "report.json").read_text())
+    for c in report["cells"]:
+        assert c["energy_source"] == "battery", c["energy_note"]
+        power = c["power_w"]["estimate"]
+        assert 0.8 < power <= 5.8 + 1e-6
+        rate = c["tokens_per_s"]["estimate"]
+        assert c["energy_per_token_j"]["estimate"] == pytest.approx(power / rate)
     # The run keeps the profile it ran on: `abbench sim fit` reads it, not today's file.
     assert (folder / "device-profile.toml").read_text() == HOT.read_text()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from abbench.analysis.energy import NO_ENERGY, CellEnergy, cell_energy
 from abbench.analysis.stats import (
     Interval,
     log_rate,
@@ -93,6 +94,8 @@ class CellStats:
     peak_rss_mib: float | None = None  # the process's peak RSS, where recorded
     prefill_tok_s: float | None = None  # prompt tokens / time to first token, where recorded
     ttft_s: float | None = None  # time to first token (prefill, load excluded)
+    stability: float | None = None  # worst over best window throughput (`stability_ratio`)
+    energy: CellEnergy = NO_ENERGY  # mean power and J/token (`analysis.energy`)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +103,23 @@ class CellStats:
 
     def window(self) -> np.ndarray:
         return np.asarray(self.wall_ms, dtype=float)
+
+
+STABILITY_WINDOW_TOKENS = 32  # tokens per window of the stability ratio (DESIGN 12)
+
+
+def stability_ratio(wall_ms: np.ndarray, window: int = STABILITY_WINDOW_TOKENS) -> float | None:
+    """Sustained against peak, as sustained-performance tests report it: the steady series
+    cut into consecutive windows of `window` tokens (a partial last one left out), the
+    slowest window's throughput over the fastest's. 1.0 is a cell that held its speed;
+    None with fewer than two whole windows. wall_ms: (n,) per-token times."""
+    n = len(wall_ms) // window
+    if n < 2:
+        return None
+    per_window = np.asarray(wall_ms[: n * window], float).reshape(n, window).sum(axis=1)  # (n,)
+    if not np.all(np.isfinite(per_window)) or per_window.min() <= 0:
+        return None
+    return float(per_window.min() / per_window.max())  # tok/s is window / ms: worst / best
 
 
 def _per_token_mean(cols: dict[str, list[float]], key: str, start: int) -> float | None:
@@ -198,6 +218,12 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     summary = record.summary or (doc.get("summary") if isinstance(doc.get("summary"), dict)
                                  else {}) or {}
     wall = np.asarray(cols.get("wall_ms", []), dtype=float)
+    if doc.get("samples") == "repetitions":  # llama-bench: each repetition is one sample
+        warmup = 0  # (it warms up itself); ms per token of each, not per-token times
+        notes.append(f"{len(wall)} repetitions of {summary.get('tokens_per_repetition', '?')} "
+                     "tokens (llama-bench) are the samples: no per-token times")
+    extra = doc.get("notes")
+    notes += [n for n in extra if isinstance(n, str)] if isinstance(extra, list) else []
     start = min(warmup, len(wall))
     steady = wall[start:]
     rate, source = _rate(record, steady, len(wall), warmup, summary, source, notes)
@@ -219,7 +245,9 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         notes=tuple(notes),
         wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
         log_rate=log_rate(steady) if len(steady) >= 2 else None,
-        token_variance=log_rate_token_variance(steady),
+        token_variance=log_rate_token_variance(steady), stability=stability_ratio(steady),
+        energy=cell_energy([s for s in samples if s.cell == record.index], steady,
+                           seed_for("energy", record.label)),
     )
 
 

@@ -20,6 +20,7 @@ is *unverified*, never matched.
 | mem_available | entry MemAvailable differs by <= tol x the larger | mem_available_tol_frac |
 | probe | entry speed-probe indices differ by <= tol | probe_tol (0.03) |
 | thermal_status | the same Android thermal status at entry | |
+| stability | both cells' stability ratios >= min_stability (only when it is set) | min_stability |
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord
                       "both cells ok" if ok else
                       f"cell {a.index + 1} {a.status}, cell {b.index + 1} {b.status}"),
             _adjacent(a, b, order_known)]
+    if match.min_stability is not None:
+        crit.append(_stability(a, b, match.min_stability))
     if ra is not None and rb is not None:
         crit += [_gap_between(a, b, ra, rb, match.max_gap_s), _gate(ra, rb),
                  *_entry_criteria(a, b, ra, rb, match)]
@@ -165,6 +168,21 @@ def match_pair(a: CellStats, b: CellStats, ra: CellRecord | None, rb: CellRecord
         note = f"{note}; {disagree}" if note else disagree
     reasons = tuple(c.detail for c in crit if c.status == "fail")
     return PairMatch(a.index, b.index, state, tuple(crit), reasons, note)
+
+
+def _stability(a: CellStats, b: CellStats, least: float) -> Criterion:
+    """Both cells held their speed: a required ratio that cannot be measured fails (too few
+    steady tokens for two windows), since nothing shows the cell sustained it."""
+    low = [c for c in (a, b) if c.stability is None or c.stability < least]
+    detail = (f"stability {_ratio(a.stability)} and {_ratio(b.stability)} "
+              f"({'>=' if not low else 'below'} the {least:g} required"
+              + (f" at cell {', '.join(str(c.index + 1) for c in low)}" if low else "") + ")")
+    return Criterion("stability", "fail" if low else "ok", a.stability, b.stability, least,
+                     detail)
+
+
+def _ratio(x: float | None) -> str:
+    return "not measured" if x is None else f"{x:.2f}"
 
 
 def _adjacent(a: CellStats, b: CellStats, order_known: bool) -> Criterion:

@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from abbench.campaign.llamacpp import TOOLS, LlamaCell, find_binary
 from abbench.campaign.recovery import note_child
 from abbench.engine.config import to_argv
+from abbench.engine.models import resolve_model
+from abbench.errors import CellOutputError
 from abbench.sensors import Device
 
 STDERR_TAIL = 4000  # bytes of a cell's stderr kept in its journal line
@@ -31,11 +34,29 @@ def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
             *to_argv(cfg, route_trace=str(out_dir / "route.csv"))]
 
 
+def llama_argv(cfg: dict[str, Any], device: Device) -> list[str]:
+    """A llama.cpp cell's command line on the device: its binary (`llama_cpp_bin`, then
+    PATH), a synthetic model built here first (once, into the cache). Raises
+    CellOutputError when the binary has gone since the plan was made."""
+    cell = LlamaCell(tool=cfg["engine"], model=cfg["model"], tokens=cfg["tokens"],
+                     prompt=cfg["prompt"], seed=cfg["seed"], repetitions=cfg["repetitions"],
+                     bin_dir=cfg.get("llama_cpp_bin"), options=tuple(cfg["llama"].items()))
+    binary = find_binary(cell.tool, cell.bin_dir, device.on_host)
+    if binary is None:
+        raise CellOutputError(f"no `{cell.tool}` "
+                              + (f"in {cell.bin_dir}" if cell.bin_dir else "on PATH"))
+    model = str(resolve_model(cell.model, quiet=True)) if device.on_host else cell.model
+    return device.command(cell.argv(binary, model))
+
+
 def cell_argv(cfg: dict[str, Any], python: str, out_dir: Path, device: Device) -> list[str]:
-    """The command line that runs a cell: the embedded engine, or the cell's `command` as
-    the device's transport runs it."""
-    if cfg.get("engine", "embedded") == "embedded":
+    """The command line that runs a cell: the embedded engine, llama.cpp, or the cell's
+    `command`, as the device's transport runs it."""
+    engine = cfg.get("engine", "embedded")
+    if engine == "embedded":
         return engine_argv(python, cfg, out_dir)
+    if engine in TOOLS:
+        return llama_argv(cfg, device)
     return device.command([str(x) for x in cfg["command"]])
 
 

@@ -3,7 +3,11 @@
 `output` of an external cell: `bmoe-csv:PATH` (a per-token CSV in the seed engine's layout,
 with or without preamble and `# summary`), `json:PATH` (an engine run JSON), or
 `stdout-summary` (the `generation:` line in the command's stdout). A PATH on a remote
-device is read with `cat` over the device's transport.
+device is read with `cat` over the device's transport. A llama.cpp cell's stdout (and, for
+llama-completion, its stderr's timings) are read by `records.llamacpp`, and kept as the
+cell's summary.json: for llama-bench each repetition is one sample of the cell
+(`samples` = "repetitions" there: no warm-up is cut from them, llama-bench warms up
+itself).
 
 `read_result` judges it: output that cannot be read, or that reports no usable tokens/s,
 fails the cell (with the reason in its journal line) and never the campaign.
@@ -11,13 +15,16 @@ fails the cell (with the reason in its journal line) and never the campaign.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from abbench.campaign.llamacpp import TOOLS
 from abbench.errors import AbbenchError, CellOutputError, ForeignRunError
 from abbench.records.bmoe_csv import parse_bmoe_csv, run_summary, work_fingerprint
+from abbench.records.llamacpp import bench_summary, completion_summary, parse_bench_jsonl
 from abbench.records.summary import read_engine_json, read_generation
 from abbench.sensors import Device
 
@@ -66,8 +73,11 @@ def _finite(value: Any) -> Any:
 def read_cell_output(
     cfg: dict[str, Any], out: Path, device: Device
 ) -> tuple[dict[str, Any], str | None]:
-    if cfg.get("engine", "embedded") == "embedded":
+    engine = cfg.get("engine", "embedded")
+    if engine == "embedded":
         return read_engine_json(out / "summary.json")
+    if engine in TOOLS:
+        return _llama(engine, out)
     kind, _, where = str(cfg["output"]).partition(":")
     if kind == "stdout-summary":
         text = (out / "stdout.txt").read_text(encoding="utf-8", errors="replace")
@@ -81,6 +91,23 @@ def read_cell_output(
         return read_engine_json(out / "summary.json")
     (out / "tokens.csv").write_text(text, encoding="utf-8")
     return summarize_bmoe_csv(text, where)
+
+
+def _llama(tool: str, out: Path) -> tuple[dict[str, Any], str | None]:
+    """A llama.cpp cell's summary and fingerprint, kept as its summary.json."""
+    stdout = (out / "stdout.txt").read_bytes()
+    doc: dict[str, Any]
+    if tool == "llama-bench":
+        summary, columns, fingerprint = bench_summary(parse_bench_jsonl(
+            stdout.decode("utf-8", errors="replace")))
+        doc = {"summary": summary, "per_token": columns, "fingerprint": fingerprint,
+               "samples": "repetitions"}
+    else:
+        stderr = (out / "stderr.txt").read_text(encoding="utf-8", errors="replace")
+        summary, fingerprint, note = completion_summary(stdout, stderr)
+        doc = {"summary": summary, "fingerprint": fingerprint, "notes": [note] if note else []}
+    (out / "summary.json").write_text(json.dumps(_finite(doc)) + "\n", encoding="utf-8")
+    return summary, fingerprint
 
 
 def _fetch(path: str, device: Device) -> str:

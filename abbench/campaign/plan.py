@@ -22,6 +22,8 @@ import shlex
 from dataclasses import asdict, fields
 from typing import Any
 
+from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
+from abbench.campaign.llamacpp import flag
 from abbench.campaign.schema import TOML_KEY, CampaignSpec
 from abbench.campaign.tables import CELL_DEFAULTS, MAX_CELLS
 from abbench.engine.config import EngineConfig
@@ -155,7 +157,14 @@ def _keys(config: dict[str, Any], keys: list[str]) -> str:
 
 def describe(config: dict[str, Any]) -> str:
     """A cell's configuration in one line: what it runs, and what it sets off the defaults."""
-    if config.get("engine") != "embedded":
+    engine = config.get("engine")
+    if engine in LLAMA_TOOLS:
+        options = " ".join(f"{flag(k)}{'' if v is True else f' {_value(v)}'}"
+                           for k, v in config.get("llama", {}).items() if v is not False)
+        reps = f" x{config.get('repetitions')}" if engine == "llama-bench" else ""
+        return (f"{engine}: {config.get('model')} tokens={config.get('tokens')}{reps}"
+                + (f" {options}" if options else ""))
+    if engine != "embedded":
         return f"external: {shlex.join(map(str, config.get('command', [])))} " \
                f"-> {config.get('output')}"
     changed = [k for k, default in _DEFAULTS.items()
@@ -169,6 +178,12 @@ def differences(first: dict[str, Any], config: dict[str, Any]) -> str:
     if config.get("engine") != first.get("engine"):
         return describe(config)
     keys = [k for k in dict.fromkeys([*config, *first]) if config.get(k) != first.get(k)]
+    if config.get("engine") in LLAMA_TOOLS and "llama" in keys:  # the options that differ
+        mine, theirs = config.get("llama", {}), first.get("llama", {})
+        keys.remove("llama")
+        changed = [f"{flag(k)}={_value(mine.get(k))}" for k in dict.fromkeys([*mine, *theirs])
+                   if mine.get(k) != theirs.get(k)]
+        return " ".join([_keys(config, keys), *changed]).strip()
     return _keys(config, keys)
 
 
@@ -246,7 +261,10 @@ def _duration_line(plan: Plan, estimates: list[float | None], scale: float,
     note = (f"{plan.spacing_s / scale:.3g} s spacing between cells + per cell (prompt + "
             f"tokens) / {tok_per_s:g} tok/s + {START_S:g} s start")
     if unknown:
-        note += f"; {unknown} external cell{'s' if unknown > 1 else ''} not counted"
+        llama = sum(c.config.get("engine") in LLAMA_TOOLS for c in plan.cells)
+        for count, kind in ((unknown - llama, "external"), (llama, "llama.cpp")):
+            if count:
+                note += f"; {count} {kind} cell{'s' if count > 1 else ''} not counted"
     if plan.gate is not None:
         note += "; gate waits not counted"
     upto = ""

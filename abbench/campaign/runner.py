@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abbench.campaign.child import CellChild, cell_argv, stderr_tail
+from abbench.campaign.child import CellChild, ChildExit, cell_argv, stderr_tail
 from abbench.campaign.entry import SpeedIndex, entry_state
 from abbench.campaign.gate import GateSpec, wait_for_gate
 from abbench.campaign.output import CellResult, read_result
@@ -245,10 +245,14 @@ class CampaignRun:
         with self._lock:
             self.current = cell.index
         view.phase(cell, "running")
+        try:  # before the clock starts: a llama.cpp cell's synthetic model is built here
+            argv: list[str] | None = cell_argv(cfg, self.opts.python, out, self.device)
+        except AbbenchError as e:
+            argv, not_started = None, ChildExit("failed", None, e.message)
         t0w, t0m = time.time(), time.monotonic()
         try:
-            ended = self._child.run(cell_argv(cfg, self.opts.python, out, self.device),
-                                    out, timeout)
+            ended = (self._child.run(argv, out, timeout) if argv is not None
+                     else not_started)
         finally:
             with self._lock:
                 self.current = None

@@ -27,11 +27,15 @@ from abbench.campaign._check import (
     fail,
     under,
 )
+from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
+from abbench.campaign.llamacpp import LlamaCell, find_binary
 from abbench.campaign.tables import (
     CELL_DEFAULTS,
     CELL_HINTS,
     ENGINE_KEYS,
     ENGINES,
+    ENGINES_TEXT,
+    LLAMA_KEYS,
     NAME_MAX,
     TOML_KEY,
     WORKLOAD_KEYS,
@@ -232,8 +236,8 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
                       enumerate(as_array_of_tables(("decision",), doc.get("decision", []))))
     folder = Path(os.path.abspath(path)).parent
     generated = {name: i for i, s in enumerate(sweeps) for name in map(s.cell_name, s.values)}
-    cells = {name: _resolve(name, layers, workload, folder, generated.get(name))
-             for name in layers}
+    cells = {name: _resolve(name, layers, workload, folder, generated.get(name),
+                            device.transport) for name in layers}
     return CampaignSpec(path=path, source_text=text, campaign=campaign, device=device,
                         gate=gate, match=match, workload=workload, cells=cells,
                         decisions=decisions, sweeps=tuple(sweeps))
@@ -282,18 +286,21 @@ def _chain(name: str, layers: dict[str, Layer]) -> list[str]:
 
 
 def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folder: Path,
-             sweep: int | None) -> CellSpec:
+             sweep: int | None, transport: str = "local") -> CellSpec:
     home: Key = ("cells", name)
     at_home = ("sweep", sweep) if sweep is not None else home
     merged: Layer = {}
     for n in reversed(_chain(name, layers)):
-        merged.update({k: v for k, v in layers[n].items() if k != "base"})
+        own = {k: v for k, v in layers[n].items() if k != "base"}
+        if "llama" in own and "llama" in merged:  # options inherit one by one
+            own["llama"] = ({**merged["llama"][0], **own["llama"][0]}, own["llama"][1])
+        merged.update(own)
     base = layers[name]["base"][0] if "base" in layers[name] else None
     timeout = merged["timeout_s"][0] if "timeout_s" in merged else workload.timeout_s
     if "engine" in merged:
         engine, at = merged["engine"]
         if engine not in ENGINES:
-            fail(at, f"must be `embedded` or `external` (got {show(engine)})",
+            fail(at, f"must be one of {ENGINES_TEXT} (got {show(engine)})",
                  tip=did_you_mean(engine, ENGINES, "engines"))
     else:
         engine = "external" if "command" in merged or "output" in merged else workload.engine
@@ -306,6 +313,12 @@ def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folde
             where = merged[e.key[0]][1] if e.key and e.key[0] in merged else None
             raise error_at(where, e.problem, e.tip) if where else under(e, home) from None
 
+    if engine in LLAMA_TOOLS:
+        return cell(llama=_llama_cell(name, engine, merged, workload, folder, transport, home))
+    for k in ("llama_cpp_bin", "repetitions", "llama"):
+        if k in merged:
+            fail(merged[k][1], f"applies to llama.cpp cells only (cell `{name}` is {engine})",
+                 tip='engine = "llama-bench" or "llama-completion" runs llama.cpp')
     if engine == "external":
         keys = [k for k in merged if k in ENGINE_KEYS]
         if keys:
@@ -323,6 +336,53 @@ def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folde
                  f"and external (`{k}`)", tip="drop `engine = \"embedded\"` to run the "
                  "command, or drop `command`/`output` to run the engine")
     return cell(config=_engine_config(name, merged, workload, folder, home, at_home))
+
+
+def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, folder: Path,
+                transport: str, home: Key) -> LlamaCell:
+    """A llama.cpp cell: its own keys over what `[workload]` gives one (model, tokens,
+    prompt, seed); any other engine key in the cell is the embedded engine's, and an error.
+    On this machine (local or simulated) the model file and the binary are checked now."""
+    for k, (_, at) in merged.items():
+        if k in ENGINE_KEYS and k not in LLAMA_KEYS:
+            fail(at, f"cell `{name}` runs {tool}: `{k}` is an embedded-engine key",
+                 tip=f"llama.cpp's own options go in `[cells.{name}.llama]`, under "
+                 "llama.cpp's names (docs/cells.md, llama.cpp cells)")
+    defaults = EngineConfig(model=workload.model)
+    values: Layer = {"model": (workload.model, ("workload", "model")),
+                     "tokens": (defaults.n_tokens, (*home, "tokens")),
+                     "prompt": (defaults.prompt, (*home, "prompt")),
+                     "seed": (defaults.seed, (*home, "seed"))}
+    values.update({k: (v, ("workload", k)) for k, v in workload.settings.items()
+                   if k in LLAMA_KEYS})
+    values.update({k: v for k, v in merged.items() if k in LLAMA_KEYS})
+    on_host = not transport.startswith(("adb:", "ssh:"))
+    model, at = values["model"]
+    if on_host:
+        model = _model(model, at, folder)
+    elif model.startswith("synthetic:"):
+        fail(at, f"{show(model)} is built on this machine, but the cell runs on `{transport}`",
+             tip="give the model's path on the device (`abbench model synth` writes a "
+             "synthetic model to copy there)")
+    table, table_at = values.get("llama", ({}, (*home, "llama")))
+    bin_dir, bin_at = values.get("llama_cpp_bin", (None, (*home, "llama_cpp_bin")))
+    try:
+        cell = LlamaCell(tool=tool, model=model, tokens=values["tokens"][0],
+                         prompt=values["prompt"][0], seed=values["seed"][0],
+                         repetitions=values.get("repetitions", (5, None))[0],
+                         bin_dir=bin_dir, options=tuple(table.items()))
+    except CampaignFileError as e:
+        k = e.key[0] if e.key else None
+        where = table_at if k == "llama" else values[k][1] if k in values else home
+        raise error_at((*where, *e.key[1:]) if k == "llama" else where, e.problem,
+                       e.tip) from None
+    if on_host and find_binary(tool, bin_dir, on_host=True) is None:
+        where = f"in {bin_dir}" if bin_dir else "on PATH"
+        fail(bin_at if bin_dir else home, f"no `{tool}` {where}"
+             + (" (nor an older build's `llama-cli`)" if tool == "llama-completion" else ""),
+             tip="`llama_cpp_bin` names the folder of llama.cpp's binaries (its build/bin); "
+             "`python tests/llamacpp.py` builds the pinned llama.cpp into the cache")
+    return cell
 
 
 def _engine_config(name: str, merged: Layer, workload: WorkloadTable, folder: Path,

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from abbench.campaign._check import fail, in_range
+from abbench.campaign.llamacpp import TOOLS, LlamaCell
 from abbench.engine.config import EngineConfig
 from abbench.errors import Key
 from abbench.records import DecisionSpec, MatchSpec
@@ -25,7 +26,8 @@ NAME_MAX = 100
 NAME_TIP = ("names are letters, digits, `-`, `_` and `.` (not first), at most "
             f"{NAME_MAX} characters: they name folders")
 DEFAULT_MODEL = "synthetic:default"
-ENGINES = ("embedded", "external")
+ENGINES = ("embedded", "external", *TOOLS)
+ENGINES_TEXT = "`embedded`, `external`, " + ", ".join(f"`{t}`" for t in TOOLS)
 MAX_REPEAT = 100
 MAX_CELLS = 10_000  # cells one campaign may run (planned and appended)
 WEEK_S = 7 * 86400.0  # the longest wait or timeout a campaign may ask for
@@ -45,8 +47,14 @@ CELL_HINTS: dict[str, Any] = {
     "timeout_s": float,
     "command": tuple[str, ...],
     "output": str,
+    "llama_cpp_bin": str,
+    "repetitions": int,
+    "llama": dict[str, str | int | float | bool],
     **{k: typing.get_type_hints(EngineConfig)[f] for k, f in ENGINE_KEYS.items()},
 }
+# The keys a llama.cpp cell takes besides `engine`, `base` and `timeout_s` (the engine keys
+# among them as the embedded engine reads them); `[workload]` gives it only these.
+LLAMA_KEYS = ("model", "tokens", "prompt", "seed", "llama_cpp_bin", "repetitions", "llama")
 WORKLOAD_KEYS = ("engine", "timeout_s", *ENGINE_KEYS)
 # Engine keys whose default in a cell differs from the command line's: a cell decodes
 # exactly `tokens` (a run that stopped at EOS would be less work, not a slower run).
@@ -183,6 +191,9 @@ class MatchTable(MatchSpec):
         in_range("probe_tol", 0 <= self.probe_tol <= 1, "in [0, 1]", self.probe_tol)
         in_range("max_gap_s", 0 < self.max_gap_s <= WEEK_S, f"in (0, {WEEK_S:g}] s",
                  self.max_gap_s)
+        if self.min_stability is not None:
+            in_range("min_stability", 0 < self.min_stability <= 1, "in (0, 1]",
+                     self.min_stability)
 
 
 @dataclass(frozen=True)
@@ -196,7 +207,7 @@ class WorkloadTable:
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
-            fail(("engine",), f"must be `embedded` or `external` (got {show(self.engine)})",
+            fail(("engine",), f"must be one of {ENGINES_TEXT} (got {show(self.engine)})",
                  tip=did_you_mean(self.engine, ENGINES, "engines"))
         in_range("timeout_s", 0 < self.timeout_s <= WEEK_S, f"in (0, {WEEK_S:g}] s",
                  self.timeout_s)
@@ -208,16 +219,18 @@ class WorkloadTable:
 @dataclass(frozen=True)
 class CellSpec:
     """One resolved cell: `base` and `[workload]` applied. Embedded cells carry an
-    `EngineConfig`; external ones a command and how to read its result."""
+    `EngineConfig`; external ones a command and how to read its result; llama.cpp ones a
+    `LlamaCell`."""
 
     name: str
-    engine: str  # "embedded" | "external"
+    engine: str  # "embedded" | "external" | "llama-bench" | "llama-completion"
     timeout_s: float = 900.0
     config: EngineConfig | None = None
     command: tuple[str, ...] = ()
     output: str | None = None  # bmoe-csv:PATH | json:PATH | stdout-summary
     base: str | None = None  # the cell it inherits from, as written
     sweep: int | None = None  # index of the `[[sweep]]` that generated it
+    llama: LlamaCell | None = None
 
     def __post_init__(self) -> None:
         check_name((), self.name)
@@ -237,11 +250,22 @@ class CellSpec:
             if self.output is None or not _OUTPUT.match(self.output):
                 fail(("output",), f"{show(self.output)} is not an output",
                      tip='one of "bmoe-csv:PATH", "json:PATH", "stdout-summary"')
+        elif self.engine in TOOLS:
+            if self.llama is None or self.llama.tool != self.engine:
+                fail((), f"a {self.engine} cell needs its llama.cpp configuration")
         else:
-            fail(("engine",), f"must be `embedded` or `external` (got {show(self.engine)})")
+            fail(("engine",), f"must be one of {ENGINES_TEXT} (got {show(self.engine)})")
+        if self.engine not in TOOLS and self.llama is not None:
+            fail(("llama",), f"applies to llama.cpp cells only (this one is {self.engine})")
 
     def to_config(self) -> dict[str, Any]:
         """The configuration a plan carries: JSON-able, with EngineConfig field names."""
+        if self.llama is not None:
+            m = self.llama
+            return {"engine": m.tool, "model": m.model, "tokens": m.tokens,
+                    "prompt": m.prompt, "seed": m.seed, "repetitions": m.repetitions,
+                    "llama_cpp_bin": m.bin_dir, "llama": dict(m.options),
+                    "timeout_s": self.timeout_s}
         if self.config is None:
             return {"engine": "external", "command": list(self.command), "output": self.output,
                     "timeout_s": self.timeout_s}
@@ -253,6 +277,12 @@ class CellSpec:
     def to_toml(self) -> dict[str, Any]:
         """The configuration as cell keys (None: left out)."""
         cfg = self.to_config()
+        if self.llama is not None:
+            if self.llama.tool == "llama-bench":  # what llama-bench does not read
+                del cfg["prompt"], cfg["seed"]
+            else:
+                del cfg["repetitions"]
+            return {k: v for k, v in cfg.items() if v != {}}
         if self.config is None:
             return cfg
         return {"engine": "embedded", "timeout_s": self.timeout_s,

@@ -33,6 +33,7 @@ BATTERY_TEMP_C = "battery.temp_c"
 BATTERY_STATUS = "battery.status"
 BATTERY_CAPACITY_PCT = "battery.capacity_pct"
 BATTERY_PLUGGED = "battery.plugged"
+BATTERY_POWER_W = "battery.power_w"  # the battery's power flow, W, >= 0 (direction: status)
 MEM_AVAILABLE_MIB = "mem.available_mib"
 MEM_TOTAL_MIB = "mem.total_mib"
 MEM_FREE_MIB = "mem.free_mib"
@@ -48,6 +49,7 @@ GPU_SM_CLOCK_MHZ = "gpu.sm_clock_mhz"
 GPU_THROTTLE_REASONS = "gpu.throttle_reasons"
 
 ZONE_PREFIX = "temp."                  # temp.<thermal zone type>_c
+RAPL_PREFIX = "rapl."                  # rapl.<domain>.energy_uj / .max_uj (powercap)
 ANDROID_ZONE_PREFIX = "android.temp."  # android.temp.<HAL sensor>_c
 CPU_PREFIX = "cpu."
 POLICY_FIELDS = ("cap_khz", "hw_max_khz", "cur_khz", "capped")
@@ -59,6 +61,11 @@ TABLE: tuple[SampleKey, ...] = (
     SampleKey(BATTERY_STATUS, "str", "", "battery status", "sensors.readers"),
     SampleKey(BATTERY_CAPACITY_PCT, "int", "%", "battery charge", "sensors.readers"),
     SampleKey(BATTERY_PLUGGED, "bool", "", "plugged in", "sensors.android"),
+    SampleKey(BATTERY_POWER_W, "float", "W", "battery power", "sensors.readers"),
+    SampleKey(RAPL_PREFIX + "<domain>.energy_uj", "int", "µJ", "RAPL energy counter",
+              "sensors.readers"),
+    SampleKey(RAPL_PREFIX + "<domain>.max_uj", "int", "µJ", "RAPL counter range",
+              "sensors.readers"),
     SampleKey(MEM_AVAILABLE_MIB, "float", "MiB", "MemAvailable", "sensors.readers"),
     SampleKey(MEM_TOTAL_MIB, "float", "MiB", "MemTotal", "sensors.readers"),
     SampleKey(MEM_FREE_MIB, "float", "MiB", "MemFree", "sensors.readers"),
@@ -144,6 +151,24 @@ def psi_key(resource: str, kind: str, window: str) -> str:
 
 def android_zone(sensor: str) -> str:
     return f"{ANDROID_ZONE_PREFIX}{sensor}_c"
+
+
+def rapl_energy(domain: str) -> str:
+    """`rapl.<domain>.energy_uj`: a powercap RAPL domain's cumulative energy counter."""
+    return f"{RAPL_PREFIX}{domain}.energy_uj"
+
+
+def rapl_max(domain: str) -> str:
+    """`rapl.<domain>.max_uj`: the value at which that counter wraps to 0."""
+    return f"{RAPL_PREFIX}{domain}.max_uj"
+
+
+_RAPL = re.compile(rf"{re.escape(RAPL_PREFIX)}(.+)\.energy_uj\Z")
+
+
+def rapl_domains(values: dict[str, Any]) -> list[str]:
+    """The RAPL domains a tick's values carry a counter for, in key order."""
+    return [m[1] for k in values if (m := _RAPL.match(k))]
 
 
 def gpu_prefix(index: int) -> str:

@@ -25,9 +25,13 @@ class MatchSpec:
     mem_available_tol_frac: float = 0.15
     probe_tol: float = 0.03
     max_gap_s: float = 900.0
+    min_stability: float | None = None  # required of both cells' stability ratio; None: report it
 
     def to_json(self) -> dict[str, float]:
-        return asdict(self)
+        d = asdict(self)
+        if self.min_stability is None:  # plans before it stay byte-identical
+            del d["min_stability"]
+        return d
 
 
 @dataclass(frozen=True)

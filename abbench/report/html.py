@@ -49,8 +49,9 @@ img{max-width:100%;border:1px solid #ddd;margin:6px 0}.muted{color:#666}
 # wherever one is recorded.
 CELL_COLUMNS: tuple[Column, ...] = (
     ("#", "number"), ("cell", "name"), ("config", "config"), ("status", "status"),
-    ("tok/s", "rate"), ("drop rate", "drop"), ("median ms (p5–p95)", "median_range"),
-    ("prefill tok/s", "prefill"), ("TTFT s", "ttft"), ("MiB/tok", "mib"), ("hit %", "hit"),
+    ("tok/s", "rate"), ("stability", "stability"), ("drop rate", "drop"),
+    ("median ms (p5–p95)", "median_range"), ("prefill tok/s", "prefill"), ("TTFT s", "ttft"),
+    ("power", "power"), ("J/tok", "energy"), ("MiB/tok", "mib"), ("hit %", "hit"),
     ("stall ms/tok", "stall"),
     ("majflt/tok", "majflt"), ("CPU occ.", "cpu"), ("spec useful", "spec"),
     ("caps during", "caps"), ("entry", "entry"), ("gate", "gate"))

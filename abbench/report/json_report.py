@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.analysis.campaign import CampaignAnalysis, LookResult
-from abbench.analysis.cells import CellStats
+from abbench.analysis.cells import STABILITY_WINDOW_TOKENS, CellStats
 from abbench.analysis.decide import POWER, Comparison, Decision
 from abbench.analysis.sequential import ALPHA, RHO
 from abbench.analysis.stats import REPS, Interval, Noise
@@ -55,8 +55,11 @@ def _cell(c: CellStats, a: CampaignAnalysis) -> dict[str, Any]:
         "spec_useful_pct": plain(c.spec_useful_pct), "threads": c.threads,
         "peak_rss_mib": plain(c.peak_rss_mib),
         "prefill_tok_s": plain(c.prefill_tok_s), "ttft_s": plain(c.ttft_s),
-        "entry": rec.entry.to_json() if rec else None,
-        "gate": rec.gate.to_json() if rec else None,
+        "stability": plain(c.stability),
+        "power_w": plain(c.energy.power_w), "energy_per_token_j": plain(c.energy.j_per_token),
+        "energy_source": c.energy.source, "energy_note": c.energy.note,
+        "entry": plain(rec.entry.to_json()) if rec else None,
+        "gate": plain(rec.gate.to_json()) if rec else None,
         "t_start_wall": rec.t_start_wall if rec else None,
         "t_end_wall": rec.t_end_wall if rec else None,
         "during": {
@@ -135,6 +138,8 @@ def build(a: CampaignAnalysis) -> dict[str, Any]:
             "block_length": "ceil(n ** (1/3))", "reps": REPS,
             "seed": "crc32 of the cell labels involved",
             "drift_rule": "sentinel/twin ratio interval wholly outside 1 ± probe_tol",
+            "stability": f"slowest over fastest throughput of consecutive "
+                         f"{STABILITY_WINDOW_TOKENS}-token windows of the steady series",
             "decision_interval": "two levels: each cell's token-level variance of log "
                                  "tokens/s (moving-block bootstrap, closed form) plus the "
                                  "between-cell variance of repeats; Student t on the "
@@ -155,12 +160,14 @@ def build(a: CampaignAnalysis) -> dict[str, Any]:
         "caps_timeline": list(a.caps_timeline),
         "decisions": [_decision(d) for d in a.decisions],
         "noise": noise_json(a.noise), "own_noise": noise_json(a.own_noise),
-        "noise_floor": a.floor.to_json() if a.floor is not None else None,
+        # Records read from the run folder as written: `plain` turns a number no JSON
+        # holds (a damaged file's 1e400) into null, as everywhere else in the report.
+        "noise_floor": plain(a.floor.to_json()) if a.floor is not None else None,
         "repeat_groups": [list(g) for g in a.groups],
-        "sequential": a.plan.sequential.to_json() if a.plan.sequential else None,
+        "sequential": plain(a.plan.sequential.to_json()) if a.plan.sequential else None,
         "looks": [_look(lk) for lk in a.looks], "pending": list(a.pending),
         "order_known": a.plan.order_known,
-        "import": a.imported.to_json() if a.imported is not None else None,
+        "import": plain(a.imported.to_json()) if a.imported is not None else None,
     }
 
 

@@ -111,14 +111,18 @@ class CellRow:
     gate_polled: str  # the same where the gate polled or gave up, "-" otherwise
     prefill: str  # prompt tokens per second until the first token
     ttft: str  # time to first token, seconds
+    stability: str  # worst over best window throughput ("0.94")
+    power: str  # mean power over the cell ("3.21 ± 0.12 W")
+    energy: str  # energy per token ("0.0451 ± 0.002 J/tok")
 
 
 Column: TypeAlias = tuple[str, str]  # (heading, CellRow field)
 CELL_COLUMNS: tuple[Column, ...] = (
     ("#", "number"), ("cell", "name"), ("config", "config"), ("status", "status"),
-    ("tok/s", "rate"), ("drop rate", "drop"), ("median ms (p5–p95)", "median_range"),
-    ("prefill tok/s", "prefill"), ("TTFT s", "ttft"),
-    ("MiB/tok", "mib"), ("hit %", "hit"), ("stall ms/tok", "stall"),
+    ("tok/s", "rate"), ("stability", "stability"), ("drop rate", "drop"),
+    ("median ms (p5–p95)", "median_range"), ("prefill tok/s", "prefill"), ("TTFT s", "ttft"),
+    ("power", "power"), ("J/tok", "energy"), ("MiB/tok", "mib"), ("hit %", "hit"),
+    ("stall ms/tok", "stall"),
     ("majflt/tok", "majflt"), ("CPU occ.", "cpu"), ("spec useful", "spec"),
     ("caps during", "caps"), ("entry", "entry"), ("pressure", "pressure"),
     ("gate", "gate_polled"))  # report.md's
@@ -372,8 +376,11 @@ def _cells(a: CampaignAnalysis) -> Cells:
             spec=t.num(c.spec_useful_pct, ".0f", "%"), caps=t.caps_during(c),
             entry=t.entry(rec.entry) if rec else "-", pressure=t.pressure(c), gate=gate,
             gate_polled=polled, prefill=t.num(c.prefill_tok_s, ".1f"),
-            ttft=t.num(c.ttft_s, ".3f")))
-    notes = tuple(f"cell {c.index + 1} ({c.name}): {n}" for c in a.cells for n in c.notes)
+            ttft=t.num(c.ttft_s, ".3f"), stability=t.num(c.stability, ".2f"),
+            power=t.measure(c.energy.power_w, "W"),
+            energy=t.measure(c.energy.j_per_token, "J/tok")))
+    notes = tuple(f"cell {c.index + 1} ({c.name}): {n}" for c in a.cells
+                  for n in (*c.notes, *((c.energy.note,) if c.energy.note else ())))
     return Cells(tuple(rows), notes)
 
 

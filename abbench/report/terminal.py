@@ -19,8 +19,8 @@ COLOUR = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow"
           "OWED": "bold magenta", UNVERIFIED: "bold yellow"}
 CELL_COLUMNS: tuple[Column, ...] = (
     ("#", "number"), ("cell", "marked"), ("config", "config"), ("status", "status"),
-    ("tok/s", "rate"), ("drop", "drop"), ("median ms", "median"), ("prefill tok/s", "prefill"),
-    ("TTFT s", "ttft"), ("MiB/tok", "mib"),
+    ("tok/s", "rate"), ("stab.", "stability"), ("drop", "drop"), ("median ms", "median"),
+    ("prefill tok/s", "prefill"), ("TTFT s", "ttft"), ("J/tok", "energy"), ("MiB/tok", "mib"),
     ("hit %", "hit"), ("majflt/tok", "majflt"), ("CPU occ.", "cpu"),
     ("caps during", "caps"), ("entry", "entry"))
 PAIR_STYLE = {"matched": "green", "unverified": "yellow"}  # any other state: red

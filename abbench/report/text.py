@@ -29,6 +29,15 @@ def rate(iv: Interval | None) -> str:
     return f"{iv.estimate:.2f} ± {iv.half_width():.2f} tok/s"
 
 
+def measure(iv: Interval | None, unit: str, fmt: str = ".3g") -> str:
+    """"3.21 ± 0.12 W" (± the larger half of the 95% interval), "-" for none."""
+    if iv is None or not finite(iv.estimate):
+        return "-"
+    if not (finite(iv.low) and finite(iv.high)):
+        return f"{iv.estimate:{fmt}} {unit}"
+    return f"{iv.estimate:{fmt}} ± {iv.half_width():.2g} {unit}"
+
+
 def ci(iv: Interval | None) -> str:
     if iv is None or not (finite(iv.low) and finite(iv.high)):
         return "-"

@@ -114,6 +114,11 @@ class Device:
     # -- what every device offers beyond its readings (a real one: nothing to do) ----------
 
     @property
+    def on_host(self) -> bool:
+        """Whether its commands run on this machine (local, simulated), not over adb/ssh."""
+        return self._transport.on_host
+
+    @property
     def time_scale(self) -> float:
         """Device seconds per wall second: spacing and gate times are device seconds."""
         return 1.0
@@ -179,6 +184,7 @@ class Device:
         take("battery", collect_android_battery(tree), "dumpsys battery")
         if os_api and "battery" not in r.sources:
             take("battery", host.collect_psutil_battery(), "psutil")
+        take("power", readers.collect_rapl(tree), "powercap RAPL")
         take("memory", readers.collect_meminfo(tree), "/proc/meminfo")
         if on_host and "memory" not in r.sources:
             take("memory", host.collect_psutil_memory(), "psutil")
@@ -218,6 +224,7 @@ class Device:
         rows.append(("cpufreq", _describe_cpufreq(v, r.sources.get("cpufreq"))))
         rows.append(("thermal zones", self._describe_zones(r)))
         rows.append(("battery", _describe_battery(v, r.sources.get("battery"))))
+        rows.append(("power", _describe_power(v, r.sources.get("power"))))
         mem = v.get(keys.MEM_AVAILABLE_MIB)
         rows.append(("memory", f"MemAvailable {mem:.0f} MiB ({r.sources['memory']})"
                      if mem is not None else "missing: no /proc/meminfo"))
@@ -289,6 +296,23 @@ def _describe_battery(v: dict[str, Any], how: str | None) -> str:
     if v.get(keys.ANDROID_BATTERY_OVERRIDDEN):
         parts.append("OVERRIDDEN by `dumpsys battery set` (run `dumpsys battery reset`)")
     return f"{', '.join(parts)} ({how})"
+
+
+def _describe_power(v: dict[str, Any], rapl_how: str | None) -> str:
+    parts = []
+    if keys.BATTERY_POWER_W in v:
+        status = v.get(keys.BATTERY_STATUS, "status unknown")
+        # only a battery that alone feeds the device measures what the device draws
+        unusable = status != "Discharging" or v.get(keys.BATTERY_PLUGGED)
+        note = ": not usable for energy" if unusable else ""
+        parts.append(f"battery {v[keys.BATTERY_POWER_W]:.2f} W, {status}{note} (power_supply)")
+    domains = keys.rapl_domains(v)
+    if domains:
+        parts.append(f"RAPL {', '.join(domains)} energy counters ({rapl_how})")
+    if not parts:
+        return ("missing: no power_supply power_now or current_now × voltage_now, no readable "
+                "powercap RAPL energy_uj (root-only since Linux 5.10)")
+    return "; ".join(parts)
 
 
 def _describe_nvml(v: dict[str, Any], on_host: bool) -> str:

@@ -30,6 +30,7 @@ T = TypeVar("T")
 CPUFREQ_GLOB = "/sys/devices/system/cpu/cpufreq/policy*"
 THERMAL_GLOB = "/sys/class/thermal/thermal_zone*"
 POWER_SUPPLY_GLOB = "/sys/class/power_supply/*"
+POWERCAP_GLOB = "/sys/class/powercap/*"
 PSI_RESOURCES = ("cpu", "memory", "io")
 
 # Every file the readers below may read, as shell patterns: what a remote device sends back.
@@ -43,6 +44,12 @@ REMOTE_GLOBS = (
     f"{POWER_SUPPLY_GLOB}/temp",
     f"{POWER_SUPPLY_GLOB}/status",
     f"{POWER_SUPPLY_GLOB}/capacity",
+    f"{POWER_SUPPLY_GLOB}/power_now",
+    f"{POWER_SUPPLY_GLOB}/current_now",
+    f"{POWER_SUPPLY_GLOB}/voltage_now",
+    f"{POWERCAP_GLOB}/name",
+    f"{POWERCAP_GLOB}/energy_uj",
+    f"{POWERCAP_GLOB}/max_energy_range_uj",
     "/proc/meminfo",
     "/proc/loadavg",
     *(f"/proc/pressure/{r}" for r in PSI_RESOURCES),
@@ -226,15 +233,25 @@ def collect_thermal_zones(root: Root = "/", ignore: Collection[str] = ()) -> dic
 
 # --- power_supply ------------------------------------------------------------------------
 
+# Below these a reading is in mA / mV, as some vendor kernels report, not the ABI's µA / µV:
+# no phone running a cell draws under 10 mA, and no battery is under 0.1 V.
+MILLIAMP_BELOW = 10_000
+MILLIVOLT_BELOW = 100_000
+
+
 @fail_soft
 def collect_battery(root: Root = "/") -> dict[str, Any]:
-    """The battery's temperature, charging status and charge.
+    """The battery's temperature, charging status, charge and power flow.
 
-    /sys/class/power_supply/battery/type       "Battery\\n"   (others: Mains, USB, Wireless)
-    /sys/class/power_supply/battery/temp       "281\\n"       (deci-°C; laptops often lack it)
-    /sys/class/power_supply/battery/status     "Discharging\\n"  (Charging, Full, Not charging)
-    /sys/class/power_supply/battery/capacity   "87\\n"        (%)
+    /sys/class/power_supply/battery/type          "Battery\\n"   (others: Mains, USB, Wireless)
+    /sys/class/power_supply/battery/temp          "281\\n"       (deci-°C; laptops often lack it)
+    /sys/class/power_supply/battery/status        "Discharging\\n"  (Charging, Full, Not charging)
+    /sys/class/power_supply/battery/capacity      "87\\n"        (%)
+    /sys/class/power_supply/battery/power_now     "8734000\\n"   (µW; ACPI batteries rated in Wh)
+    /sys/class/power_supply/battery/current_now   "-612000\\n"   (µA; phones, ACPI rated in Ah)
+    /sys/class/power_supply/battery/voltage_now   "3862000\\n"   (µV)
     With several batteries, the first (in natural order) that reports anything.
+    `battery.power_w` is always >= 0 (see `battery_power_w`); its direction is `status`.
     """
     tree = as_tree(root)
     for folder in tree.glob(POWER_SUPPLY_GLOB):
@@ -250,9 +267,84 @@ def collect_battery(root: Root = "/") -> dict[str, Any]:
         capacity = _int(tree.read(f"{folder}/capacity"))
         if capacity is not None:
             out[keys.BATTERY_CAPACITY_PCT] = capacity
+        power = battery_power_w(_int(tree.read(f"{folder}/power_now")),
+                                _int(tree.read(f"{folder}/current_now")),
+                                _int(tree.read(f"{folder}/voltage_now")))
+        if power is not None:
+            out[keys.BATTERY_POWER_W] = power
         if out:
             return out
     return {}
+
+
+def battery_power_w(power_now: int | None, current_now: int | None,
+                    voltage_now: int | None) -> float | None:
+    """The battery's power flow in W, >= 0: `power_now` (µW), else |current| × voltage.
+
+    The sign of `current_now` is not portable: the kernel's power_supply ABI says negative
+    while discharging, and many phones follow it; ACPI laptop batteries report positive while
+    discharging, and some vendor Android kernels invert the ABI. So only the magnitude
+    is kept, and `status` says which way the power flows. Current under `MILLIAMP_BELOW` is
+    read as mA and voltage under `MILLIVOLT_BELOW` as mV (vendor kernels that ignore the
+    ABI's µA / µV). A zero or absent reading is None: nothing was measured.
+    """
+    if power_now:
+        return round(abs(power_now) / 1e6, 6)
+    if not current_now or not voltage_now:
+        return None
+    current_ua, voltage_uv = abs(current_now), abs(voltage_now)
+    if current_ua < MILLIAMP_BELOW:
+        current_ua *= 1000
+    if voltage_uv < MILLIVOLT_BELOW:
+        voltage_uv *= 1000
+    return round(current_ua * voltage_uv / 1e12, 6)
+
+
+# --- powercap (RAPL) ---------------------------------------------------------------------
+
+# A top-level RAPL zone: `intel-rapl:0` (AMD CPUs appear under the same driver's names), or
+# another vendor's `<vendor>-rapl:<n>`. Not the sub-zones `intel-rapl:0:0` (core, uncore:
+# shares of their package's energy; dram on servers), nor `intel-rapl-mmio:0`, the same
+# package domain read through a second interface, nor the control type's `intel-rapl`.
+_RAPL_ZONE = re.compile(r"[a-z]+-rapl:\d+")
+
+
+@fail_soft
+def collect_rapl(root: Root = "/") -> dict[str, Any]:
+    """Each top-level RAPL domain's raw energy counter and the value where it wraps, in µJ.
+
+    /sys/class/powercap/intel-rapl:0/name                  "package-0\\n"     (package-1, psys)
+    /sys/class/powercap/intel-rapl:0/energy_uj             "35874514612\\n"   (cumulative)
+    /sys/class/powercap/intel-rapl:0/max_energy_range_uj   "262143328850\\n"  (wraps to 0 here)
+    Raw counters only: the analysis differences them across the wrap. `energy_uj` is
+    root-only since Linux 5.10 (the PLATYPUS side channel): EACCES leaves the domain out.
+    A repeated name gets `-2`, `-3`.
+    """
+    tree = as_tree(root)
+    out: dict[str, Any] = {}
+    taken: set[str] = set()
+    for folder in tree.glob(POWERCAP_GLOB):
+        if not _RAPL_ZONE.fullmatch(folder.rsplit("/", 1)[-1]):
+            continue
+        name = _text(tree.read(f"{folder}/name"))
+        energy = _int(tree.read(f"{folder}/energy_uj"))
+        if name is None or energy is None:
+            continue
+        domain = _unique_name(_slug(name), taken)
+        out[keys.rapl_energy(domain)] = energy
+        wrap = _int(tree.read(f"{folder}/max_energy_range_uj"))
+        if wrap is not None:
+            out[keys.rapl_max(domain)] = wrap
+    return out
+
+
+def _unique_name(name: str, taken: set[str]) -> str:
+    unique, n = name, 1
+    while unique in taken:
+        n += 1
+        unique = f"{name}-{n}"
+    taken.add(unique)
+    return unique
 
 
 # --- /proc -------------------------------------------------------------------------------

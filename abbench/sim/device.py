@@ -78,6 +78,11 @@ class ThermalModel:
         caps = self.caps_khz()
         return sum(caps[c.policy] / c.hw_max_khz for c in self.p.clusters) / len(caps)
 
+    def power_w(self, load: float) -> float:
+        """The battery's draw at `load`: the rest of the device plus the CPU, whose share
+        scales with load × clock fraction as its heat does."""
+        return self.p.base_power_w + self.p.load_power_w * load * self.clock_fraction()
+
     def advance(self, dt_s: float, load: float) -> None:
         """Integrate `dt_s` simulated seconds at `load` (0..1)."""
         p = self.p
@@ -218,6 +223,11 @@ class SimulatedDevice(Device):
             self._put(f"{folder}/scaling_cur_freq", f"{cur}\n")
         self._put("/sys/class/thermal/thermal_zone0/temp", f"{round(self.model.soc_c * 1000)}\n")
         self._put("/sys/class/power_supply/battery/temp", f"{round(self.model.case_c * 10)}\n")
+        # The kernel ABI's units and sign (µA, µV; negative: discharging), as phones report.
+        volts = self.profile.battery_voltage_v
+        amps = self.model.power_w(1.0 if busy else self.profile.idle_load) / volts
+        self._put("/sys/class/power_supply/battery/voltage_now", f"{round(volts * 1e6)}\n")
+        self._put("/sys/class/power_supply/battery/current_now", f"{-round(amps * 1e6)}\n")
 
     # -- throttling the cell --------------------------------------------------------------
 

@@ -64,6 +64,11 @@ class Profile:
     # °C; NaN (not given): the idle equilibrium, so that the device starts cool
     start_soc_c: float = math.nan
     start_case_c: float = math.nan
+    # W: the battery's draw is base_power_w + load_power_w × load × clock fraction (the
+    # heat's own factor), at battery_voltage_v
+    base_power_w: float = 0.8
+    load_power_w: float = 5.0
+    battery_voltage_v: float = 3.85
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -73,7 +78,8 @@ class Profile:
                             *((k, MIN_TAU_S, math.inf) for k in _TAUS),
                             ("hysteresis_c", 0.0, math.inf), ("mem_total_mib", 1, math.inf),
                             ("mem_available_mib", 0, self.mem_total_mib),
-                            ("battery_capacity_pct", 0, 100)):
+                            ("battery_capacity_pct", 0, 100), ("base_power_w", 0.0, 1e4),
+                            ("load_power_w", 0.0, 1e4), ("battery_voltage_v", 0.5, 100.0)):
             value = getattr(self, key)
             if not lo <= value <= hi or (key == "time_scale" and value == lo):
                 fail((key,), f"= {value} is out of range")
