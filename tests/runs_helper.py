@@ -21,6 +21,7 @@ from abbench.records import (
     Sample,
     Sequential,
     append_jsonl,
+    keys,
 )
 
 HW = {"policy0": 2_000_000, "policy4": 2_400_000}
@@ -31,7 +32,8 @@ def cell(name: str, rate: float, **kw: Any) -> dict[str, Any]:
     """A cell spec: name, steady tokens/s, and overrides (caps, cpu_temp, battery_temp, mem,
     probe, caps_during, fingerprint, sentinel_of, gave_up, status, n, noise, per_token,
     dropped, compute_ms, read_bytes, majflt, cpu_ms, gap_s, wall_ms: the per-token times
-    themselves, config: the configuration's identity, by default the name)."""
+    themselves, power: the battery's draw in W (8 samples during the cell, 3% noise,
+    discharging), config: the configuration's identity, by default the name)."""
     return {"name": name, "rate": rate, **kw}
 
 
@@ -100,11 +102,16 @@ def make_run(tmp: Path, cells: list[dict[str, Any]], decisions: list[dict[str, A
             fingerprint=c.get("fingerprint", f"sha256:{c['name']}"), tokens_per_s=c["rate"])
         append_jsonl(run / "journal.jsonl", rec.to_json(), fsync=False)
         during = c.get("caps_during", [caps] if caps and state else [])
+        if "power" in c:  # the battery sampled 8 times, at the cell's (last) caps
+            during = [*during[:-1], *[during[-1] if during else {}] * 8]
         for k, cd in enumerate(during):
             values: dict[str, Any] = {"mem.available_mib": c.get("mem", 8000.0)}
             for p, v in cd.items():
                 values[f"cpu.{p}.cap_khz"] = v
                 values[f"cpu.{p}.hw_max_khz"] = HW[p]
+            if "power" in c:
+                values[keys.BATTERY_POWER_W] = c["power"] * (1 + 0.03 * rng.standard_normal())
+                values[keys.BATTERY_STATUS] = "Discharging"
             append_jsonl(run / "samples.jsonl",
                          Sample(t + k * 0.5, t + k * 0.5, values, i).to_json(), fsync=False)
         t += dur + c.get("gap_s", 30.0)

@@ -4,7 +4,9 @@ the readings that must give no figure (charging, plugged in, direction unknown).
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +114,119 @@ def test_nothing_recorded_or_one_reading_or_no_steady_window() -> None:
     assert math.isnan(one.j_per_token.low)  # one reading: no interval
     short = cell_energy(battery([2.5] * 5), np.array([10.0]), seed=1)
     assert short.power_w.estimate == pytest.approx(2.5) and short.j_per_token is None
+
+
+# -- from the readers' fixture trees (tests/fixtures/sensors) to J/token --------------------
+
+SENSORS = Path(__file__).parent / "fixtures" / "sensors"
+
+
+def _ticks(tree: Path, n: int = 8, dt: float = 0.5) -> list[Sample]:
+    """n ticks of a device whose files do not change, as the sampler would record them."""
+    from abbench.sensors.readers import collect_battery, collect_rapl
+
+    values = {**collect_battery(tree), **collect_rapl(tree)}
+    return [Sample(i * dt, 1000 + i * dt, dict(values), 0) for i in range(n)]
+
+
+def test_an_android_battery_tree_gives_its_current_times_voltage_per_token() -> None:
+    # current_now -612000 µA (negative: discharging), voltage_now 3862000 µV.
+    e = cell_energy(_ticks(SENSORS / "android-power"), STEADY, seed=1)
+    assert e.source == "battery"
+    assert e.power_w.estimate == pytest.approx(0.612 * 3.862)
+    assert e.j_per_token.estimate == pytest.approx(0.612 * 3.862 / 100)
+
+
+def test_a_charging_android_tree_is_unusable_for_energy() -> None:
+    e = cell_energy(_ticks(SENSORS / "android-power-charging"), STEADY, seed=1)
+    assert not e.known and "charging" in e.note
+
+
+def test_a_laptop_tree_prefers_its_battery_and_a_rapl_wrap_is_counted(tmp_path: Path) -> None:
+    laptop = SENSORS / "laptop-power"
+    e = cell_energy(_ticks(laptop), STEADY, seed=1)
+    assert e.source == "battery" and e.power_w.estimate == pytest.approx(8.734)
+    # The same laptop's RAPL package counter over four ticks 0.5 s apart, wrapping once:
+    # 3 J per interval = 6 W.
+    import shutil
+
+    from abbench.sensors.readers import collect_rapl
+
+    tree = tmp_path / "t"
+    shutil.copytree(laptop, tree)
+    counter = tree / "sys/class/powercap/intel-rapl:0/energy_uj"
+    wrap = int((tree / "sys/class/powercap/intel-rapl:0/max_energy_range_uj").read_text())
+    ticks = []
+    for i in range(4):
+        counter.write_text(f"{(wrap - 4_000_000 + i * 3_000_000) % wrap}\n")
+        v = {k: x for k, x in collect_rapl(tree).items() if "package" in k}
+        ticks.append(Sample(i * 0.5, 1000 + i * 0.5, v, 0))
+    assert ticks[2].values[keys.rapl_energy("package-0")] < \
+        ticks[1].values[keys.rapl_energy("package-0")]  # wrapped
+    e = cell_energy(ticks, STEADY, seed=1)
+    assert e.source == "rapl package-0" and e.power_w.estimate == pytest.approx(6.0)
+    assert e.j_per_token.estimate == pytest.approx(0.06)
+
+
+# -- decisions on energy (metric = "energy_per_token"), by simulation with known truth -----
+
+
+def _energy_run(tmp: Path, seed: int, candidate_w: float, rate_noise: float = 0.02,
+                decision: dict | None = None) -> dict:
+    from runs_helper import cell, make_run
+
+    from abbench.analysis.campaign import analyze
+
+    rng = np.random.default_rng(seed)
+    cells = []
+    for name in ["B", "C"] * 4:  # equal speed (100 tok/s); C draws candidate_w, B 3 W
+        # cell-to-cell noise of 2% on the speed and the draw alike
+        jitter = float(np.exp(0.02 * rng.standard_normal()))
+        cells.append(cell(name, 100 * jitter, power=(3.0 if name == "B" else candidate_w)
+                          * jitter, config=name, noise=rate_noise))
+    run = make_run(tmp, cells, warmup=0, seed=seed, decisions=[decision or {
+        "candidate": "C", "baseline": "B", "min_effect": 0.05,
+        "metric": "energy_per_token"}])
+    a = analyze(run)
+    return {"decision": a.decisions[0], "analysis": a}
+
+
+def test_a_candidate_drawing_a_fifth_less_power_is_a_go_on_energy(tmp_path: Path) -> None:
+    # Truth: C's J/token is 0.8 of B's, so its tokens per joule 1.25 x.
+    verdicts = []
+    for k in range(6):
+        (tmp_path / str(k)).mkdir()
+        d = _energy_run(tmp_path / str(k), k, candidate_w=2.4)["decision"]
+        assert d.metric == "energy_per_token"
+        assert d.ratio.low < 1.25 < d.ratio.high or d.verdict == "GO"
+        verdicts.append(d.verdict)
+    assert verdicts.count("GO") >= 5, verdicts
+
+
+def test_an_energy_a_a_never_says_go_and_the_report_says_energy(tmp_path: Path) -> None:
+    from abbench.report import write_reports
+
+    for k in range(6):
+        (tmp_path / str(k)).mkdir()
+        out = _energy_run(tmp_path / str(k), 100 + k, candidate_w=3.0)
+        assert out["decision"].verdict != "GO", out["decision"].reason
+    run = out["analysis"].run
+    write_reports(run)
+    report = json.loads((run / "report.json").read_text())
+    assert report["decisions"][0]["metric"] == "energy_per_token"
+    md = (run / "report.md").read_text()
+    assert "J/token lower by 0.05" in md and "energy per token than B" in md
+
+
+def test_an_energy_decision_without_power_readings_is_owed_and_says_why(
+        tmp_path: Path) -> None:
+    from runs_helper import cell, make_run
+
+    from abbench.analysis.campaign import analyze
+
+    run = make_run(tmp_path, [cell("B", 100), cell("C", 100)], decisions=[{
+        "candidate": "C", "baseline": "B", "metric": "energy_per_token"}])
+    (d,) = analyze(run).decisions
+    assert d.verdict == "OWED"
+    (u,) = d.unmatched
+    assert "no energy figure for cell" in u.match.reasons[-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -795,3 +796,17 @@ def test_an_embedded_cell_on_a_remote_device_fails_naming_the_cell(tmp_path: Pat
         load_campaign(path)
     assert str(e.value).startswith(f"{path}:8: `cells.B`: is an embedded cell, which runs on "
                                    f"this machine, not on `{transport}`")
+
+
+def test_decision_metric_is_checked_and_kept_in_the_plan(tmp_path: Path) -> None:
+    text = edit("min_effect = 0.03              # the smallest speed-up worth shipping",
+                'min_effect = 0.03\nmetric = "energy"')
+    e = problem(tmp_path, text)
+    assert "`decision[0].metric`: must be one of `tok_per_s`, `energy_per_token`" in e.message
+    assert "energy_per_token" in (e.tip or "")
+    path = tmp_path / "ok.toml"
+    path.write_text(edit("min_effect = 0.03              # the smallest speed-up worth shipping",
+                         'min_effect = 0.03\nmetric = "energy_per_token"'))
+    (d,) = load_campaign(path).decisions
+    assert d.metric == "energy_per_token" and d.to_json()["metric"] == "energy_per_token"
+    assert "metric" not in dataclasses.replace(d, metric="tok_per_s").to_json()

@@ -146,6 +146,10 @@ def _fixed_story(r: dict[str, Any]) -> None:
     assert all(c["during"]["capped"] for c in r["cells"][1:])
     assert any("capped from cell 2" in a for a in drift["attribution"]), drift
     assert sum(p["state"] == "matched" for p in r["pairs"]) <= 1, r["pairs"]
+    # The simulated battery reports every cell's draw; a capped cell draws less.
+    assert all(c["energy_source"] == "battery" and c["energy_per_token_j"] for c in r["cells"])
+    power = [c["power_w"]["estimate"] for c in r["cells"]]
+    assert all(p < power[0] for p in power[1:]), power
 
 
 def _gated_story(r: dict[str, Any]) -> None:

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from abbench.analysis.cells import CellStats, cell_stats
-from abbench.analysis.decide import Decision, decide, exit_status
+from abbench.analysis.decide import Decision, decide, energy_matches, energy_view, exit_status
 from abbench.analysis.drift import Drift, Tell, _capped_from, contamination_tells, sentinel_drift
 from abbench.analysis.matching import PairMatch, device_state_recorded, match_pair, tolerances
-from abbench.analysis.noise import comparable, noise_for, repeat_groups
+from abbench.analysis.noise import campaign_noise, comparable, noise_for, repeat_groups
 from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
 from abbench.errors import RecordError
@@ -137,8 +137,22 @@ def decisions_at(plan: Plan, cells: list[CellStats], matches: dict[tuple[int, in
     """Every decision of the plan read on the first `n` cells at a two-sided `alpha`, with
     the noise of those cells' repeats (and the device's floor)."""
     prefix = [c for c in cells if c.index < n]
-    noise = noise_for(repeat_groups(prefix, matches), floor)
-    return tuple(decide(d, prefix, matches, noise, alpha) for d in plan.decisions), noise
+    groups = repeat_groups(prefix, matches)
+    noise = noise_for(groups, floor)
+    decisions = []
+    for d in plan.decisions:
+        if d.metric == "energy_per_token":
+            energy = [energy_view(c) for c in prefix]
+            known = {c.index: c for c in energy if c.ok}
+            # The cell level from this campaign's repeats alone: the device history's floor
+            # is of speed.
+            energy_groups = [[known[c.index] for c in g if c.index in known] for g in groups]
+            energy_noise = campaign_noise([g for g in energy_groups if len(g) >= 2])
+            decisions.append(decide(d, energy, energy_matches(prefix, matches), energy_noise,
+                                    alpha))
+        else:
+            decisions.append(decide(d, prefix, matches, noise, alpha))
+    return tuple(decisions), noise
 
 
 def _read_decisions(plan: Plan, cells: list[CellStats],

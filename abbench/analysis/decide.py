@@ -19,16 +19,22 @@ With no estimate of the noise there is no GO or NO-GO.
 Otherwise INCONCLUSIVE (it straddles, or the noise is unknown); OWED when no matched pair
 exists; UNVERIFIED when only unverified pairs exist (`unverified_verdict` says what they
 would give).
+
+`metric = "energy_per_token"` asks the same of energy: each cell's tokens per joule (the
+inverse of its J/token, so that above 1 still favours the candidate) in place of its
+tokens/s, with the bootstrap variance of its log J/token as the token level, the cell level
+from this campaign's repeats of it (the device history holds speed only), and only pairs
+whose cells both have an energy figure (`energy_view`, `energy_matches`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from abbench.analysis.cells import CellStats
-from abbench.analysis.matching import PairMatch
+from abbench.analysis.matching import Criterion, PairMatch
 from abbench.analysis.noise import cell_log_rate
 from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import (
@@ -95,6 +101,7 @@ class Decision:
     identical: bool = False  # candidate and baseline have one configuration (A/A)
     consistency: str | None = None  # how the verdict squares with drift in the same cells
     look: int | None = None  # sequential: the look (1-based) the verdict was reached at
+    metric: str = "tok_per_s"  # or "energy_per_token" (the ratio: tokens per joule)
 
     @property
     def decided(self) -> bool:
@@ -108,8 +115,11 @@ class Decision:
         return 1.0 + self.min_effect
 
 
+WORSE = {"tok_per_s": "slower", "energy_per_token": "costlier in energy per token"}
+
+
 def _verdict(ratio: Interval, expect: str, min_effect: float, max_regression: float | None,
-             noise: Noise) -> tuple[str, str]:
+             noise: Noise, worse: str = "slower") -> tuple[str, str]:
     if not noise.known:
         return INCONCLUSIVE, (f"ratio {ratio.estimate:.3f}, but the cell-to-cell noise is "
                               "unknown (no repeat of a configuration with equal work in this "
@@ -121,10 +131,10 @@ def _verdict(ratio: Interval, expect: str, min_effect: float, max_regression: fl
         bar = 1.0 - (max_regression or 0.0)
         if ratio.low > bar:
             return GO, (f"ratio {ratio.estimate:.3f} ({ci}) lies above 1 - "
-                        f"{max_regression:g}: not slower by {max_regression:g} or more")
+                        f"{max_regression:g}: not {worse} by {max_regression:g} or more")
         if ratio.high < bar:
             return NO_GO, (f"ratio {ratio.estimate:.3f} ({ci}) lies below 1 - "
-                           f"{max_regression:g}: slower by more than {max_regression:g}")
+                           f"{max_regression:g}: {worse} by more than {max_regression:g}")
         return INCONCLUSIVE, (f"ratio {ratio.estimate:.3f} ({ci}) straddles 1 - "
                               f"{max_regression:g}")
     if ratio.low > 1 + min_effect:
@@ -272,7 +282,7 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
     cand, base, min_effect = spec.candidate, spec.baseline, spec.min_effect
     expect, max_regression = spec.expect, spec.max_regression
     kinds = {"expect": expect, "max_regression": max_regression, "noise": noise,
-             "alpha": alpha}
+             "alpha": alpha, "metric": spec.metric}
     cc = [c for c in cells if c.name == cand]
     bc = [c for c in cells if c.name == base]
     by = {c.index: c for c in cells}
@@ -302,7 +312,8 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
                   for p in behind]
     weights = _weights([(p.candidate, p.baseline) for p in with_ratio])
     pooled, se, token_se = contrast(by, weights, noise, alpha)
-    verdict, reason = _verdict(pooled, expect, min_effect, max_regression, noise)
+    verdict, reason = _verdict(pooled, expect, min_effect, max_regression, noise,
+                               WORSE.get(spec.metric, "slower"))
     threshold = 1.0 - (max_regression or 0.0) if expect == "not-slower" else 1.0 + min_effect
     settle = None
     if verdict == INCONCLUSIVE:
@@ -323,6 +334,42 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
                         "recorded)", warning, **extra)
     return Decision(cand, base, min_effect, verdict, None, pooled, tuple(with_ratio),
                     unmatched, reason, settle, warning, **extra)
+
+
+def energy_view(c: CellStats) -> CellStats:
+    """The cell as an energy decision reads it: tokens per joule where its tokens/s was
+    (higher is better, as for speed), the variance of its log J/token as its token level;
+    no throughput where it has no energy figure."""
+    j = c.energy.j_per_token
+    if j is None or not (math.isfinite(j.estimate) and j.estimate > 0):
+        return replace(c, tokens_per_s=None, log_rate=None, token_variance=math.nan)
+
+    def inverse(x: float) -> float:
+        return 1.0 / x if math.isfinite(x) and x > 0 else math.nan
+
+    per_joule = Interval(inverse(j.estimate), inverse(j.high), inverse(j.low), j.level)
+    return replace(c, tokens_per_s=per_joule, log_rate=-math.log(j.estimate),
+                   token_variance=c.energy.log_variance)
+
+
+def energy_matches(cells: Sequence[CellStats], matches: dict[tuple[int, int], PairMatch]
+                   ) -> dict[tuple[int, int], PairMatch]:
+    """The pairs an energy decision may read: a pair whose cell has no energy figure is
+    unmatched for it, with the reason (the cell's note: charging, no power sensor)."""
+    by = {c.index: c for c in cells}
+    out = {}
+    for key, m in matches.items():
+        missing = [by[i] for i in key if i in by and not by[i].energy.known]
+        if not missing:
+            out[key] = m
+            continue
+        c = missing[0]
+        detail = (f"no energy figure for cell {c.index + 1} ({c.name})"
+                  + (f": {c.energy.note}" if c.energy.note else ": no power reading recorded"))
+        crit = Criterion("energy", "fail", None, None, None, detail)
+        out[key] = replace(m, state="unmatched", criteria=(*m.criteria, crit),
+                           reasons=(*m.reasons, detail))
+    return out
 
 
 def exit_status(decisions: list[Decision]) -> int:

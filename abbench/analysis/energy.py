@@ -45,6 +45,7 @@ class CellEnergy:
     power_w: Interval | None  # mean power over the cell
     j_per_token: Interval | None  # over the steady window's tokens/s
     note: str | None = None  # why there is no figure, or what was left out
+    log_variance: float = math.nan  # variance of log J/token over the bootstrap draws
 
     @property
     def known(self) -> bool:
@@ -125,7 +126,12 @@ def cell_energy(samples: list[Sample], steady_ms: np.ndarray, seed: int) -> Cell
         return CellEnergy(source, power_w, None, "no steady window: no energy per token")
     rate = tokens_per_s(steady_ms)
     rates = resampled_rates([steady_ms], seed + 1)[:, 0]
-    j = (percentile_interval(estimate / rate, draws / rates) if draws is not None
+    j_draws = draws / rates if draws is not None else None
+    j = (percentile_interval(estimate / rate, j_draws) if j_draws is not None
          else Interval(estimate / rate, math.nan, math.nan))
+    log_var = math.nan
+    if j_draws is not None:
+        logs = np.log(j_draws[np.isfinite(j_draws) & (j_draws > 0)])
+        log_var = float(np.var(logs, ddof=1)) if len(logs) > 1 else math.nan
     note = (f"{why}; RAPL {source[5:]} used" if why and source != "battery" else None)
-    return CellEnergy(source, power_w, j, note)
+    return CellEnergy(source, power_w, j, note, log_var)

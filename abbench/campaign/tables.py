@@ -17,7 +17,7 @@ from abbench.campaign.llamacpp import TOOLS, LlamaCell
 from abbench.engine.config import EngineConfig
 from abbench.errors import Key
 from abbench.records import DecisionSpec, MatchSpec
-from abbench.records.plan import EXPECT
+from abbench.records.plan import EXPECT, METRICS
 from abbench.records.schema import did_you_mean, show
 from abbench.records.toml import dump_value
 
@@ -298,6 +298,9 @@ class Decision(DecisionSpec):
         if self.candidate == self.baseline:
             fail(("baseline",), f"is the candidate itself (`{self.candidate}`)",
                  tip="a decision compares two different cells")
+        if self.metric not in METRICS:
+            fail(("metric",), f"must be one of {', '.join(f'`{m}`' for m in METRICS)} "
+                 f"(got {show(self.metric)})", tip=did_you_mean(self.metric, METRICS, "values"))
         if self.expect not in EXPECT:
             fail(("expect",), f"must be one of {', '.join(f'`{e}`' for e in EXPECT)} "
                  f"(got {show(self.expect)})", tip=did_you_mean(self.expect, EXPECT, "values"))

@@ -13,6 +13,9 @@ from abbench.records.journal import FORMAT, check_label
 from abbench.records.schema import from_dict, show
 
 EXPECT = ("faster", "not-slower")  # a decision's question (`[[decision]] expect`)
+# What a decision compares (`[[decision]] metric`): tokens per second, or energy per token
+# (read as tokens per joule, so that for both a ratio above 1 favours the candidate).
+METRICS = ("tok_per_s", "energy_per_token")
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,14 @@ class DecisionSpec:
     min_effect: float = 0.0  # the smallest speed-up worth shipping (0.03 = 3%)
     expect: str = "faster"
     max_regression: float | None = None  # not-slower: the largest slow-down accepted
+    metric: str = "tok_per_s"  # or "energy_per_token"
 
     def to_json(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(DecisionSpec)}
         if self.max_regression is None:
             del d["max_regression"]
+        if self.metric == "tok_per_s":  # plans before it stay byte-identical
+            del d["metric"]
         return d
 
 

@@ -97,7 +97,8 @@ def _decision(d: Decision) -> dict[str, Any]:
                if math.isfinite(d.se) and math.isfinite(d.token_se) else None)
     return {
         "candidate": d.candidate, "baseline": d.baseline, "min_effect": d.min_effect,
-        "expect": d.expect, "max_regression": d.max_regression, "threshold": d.threshold,
+        "expect": d.expect, "max_regression": d.max_regression, "metric": d.metric,
+        "threshold": d.threshold,
         "verdict": d.verdict, "unverified_verdict": d.unverified_verdict,
         "ratio": plain(d.ratio), "level": 1.0 - d.alpha, "look": d.look,
         "se": plain(d.se), "token_se": plain(d.token_se), "cell_se": plain(cell_se),

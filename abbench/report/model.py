@@ -310,10 +310,10 @@ def _decision(a: CampaignAnalysis, d: Decision) -> DecisionNote:
     if d.verdict == UNVERIFIED:
         label = f"UNVERIFIED ({d.unverified_verdict} if matched)"
     comparison = ("-" if d.ratio is None or d.verdict == UNVERIFIED
-                  else t.times(d.candidate, d.baseline, d.ratio))
+                  else t.times(d.candidate, d.baseline, d.ratio, d.metric))
     unverified = tuple(
         f"unverified pair: {cell_name(a, p.candidate)} vs {cell_name(a, p.baseline)}: "
-        f"{t.times(d.candidate, d.baseline, p.ratio) if p.ratio else '-'}"
+        f"{t.times(d.candidate, d.baseline, p.ratio, d.metric) if p.ratio else '-'}"
         for p in (d.pairs if d.verdict == UNVERIFIED else ()))
     return DecisionNote(d.candidate, d.baseline, t.question(d), d.verdict, label, d.look,
                         d.reason, _details(a, d), comparison, unverified)
@@ -324,7 +324,7 @@ def _details(a: CampaignAnalysis, d: Decision) -> tuple[str, ...]:
     settle it, the order, warnings, the pairs not compared."""
     out: list[str] = []
     if d.ratio is not None and d.verdict != UNVERIFIED and t.finite(d.ratio.low):
-        out.append(t.times(d.candidate, d.baseline, d.ratio))
+        out.append(t.times(d.candidate, d.baseline, d.ratio, d.metric))
     if d.identical:
         out.append(f"{d.candidate} and {d.baseline} have the same configuration: an A/A "
                    "comparison (the truth is a ratio of 1)")

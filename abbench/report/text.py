@@ -44,18 +44,23 @@ def ci(iv: Interval | None) -> str:
     return f"{iv.low:.3f} .. {iv.high:.3f}"
 
 
-def times(candidate: str, baseline: str, iv: Interval) -> str:
-    """"spec-2 ran 1.27 ± 0.05 times slower than B" from a candidate/baseline ratio."""
+def times(candidate: str, baseline: str, iv: Interval, metric: str = "tok_per_s") -> str:
+    """"spec-2 ran 1.27 ± 0.05 times slower than B" from a candidate/baseline ratio; for an
+    energy decision (a ratio of tokens per joule) "spec-2 used 1.27 ± 0.05 times less
+    energy per token than B"."""
     if not finite(iv.estimate):
         return "-"
-    if iv.estimate >= 1:
-        est, lo, hi, word = iv.estimate, iv.low, iv.high, "faster"
+    up = iv.estimate >= 1
+    est, lo, hi = (iv.estimate, iv.low, iv.high) if up else (1 / iv.estimate, 1 / iv.high,
+                                                             1 / iv.low)
+    if metric == "energy_per_token":
+        verb, word = "used", ("less" if up else "more") + " energy per token"
     else:
-        est, lo, hi, word = 1 / iv.estimate, 1 / iv.high, 1 / iv.low, "slower"
+        verb, word = "ran", "faster" if up else "slower"
     if finite(lo) and finite(hi):
         pm = max(est - lo, hi - est)
-        return f"{candidate} ran {est:.2f} ± {pm:.2f} times {word} than {baseline}"
-    return f"{candidate} ran {est:.2f} times {word} than {baseline} (no interval)"
+        return f"{candidate} {verb} {est:.2f} ± {pm:.2f} times {word} than {baseline}"
+    return f"{candidate} {verb} {est:.2f} times {word} than {baseline} (no interval)"
 
 
 def interval_text(iv: Interval | None) -> str:
@@ -81,10 +86,12 @@ def noise(n: Noise) -> str:
 
 
 def question(d: Decision) -> str:
-    """The decision's question in a table cell: "faster by 0.03", "not slower by 0.1"."""
+    """The decision's question in a table cell: "faster by 0.03", "not slower by 0.1", and
+    for energy "J/token lower by 0.03", "J/token not higher by 0.1"."""
+    energy = d.metric == "energy_per_token"
     if d.expect == "not-slower":
-        return f"not slower by {d.max_regression:g}"
-    return f"faster by {d.min_effect:g}"
+        return f"{'J/token not higher' if energy else 'not slower'} by {d.max_regression:g}"
+    return f"{'J/token lower' if energy else 'faster'} by {d.min_effect:g}"
 
 
 def resolvable(d: Decision) -> str | None:
