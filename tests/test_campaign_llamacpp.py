@@ -116,6 +116,8 @@ def test_llama_bench_cells_run_with_repetitions_as_samples(tiny_model: Path, fak
         6 * 1_000_000 + 1000 * i for i in range(4)))
     assert t2["tokens_per_s"]["estimate"] > 1.8 * t1["tokens_per_s"]["estimate"]
     assert t1["prefill_tok_s"] is not None
+    # Each repetition is a stability window: the slowest over the fastest.
+    assert t1["stability"] == pytest.approx(6_000_000 / (6_000_000 + 3000))
     assert any("4 repetitions of 6 tokens (llama-bench) are the samples" in n
                for n in t1["notes"])
     assert t1["fingerprint"] == t2["fingerprint"]  # same tests: the same work
@@ -178,6 +180,7 @@ def test_llama_completion_cells_time_decode_and_fingerprint_the_text(
     assert a["tokens_per_s"]["estimate"] == pytest.approx(5 / 12e-3)  # 5 runs in 12 ms
     assert a["source"] == "summary" and a["fingerprint"] == b["fingerprint"] is not None
     assert a["prefill_tok_s"] == pytest.approx(4000.0)
+    assert any("llama-completion gives no per-token times" in n for n in a["notes"])
 
 
 def test_an_adb_cell_runs_the_binary_through_the_device(tiny_model: Path, fake_bin: Path,
@@ -327,6 +330,7 @@ def test_the_shipped_llama_cpp_campaign_runs_end_to_end(tmp_path: Path,
     for c in r["cells"]:
         assert c["source"] == "per_token" and len(c["wall_ms"]) >= 3
         assert c["prefill_tok_s"] is not None and c["entry"]["probe_index"] is not None
+        assert 0 < c["stability"] <= 1  # over its five repetitions
     assert r["drift"] and r["drift"][0]["fingerprints"] == "equal"
     (d,) = r["decisions"]
     assert d["verdict"] in ("GO", "NO-GO", "INCONCLUSIVE", "OWED")

@@ -218,7 +218,8 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     summary = record.summary or (doc.get("summary") if isinstance(doc.get("summary"), dict)
                                  else {}) or {}
     wall = np.asarray(cols.get("wall_ms", []), dtype=float)
-    if doc.get("samples") == "repetitions":  # llama-bench: each repetition is one sample
+    repetitions = doc.get("samples") == "repetitions"
+    if repetitions:  # llama-bench: each repetition is one sample (and one stability window)
         warmup = 0  # (it warms up itself); ms per token of each, not per-token times
         notes.append(f"{len(wall)} repetitions of {summary.get('tokens_per_repetition', '?')} "
                      "tokens (llama-bench) are the samples: no per-token times")
@@ -245,7 +246,8 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         notes=tuple(notes),
         wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
         log_rate=log_rate(steady) if len(steady) >= 2 else None,
-        token_variance=log_rate_token_variance(steady), stability=stability_ratio(steady),
+        token_variance=log_rate_token_variance(steady),
+        stability=stability_ratio(steady, 1 if repetitions else STABILITY_WINDOW_TOKENS),
         energy=cell_energy([s for s in samples if s.cell == record.index], steady,
                            seed_for("energy", record.label)),
     )
@@ -268,8 +270,13 @@ def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
         notes.append("no throughput recorded")
         return None, source
     if source == "none":
-        notes.append("no per-token times (neither per_token in summary.json nor "
-                     "tokens.csv): tok/s from the summary, warm-up included, no interval")
+        if summary.get("engine") == "llama-completion":
+            notes.append("llama-completion gives no per-token times: tok/s from its `eval "
+                         "time` line (the decode after the first token), no interval within "
+                         "the cell; only the cell-level statistics carry a verdict on it")
+        else:
+            notes.append("no per-token times (neither per_token in summary.json nor "
+                         "tokens.csv): tok/s from the summary, warm-up included, no interval")
         source = "summary"
     return Interval(tps, math.nan, math.nan), source
 
