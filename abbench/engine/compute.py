@@ -30,7 +30,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -61,22 +60,34 @@ def scratch_rows(max_k: int, ff: int) -> list[Rows]:
 # the partner process), so its output is bit-identical whoever computes it.
 
 
-def expert_up(
-    buf: ExpertBuffer, x: np.ndarray, rows: Rows, expit: Callable[..., Any]
-) -> None:
+EXP_CAP = 80.0  # e^-gate is capped at e^80: no overflow, and silu(-80) is -1.4e-33 either way
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    """silu(gate) * up into `out` (any shape, all three alike), computed as ggml computes
+    silu — gate / (1 + e^-gate) — with numpy alone: scipy's `expit` would load scipy, ~25
+    MiB of RSS with its own OpenBLAS, into every engine process. One expert's (ff,) is
+    small enough that numpy keeps the GIL through these: no hand-over between threads."""
+    np.negative(gate, out=out)
+    np.minimum(out, EXP_CAP, out=out)
+    np.exp(out, out=out)
+    out += 1.0
+    np.divide(gate, out, out=out)
+    out *= up
+
+
+def expert_up(buf: ExpertBuffer, x: np.ndarray, rows: Rows) -> None:
     """The gate/up GEMV and SwiGLU of one expert into `rows` (x: (d,))."""
     h, gate, up, act = rows
     np.matmul(buf.gate_up, x, out=h)  # (2ff,)
-    expit(gate, out=act)  # silu(gate) * up; one expert's (ff,) is small enough that
-    act *= gate  # numpy keeps the GIL through these three: no hand-over between threads
-    act *= up
+    swiglu(gate, up, act)  # (ff,)
 
 
 def expert_down(buf: ExpertBuffer, act: np.ndarray, out: np.ndarray) -> None:
     np.matmul(buf.down, act, out=out)  # (d, ff) @ (ff,) → (d,)
 
 
-def expert_rows(buf: ExpertBuffer, x: np.ndarray, expit: Callable[..., Any]) -> np.ndarray:
+def expert_rows(buf: ExpertBuffer, x: np.ndarray) -> np.ndarray:
     """One expert over a batch of rows (prefill): x (m, d) → (m, d). The same SwiGLU as
     `expert_up` and `expert_down`, as GEMMs: equal to them up to float summation order."""
     ff = buf.down.shape[1]
@@ -85,9 +96,8 @@ def expert_rows(buf: ExpertBuffer, x: np.ndarray, expit: Callable[..., Any]) -> 
     # other row counts either order can win, so this is a small, not a general, gain.
     h = buf.gate_up @ x.T  # (2ff, d) @ (d, m) → (2ff, m)
     gate, up = h[:ff], h[ff:]  # (ff, m) each
-    act = expit(gate)  # silu(gate) * up
-    act *= gate
-    act *= up
+    act = np.empty_like(gate)  # (ff, m)
+    swiglu(gate, up, act)
     return (buf.down @ act).T  # (d, ff) @ (ff, m) → (d, m), seen as (m, d)
 
 
@@ -140,9 +150,6 @@ class _Batch:
 
 class ComputeTeam:
     def __init__(self, threads: int, ff: int, max_k: int) -> None:
-        from scipy.special import expit  # 0.25 s to import: only where experts are computed
-
-        self._expit = expit
         self.threads = max(1, threads)
         # Shared by the team: a job's rows are written by its up task and read by its
         # down task, whichever threads take them.
@@ -231,7 +238,7 @@ class ComputeTeam:
                     job.ticket.event.wait()
                     waits.append((w0, time.perf_counter()))
                 job.ticket.wait()  # raises if the read failed
-            expert_up(job.buffer, batch.x, self._rows[j], self._expit)
+            expert_up(job.buffer, batch.x, self._rows[j])
             batch.up_done[j] = True
         except BaseException as e:  # re-raised by `run` in the calling thread
             if batch.error is None:

@@ -382,8 +382,6 @@ class ExpertRunner:
         one thread's, on one BLAS thread, so the bits do not depend on who ran it):
         resident ones first, then each read as it lands (without --overlap, every read is
         waited for first). The stall is the time spent waiting on reads, per thread."""
-        from scipy.special import expit  # imported once by the compute team already
-
         jobs = [(job.slot, job.buffer, None) for job in load.resident]
         jobs += [(slot, buf, t) for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
 
@@ -395,7 +393,7 @@ class ExpertRunner:
                 ticket.wait()  # raises if the read failed
                 waited = time.perf_counter() - w0
             rows, cols = np.nonzero((ids == union[slot]) & keep)  # (m,), (m,)
-            y[rows, cols] = expert_rows(buf, x[rows], expit)  # (m, d); no two jobs share a row
+            y[rows, cols] = expert_rows(buf, x[rows])  # (m, d); no two jobs share a row
             return waited
 
         def run_all() -> float:

@@ -83,9 +83,6 @@ class Partner:
         self, matrices: Sequence[np.ndarray], buffers: Iterable[ExpertBuffer], d: int,
         ff: int, max_k: int,
     ) -> None:
-        from scipy.special import expit
-
-        self._expit = expit
         self.threads = 2  # the caller and the partner
         self._matrices = list(matrices)
         self._index = {id(m): i for i, m in enumerate(self._matrices)}
@@ -139,7 +136,7 @@ class Partner:
         if theirs:
             self._post_experts(x, [job.buffer for job in theirs])
         for j, job in enumerate(mine):
-            expert_up(job.buffer, x, self._rows[j], self._expit)
+            expert_up(job.buffer, x, self._rows[j])
             expert_down(job.buffer, self._rows[j][3], out[job.slot])
         if theirs:
             self._wait(DONE, self._seq)
@@ -263,7 +260,7 @@ class Partner:
             x = self._x[: self._out.shape[1]]
             for i in range(arg):
                 buf = self._buffers[int(self._args[i])]
-                expert_up(buf, x, self._rows[i], self._expit)
+                expert_up(buf, x, self._rows[i])
                 expert_down(buf, self._rows[i][3], self._out[i])
 
 
