@@ -198,3 +198,18 @@ def test_every_exception_class_is_in_errors() -> None:
 def test_the_exception_check_finds_one() -> None:
     tree = ast.parse("class Oops(ValueError):\n    pass\nclass Fine:\n    pass\n")
     assert _exception_classes(tree) == ["Oops"]
+
+
+def test_an_engine_cell_does_not_load_scipy(tiny_model: Path) -> None:
+    """scipy (~25 MiB of RSS with its own OpenBLAS, ~0.3 s to import) is for the analysis:
+    an embedded-engine cell, which runs the CLI in a child, must not pay for it (P6)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from abbench.cli import main; "
+            f"rc = main(['engine', 'run', '-m', {str(tiny_model)!r}, '-n', '4', '-q']); "
+            "print(rc, sorted({m.split('.')[0] for m in sys.modules} & {'scipy'}))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "0 []", p.stdout
