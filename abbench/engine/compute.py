@@ -60,27 +60,31 @@ def scratch_rows(max_k: int, ff: int) -> list[Rows]:
 # the partner process), so its output is bit-identical whoever computes it.
 
 
-EXP_CAP = 80.0  # e^-gate is capped at e^80: no overflow, and silu(-80) is -1.4e-33 either way
+HALF = np.float32(0.5)
+_mul, _add, _tanh = np.multiply, np.add, np.tanh
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
-    """silu(gate) * up into `out` (any shape, all three alike), computed as ggml computes
-    silu — gate / (1 + e^-gate) — with numpy alone: scipy's `expit` would load scipy, ~25
-    MiB of RSS with its own OpenBLAS, into every engine process. One expert's (ff,) is
-    small enough that numpy keeps the GIL through these: no hand-over between threads."""
-    np.negative(gate, out=out)
-    np.minimum(out, EXP_CAP, out=out)
-    np.exp(out, out=out)
-    out += 1.0
-    np.divide(gate, out, out=out)
-    out *= up
+    """silu(gate) * up into `out` (all three alike), with numpy alone: scipy's `expit`
+    would load scipy — ~25 MiB of RSS with its own OpenBLAS — into every engine process.
+
+    silu(g) = g·sigmoid(g) = h + h·tanh(h) with h = g/2: five small ufunc calls, as cheap
+    as expit's three with their keyword handling (measured ~1.6 µs per (256,) here), and
+    tanh cannot overflow where e^-g would. `gate` is overwritten with h (it is the GEMV's
+    scratch). Positional `out`: keyword parsing costs as much as the arithmetic at this
+    size."""
+    _mul(gate, HALF, gate)
+    _tanh(gate, out)
+    _mul(out, gate, out)
+    _add(out, gate, out)
+    _mul(out, up, out)
 
 
 def expert_up(buf: ExpertBuffer, x: np.ndarray, rows: Rows) -> None:
     """The gate/up GEMV and SwiGLU of one expert into `rows` (x: (d,))."""
     h, gate, up, act = rows
     np.matmul(buf.gate_up, x, out=h)  # (2ff,)
-    swiglu(gate, up, act)  # (ff,)
+    swiglu(gate, up, act)  # (ff,); gate overwritten
 
 
 def expert_down(buf: ExpertBuffer, act: np.ndarray, out: np.ndarray) -> None:
@@ -97,7 +101,7 @@ def expert_rows(buf: ExpertBuffer, x: np.ndarray) -> np.ndarray:
     h = buf.gate_up @ x.T  # (2ff, d) @ (d, m) → (2ff, m)
     gate, up = h[:ff], h[ff:]  # (ff, m) each
     act = np.empty_like(gate)  # (ff, m)
-    swiglu(gate, up, act)
+    swiglu(gate, up, act)  # gate overwritten
     return (buf.down @ act).T  # (d, ff) @ (ff, m) → (d, m), seen as (m, d)
 
 
