@@ -26,11 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from abbench.analysis.stats import (
-    REPS,
     Interval,
-    block_length,
-    moving_block_indices,
     percentile_interval,
+    resampled_means,
     resampled_rates,
     tokens_per_s,
 )
@@ -53,14 +51,6 @@ class CellEnergy:
 
 
 NO_ENERGY = CellEnergy(None, None, None)
-
-
-def _mean_draws(values: np.ndarray, weights: np.ndarray, seed: int,
-                reps: int = REPS) -> np.ndarray:
-    """(reps,) moving-block bootstrap draws of sum(v·w) / sum(w) over the series."""
-    rng = np.random.default_rng(seed)
-    idx = moving_block_indices(len(values), block_length(len(values)), reps, rng)
-    return (values[idx] * weights[idx]).sum(axis=1) / weights[idx].sum(axis=1)
 
 
 def _battery(samples: list[Sample]) -> tuple[np.ndarray | None, str | None]:
@@ -119,7 +109,7 @@ def cell_energy(samples: list[Sample], steady_ms: np.ndarray, seed: int) -> Cell
     else:
         return CellEnergy(None, None, None, why)
     estimate = float((power * weight).sum() / weight.sum())
-    draws = _mean_draws(power, weight, seed) if len(power) >= 2 else None
+    draws = resampled_means(power, weight, seed) if len(power) >= 2 else None
     power_w = (percentile_interval(estimate, draws) if draws is not None
                else Interval(estimate, math.nan, math.nan))
     if len(steady_ms) < 2:

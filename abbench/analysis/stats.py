@@ -92,6 +92,15 @@ def resampled_rates(series: Sequence[np.ndarray], seed: int, reps: int = REPS) -
     return out
 
 
+def resampled_means(values: np.ndarray, weights: np.ndarray, seed: int,
+                    reps: int = REPS) -> np.ndarray:
+    """Moving-block bootstrap of a weighted mean sum(v·w) / sum(w) over one series (a
+    cell's power readings): (reps,) draws, block length `ceil(n ** (1/3))`."""
+    rng = np.random.default_rng(seed)
+    idx = moving_block_indices(len(values), block_length(len(values)), reps, rng)
+    return (values[idx] * weights[idx]).sum(axis=1) / weights[idx].sum(axis=1)
+
+
 def percentile_interval(estimate: float, draws: np.ndarray, level: float = LEVEL) -> Interval:
     """Percentile interval of bootstrap draws (NaN draws ignored) around `estimate`."""
     d = draws[np.isfinite(draws)]

@@ -34,7 +34,7 @@ def measure(iv: Interval | None, unit: str, fmt: str = ".3g") -> str:
     if iv is None or not finite(iv.estimate):
         return "-"
     if not (finite(iv.low) and finite(iv.high)):
-        return f"{iv.estimate:{fmt}} {unit}"
+        return f"{iv.estimate:{fmt}} {unit} (no interval)"  # one reading: none measured
     return f"{iv.estimate:{fmt}} ± {iv.half_width():.2g} {unit}"
 
 

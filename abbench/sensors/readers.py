@@ -168,13 +168,19 @@ def zone_kind(label: str) -> str:
 
 
 def unique_key(prefix: str, label: str, taken: set[str]) -> str:
-    base = f"{prefix}{_slug(label)}"
-    key, n = f"{base}_c", 1
-    while key in taken:
+    """`<prefix><label>_c`, with `-2`, `-3` before `_c` on repeats (taken holds the keys)."""
+    return unique_name(f"{prefix}{_slug(label)}", taken, "_c")
+
+
+def unique_name(base: str, taken: set[str], suffix: str = "") -> str:
+    """`base` + suffix, else `base-2` + suffix, `-3`, ...: the first not in `taken`, which
+    it joins."""
+    name, n = base + suffix, 1
+    while name in taken:
         n += 1
-        key = f"{base}-{n}_c"
-    taken.add(key)
-    return key
+        name = f"{base}-{n}{suffix}"
+    taken.add(name)
+    return name
 
 
 @fail_soft_zones
@@ -330,21 +336,12 @@ def collect_rapl(root: Root = "/") -> dict[str, Any]:
         energy = _int(tree.read(f"{folder}/energy_uj"))
         if name is None or energy is None:
             continue
-        domain = _unique_name(_slug(name), taken)
+        domain = unique_name(_slug(name), taken)
         out[keys.rapl_energy(domain)] = energy
         wrap = _int(tree.read(f"{folder}/max_energy_range_uj"))
         if wrap is not None:
             out[keys.rapl_max(domain)] = wrap
     return out
-
-
-def _unique_name(name: str, taken: set[str]) -> str:
-    unique, n = name, 1
-    while unique in taken:
-        n += 1
-        unique = f"{name}-{n}"
-    taken.add(unique)
-    return unique
 
 
 # --- /proc -------------------------------------------------------------------------------
