@@ -150,7 +150,8 @@ def test_an_unreadable_history_is_a_warning_not_a_lost_campaign(tiny_model: Path
     history.write_text("{torn\n{\"kind\": \"repeat\"}\n")  # a bad line, then a short one
     cells = write_campaign(tmp_path, tiny_model, """
         [match]
-        probe_tol = 0.5
+        probe_tol = 1  # the widest: this host's own swings are not what is tested here
+        mem_available_tol_frac = 1
 
         [cells.B]
         overlap = true
@@ -163,5 +164,6 @@ def test_an_unreadable_history_is_a_warning_not_a_lost_campaign(tiny_model: Path
     assert "Traceback" not in p.stderr
     folder = run_folder(tmp_path / "r")
     r = _report(folder)
-    assert r["noise_floor"]["df"] == 0 and r["own_noise"]["df"] == 1
+    assert r["noise_floor"]["df"] == 0
+    assert r["own_noise"]["df"] == 1, r["pairs"]  # the pair's criteria, should one fail
     assert history.read_text().startswith("{torn\n")  # not ours to rewrite
