@@ -451,6 +451,12 @@ def test_predict_prefetch_speculates(tiny_model: Path, spec_max: int, drop: floa
         runner.begin_pass(1, 0)
         moe(runner, 0, x, [1], one, 1)  # layer 0's load, then speculation
         tok = runner.tok
+        if spec_max == 0:  # retention only waits for layer 1's lookups (`_speculate`)
+            assert tok.retained == 0
+            moe(runner, 1, x, [3], one, 1)  # a miss: 2 is refreshed before it is read
+            assert tok.retained == 1 and tok.spec_experts == 0
+            assert [e for layer, e in runner.cache.entries if layer == 1] == [5, 2, 3]
+            return
         assert tok.retained == 1
         assert tok.spec_experts == len(read) and tok.spec_cancelled == 0
         assert tok.spec_read_bytes == len(read) * int(info["expert_bytes"])
@@ -462,3 +468,45 @@ def test_predict_prefetch_speculates(tiny_model: Path, spec_max: int, drop: floa
         assert tok.spec_useful == len(read)
     finally:
         runner.close()
+
+
+def _lru_after_each_load(path: Path, deferred: bool, monkeypatch: pytest.MonkeyPatch,
+                         ) -> list[tuple[object, ...]]:
+    """The cache's LRU order and counters after every layer's lookups of a streaming
+    retention-only run, with the refresh deferred to the next layer's lookups (the
+    engine's way) or made at once (the policy's answer applied where it is given)."""
+    if not deferred:
+        def at_once(self: ExpertRunner, layer: int, in_use: object) -> None:
+            pred = self.predictor.pred_ids[layer + 1] if layer + 1 < len(self.layout) else None
+            if pred is not None:
+                plan = stale_gate_prefetch(layer + 1, pred, None, self.cache.entries, 0, None)
+                self.tok.retained += self.cache.retain(plan.retain)
+
+        monkeypatch.setattr(ExpertRunner, "_speculate", at_once)
+    states: list[tuple[object, ...]] = []
+    load = ExpertRunner._load
+
+    def recording(self: ExpertRunner, layer: int, experts: list[int]) -> object:
+        out = load(self, layer, experts)
+        c = self.cache.counters
+        states.append((layer, tuple(self.cache.entries), c.hits, c.misses, c.evictions,
+                       self.tok.retained))
+        return out
+
+    monkeypatch.setattr(ExpertRunner, "_load", recording)
+    cfg = EngineConfig(model=str(path), prompt="Retain me", n_tokens=12, seed=3,
+                       cache_mib=0.3, predict_prefetch=True, predict_spec_max=0)
+    with Engine(cfg, path) as engine:
+        engine.run()
+    monkeypatch.undo()
+    return states
+
+
+def test_deferred_retention_leaves_the_lru_as_retention_at_once(
+        tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deferred = _lru_after_each_load(tiny_model, True, monkeypatch)
+    at_once = _lru_after_each_load(tiny_model, False, monkeypatch)
+    assert deferred == at_once
+    evictions = deferred[-1][4]
+    assert isinstance(evictions, int) and evictions > 0, "a cache too large tests nothing"
+    assert any(state[5] for state in deferred), "nothing predicted was resident"

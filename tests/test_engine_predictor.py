@@ -23,6 +23,7 @@ from abbench.engine.predictor import (
     MAX_SCORED_K,
     PredictLog,
     RoutePredictor,
+    RouteTally,
     Score,
     control_warning,
     predict_lines,
@@ -127,6 +128,41 @@ def test_scores_by_hand() -> None:
     assert control_warning(log) is None
 
 
+@pytest.mark.parametrize("rows", [5, 7, 1024])
+def test_scores_in_batches_equal_scores_routing_by_routing(
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tally compares its rows in batches (every `ROWS`, and when read): whatever the
+    batch, including one that ends mid-token, the scores are those of `Score.add` called
+    routing by routing, and reading them midway changes nothing."""
+    monkeypatch.setattr(RouteTally, "ROWS", rows)
+    n_layer, k = 3, 3
+    rs = routers(n_layer, 8, 6, seed=11)
+    p = RoutePredictor(rs, log=True, predict=False)
+    rng = np.random.default_rng(12)
+    want = PredictLog.empty(n_layer)
+    prev: list[set[int] | None] = [None] * n_layer
+    for token in range(9):
+        predicted: set[int] | None = None
+        for layer in range(n_layer):
+            x = rng.standard_normal(6).astype(np.float32)
+            ids, w = route(rs[layer], x, k)
+            if token == 4 and layer == 1:  # a routing the control disagrees with
+                ids = np.array([*ids[:2], next(e for e in range(8) if e not in ids)])
+            actual = set(ids.tolist())
+            p(layer, x, ids, w, phase=1)
+            want.ctrl[layer].add(set(by_hand_top_k(rs[layer] @ x, k)), actual)
+            if predicted is not None:
+                want.stale[layer].add(predicted, actual)
+            if prev[layer] is not None:
+                want.prev[layer].add(prev[layer], actual)  # type: ignore[arg-type]
+            prev[layer] = actual
+            predicted = set(by_hand_top_k(rs[layer + 1] @ x, k)) if layer + 1 < n_layer else None
+            if token == 2 and layer == 0:
+                assert p.scores.ctrl[0].routings == 3  # read mid-token
+    assert p.scores == want
+    assert want.overall(want.ctrl).slots_named < want.overall(want.ctrl).slots
+
+
 def test_control_is_computed_not_copied() -> None:
     """A routing that is not the top-k of the layer's own router makes the control miss."""
     rs = routers(2, 8, 4, seed=2)
@@ -154,6 +190,7 @@ def test_routings_wider_than_32_are_declined_and_counted() -> None:
         assert log.overall(which).routings == 0
     assert "2 routings the stale-gate could not rank" in predict_lines(log)[1]
     p(0, x, *route(rs[0], x, MAX_SCORED_K), phase=1)  # 32 itself is scored
+    log = p.scores  # a snapshot, read afresh
     assert log.declined == 2 and log.ctrl[0].routings == 1 and log.ctrl[0].slots == 32
 
 
@@ -306,9 +343,9 @@ def _predicted_run(path: Path, fused: bool) -> tuple[Any, ...]:
         seen: list[list[int]] = []
 
         def hook(layer: int, x: np.ndarray, ids: np.ndarray, w: np.ndarray, phase: int,
-                 next_logits: np.ndarray | None = None) -> None:
-            assert (next_logits is not None) == (fused and phase == 1 and layer + 1 < n_layer)
-            predictor(layer, x, ids, w, phase, next_logits)
+                 *given: np.ndarray) -> None:
+            assert bool(given) == (fused and phase == 1 and layer + 1 < n_layer)
+            predictor(layer, x, ids, w, phase, *given)
             nxt = predictor.pred_ids[layer + 1] if layer + 1 < n_layer else None
             seen.append([*ids.tolist(), *(nxt.tolist() if nxt is not None else [])])
 

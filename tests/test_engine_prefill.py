@@ -100,7 +100,7 @@ def test_each_expert_is_read_once_per_layer_for_the_batch(small_model: Path) -> 
     with Engine(cfg, small_model) as engine:
 
         def hook(layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
-                 next_logits: np.ndarray | None = None) -> None:
+                 *fused: np.ndarray) -> None:
             if phase == 0:
                 assert ids.shape == (len(engine.prompt_ids) - 1, engine.model.k)
                 routed[layer] = set(ids.ravel().tolist())

@@ -111,10 +111,10 @@ def execute(name: str, cfg: EngineConfig, path: Path) -> Run:
 
         def hooks(
             layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
-            next_logits: np.ndarray | None = None,
+            *fused: np.ndarray,
         ) -> None:
             if probe is not None:
-                probe(layer, x, ids, weights, phase, next_logits)
+                probe(layer, x, ids, weights, phase, *fused)
             on_routing(layer, x, ids, weights, phase)
 
         model.routing_hook = hooks

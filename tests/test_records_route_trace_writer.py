@@ -84,9 +84,9 @@ def traced_run(path: Path, out: Path, **overrides: Any) -> Traced:
         n_layer = engine.info["n_layer"]
 
         def hook(layer: int, x: np.ndarray, ids: np.ndarray, w: np.ndarray, phase: int,
-                 next_logits: np.ndarray | None = None) -> None:
+                 *fused: np.ndarray) -> None:
             if probe is not None:
-                probe(layer, x, ids, w, phase, next_logits)
+                probe(layer, x, ids, w, phase, *fused)
             routing[phase, passes[phase], layer] = (ids.tolist(), w.tolist())
             if layer == n_layer - 1:
                 passes[phase] += 1

@@ -37,12 +37,17 @@ class ExpertCache:
     _free: dict[tuple[int, int], list[ExpertBuffer]] = field(default_factory=dict)
     _evicted_once: set[Key] = field(default_factory=set)
     arena: BufferArena = field(default_factory=BufferArena)  # where new buffers come from
+    # Holds every expert of the model for good (`--resident`, once preloaded): it never
+    # evicts, so it keeps no recency — a hit or a retention reorders nothing. Anything that
+    # removes an entry ends it.
+    complete: bool = False
 
     def lookup(self, key: Key) -> ExpertBuffer | None:
         """A hit refreshes recency and is counted; a miss is counted by `admit`."""
         buf = self.entries.get(key)
         if buf is not None:
-            self.entries.move_to_end(key)
+            if not self.complete:
+                self.entries.move_to_end(key)
             self.counters.hits += 1
             if key in self.speculative:
                 self.speculative.discard(key)
@@ -53,17 +58,25 @@ class ExpertCache:
         """Residency without touching recency or counters (policies and predictors ask this)."""
         return key in self.entries
 
-    def refresh_resident(self, keys: list[Key]) -> None:
-        """`refresh` of keys known to be resident, in order (the retention path: one call
-        per layer, not one per key)."""
-        move = self.entries.move_to_end
+    def retain(self, keys: list[Key]) -> int:
+        """`refresh` of those of `keys` that are resident, in order; how many were (the
+        retention path: one call per layer, not one per key)."""
+        if self.complete:  # every key is resident, and recency is not kept
+            return len(keys)
+        entries = self.entries
+        move = entries.move_to_end
+        n = 0
         for key in keys:
-            move(key)
+            if key in entries:
+                move(key)
+                n += 1
+        return n
 
     def refresh(self, key: Key) -> bool:
         """Mark a resident expert recently used without counting a hit (retention)."""
         if key in self.entries:
-            self.entries.move_to_end(key)
+            if not self.complete:
+                self.entries.move_to_end(key)
             return True
         return False
 
@@ -110,6 +123,7 @@ class ExpertCache:
 
     def drop(self, key: Key) -> None:
         """Forget an entry whose contents are not valid (a failed or cancelled read)."""
+        self.complete = False
         buf = self.entries.pop(key, None)
         self.speculative.discard(key)
         if buf is not None:
@@ -117,6 +131,7 @@ class ExpertCache:
             self._free.setdefault((buf.gate_up.shape[0] // 2, buf.gate_up.shape[1]), []).append(buf)
 
     def _evict(self, key: Key) -> None:
+        self.complete = False
         buf = self.entries.pop(key)
         self.speculative.discard(key)
         self.resident_bytes -= buf.nbytes

@@ -10,10 +10,12 @@ The architecture's sparse MoE block routes, then calls the two steps here with t
    refreshes recency) and the misses' reads are issued at once on the reader lanes;
    *speculation* for the next layers is issued behind them (`policies.prev_token_prefetch`
    for `--prefetch K`, `policies.stale_gate_prefetch` for `--predict-prefetch`, which also
-   names the predicted residents to refresh so they are not evicted before use); the
-   layer's route-trace rows are written; then the experts run on the compute team — with
-   `--overlap`, resident ones while the reads run and each missing one as it lands; with
-   every expert resident, on the caller and a partner process (`partner.py`).
+   names the predicted residents to refresh so they are not evicted before use — with
+   no speculative reads, `--predict-spec-max 0`, that refresh waits for the next layer's
+   lookups, see `_speculate`); the layer's route-trace rows are written; then the
+   experts run on the compute team — with `--overlap`, resident ones while the reads
+   run and each missing one as it lands; with every expert resident, on the caller and
+   a partner process (`partner.py`).
 
 The block sums the outputs in routing order, so the result is bit-identical whatever was
 resident, when reads finished, or who computed. The steps' bookkeeping (settling, the
@@ -144,6 +146,8 @@ class ExpertRunner:
         self._prev_routing: list[list[int]] = [[] for _ in layout]  # previous token's
         self._routing: list[list[int]] = [[] for _ in layout]  # this token's
         self._pending: list[tuple[Key, ReadTicket]] = []  # speculative reads in flight
+        # Retention only: the layer and experts predicted for it, refreshed at its lookups.
+        self._retain_at: tuple[int, list[int]] | None = None
         if self.policies.drop_frac is not None and max_k <= 4:
             warnings.warn(
                 f"--drop-cold-experts with top-{max_k}: the threshold F/k is {1 / max_k:.2f}"
@@ -152,6 +156,7 @@ class ExpertRunner:
             )
         if resident:
             self._preload()
+            self.cache.complete = True
 
     def start_partner(self, matrices: Sequence[np.ndarray]) -> bool:
         """With every expert resident and more than one thread, hand half of each layer's
@@ -188,6 +193,8 @@ class ExpertRunner:
 
     def begin_pass(self, phase: int, step: int) -> None:
         """Called before each forward pass (the previous pass's routing becomes "previous")."""
+        if self._retain_at is not None:  # a pass ended before the layer it was for
+            self._retain(*self._retain_at)
         if phase == 1 and any(self._routing):
             self._prev_routing = self._routing
             self._routing = [[] for _ in self.layout]
@@ -243,6 +250,13 @@ class ExpertRunner:
         once on the reader lanes, into a buffer the cache admits (or scratch)."""
         le = self.layout[layer]
         cache = self.cache
+        retain_at = self._retain_at
+        if retain_at is not None:
+            if retain_at[0] == layer:
+                self._retain(layer, [e for e in retain_at[1] if e not in experts])
+            else:  # not the layer it was for (never in a decode pass): all of it, now
+                self._retain(*retain_at)
+                retain_at = None
         useful_before = cache.counters.spec_useful
         load = Load([], [], [], [], None)
         speculative = cache.speculative
@@ -260,6 +274,10 @@ class ExpertRunner:
             load.missing.append((slot, e, buf, cached))
             load.tickets.append(self.reader.submit(le.slices(e), buf))  # read starts now
             load.residency.append(0)
+        if retain_at is not None:  # and those looked up: they were resident if they hit
+            predicted = retain_at[1]
+            self.tok.retained += sum(1 for e, r in zip(experts, load.residency)
+                                     if r and e in predicted)
         self.tok.hits += len(load.resident)
         self.tok.misses += len(load.missing)
         self.tok.spec_useful += cache.counters.spec_useful - useful_before
@@ -444,13 +462,24 @@ class ExpertRunner:
             pred = self.predictor.pred_ids[nxt]
             if pred is None:
                 return
+            if pol.spec_max == 0 and self.cache.complete:  # every prediction resident,
+                self.tok.retained += len(pred)  # and a complete cache keeps no recency
+                return
+            if pol.spec_max == 0:
+                # Retention only: every resident prediction is refreshed (the policy's
+                # answer without reads), and as nothing is read before the next layer's
+                # lookups, the refresh waits for them (`_load`): the ones it looks up are
+                # refreshed by their own lookup, the others just before. The LRU ends in
+                # the same order and evicts the same entries (tested), for a fraction of
+                # the dictionary work on the path P4 measures.
+                self._retain_at = (nxt, pred.tolist())
+                return
             plan = stale_gate_prefetch(nxt, pred, self.predictor.pred_weights[nxt],
                                        self.cache.entries, pol.spec_max, pol.drop_frac)
         else:
             return
         # Refreshed first: the reads below then evict older entries.
-        self.cache.refresh_resident(plan.retain)
-        self.tok.retained += len(plan.retain)
+        self.tok.retained += self.cache.retain(plan.retain)
         if not plan.read:
             return
         if in_use is None:  # no miss at this layer: its routing is what it uses
@@ -458,6 +487,11 @@ class ExpertRunner:
         self._issue_speculative(plan.read, in_use)
         if pol.prefetch_sync:
             self._settle(cancel=False)
+
+    def _retain(self, layer: int, experts: list[int]) -> None:
+        """The deferred retention (see `_speculate`) of `experts` at `layer`, now."""
+        self._retain_at = None
+        self.tok.retained += self.cache.retain([(layer, e) for e in experts])
 
     def _issue_speculative(self, targets: list[Key], in_use: set[Key]) -> None:
         """Read each target not resident or in flight, into a cache entry that evicts
@@ -493,6 +527,8 @@ class ExpertRunner:
 
     def finish(self) -> None:
         """Settle what speculation is still in flight (end of run)."""
+        if self._retain_at is not None:
+            self._retain(*self._retain_at)
         if self._pending:
             self._settle()
 

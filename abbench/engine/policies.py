@@ -113,7 +113,8 @@ def stale_gate_prefetch(layer: int, pred_ids: np.ndarray, pred_weights: np.ndarr
     prediction: dropping would skip it unread, so reading it is the waste.
     """
     keys = [(layer, e) for e in pred_ids.tolist()]
-    if spec_max == 0:  # retention only (the P4 setting): no read to weigh
+    if spec_max == 0:  # retention only (the P4 setting): no read to weigh (the runner
+        # applies this answer at the next layer's lookups: `ExpertRunner._speculate`)
         return Speculation([], [key for key in keys if key in resident])
     read: list[Key] = []
     retain: list[Key] = []

@@ -96,6 +96,91 @@ class PredictLog:
         }
 
 
+STALE, PREV, CTRL = range(3)  # the predictors, in `PredictLog`'s order
+
+
+class RouteTally:
+    """The three predictors' scores per layer, compared in batches.
+
+    Each scored decode routing becomes a row as it happens: its layer, its ids, the
+    stale-gate's prediction for it, and the control's own logits (its GEMV runs then, while
+    its matrix is still in cache). Every ROWS rows, and before the scores are read, the
+    rows are compared in one set of numpy calls — `Score.add`'s set logic, vectorised
+    (routings are distinct experts, so a predictor's slots named are the equal pairs
+    between its k ids and the routing's). A decode step then pays for recording, not for
+    the comparisons: that is what P3 measures (DESIGN 9).
+    """
+
+    ROWS = 1024  # 64 tokens of a 16-layer model
+
+    def __init__(self, n_layer: int, n_expert: int) -> None:
+        self.n_layer = n_layer
+        self.declined = 0
+        # [slots named, slots, exact, routings] × predictor × layer
+        self.counts = np.zeros((4, 3, n_layer), np.int64)
+        self.ctrl_logits = np.zeros((self.ROWS, n_expert), np.float32)  # (ROWS, n_expert)
+        self._layer = np.zeros(self.ROWS, np.int64)
+        self._rows = 0
+        self._shape(0)
+
+    def _shape(self, k: int) -> None:
+        self._k = k
+        self._actual = np.zeros((self.ROWS, k), np.int64)  # (ROWS, k)
+        self._stale = np.zeros((self.ROWS, k), np.int64)
+        self._stale_ok = np.zeros(self.ROWS, bool)
+        self._last = np.zeros((self.n_layer, k), np.int64)  # each layer's previous routing
+        self._last_ok = np.zeros(self.n_layer, bool)
+
+    def row(self, layer: int, ids: np.ndarray, stale: np.ndarray | None) -> int:
+        """Record layer `layer`'s routing ids (k,) and the stale-gate's prediction for it
+        (k,) or None; the row whose `ctrl_logits` the caller fills."""
+        if self._rows == self.ROWS or len(ids) != self._k:
+            self.flush()
+            if len(ids) != self._k:
+                self._shape(len(ids))
+        i = self._rows
+        self._rows = i + 1
+        self._layer[i] = layer
+        self._actual[i] = ids
+        if stale is None:
+            self._stale_ok[i] = False
+        else:
+            self._stale[i] = stale
+            self._stale_ok[i] = True
+        return i
+
+    def flush(self) -> None:
+        n, k = self._rows, self._k
+        if n == 0:
+            return
+        layer, actual = self._layer[:n], self._actual[:n]  # (n,), (n, k)
+        # The previous routing at the same layer: the row before in the same layer, or
+        # the last one of the previous batch.
+        prev = np.empty((n, k), np.int64)
+        prev_ok = np.zeros(n, bool)
+        for la in np.unique(layer).tolist():
+            at = np.flatnonzero(layer == la)
+            prev[at[1:]], prev_ok[at[1:]] = actual[at[:-1]], True
+            prev[at[0]], prev_ok[at[0]] = self._last[la], self._last_ok[la]
+            self._last[la], self._last_ok[la] = actual[at[-1]], True
+        ctrl = np.argsort(-self.ctrl_logits[:n], axis=1, kind="stable")[:, :k]  # (n, k)
+        named = np.stack([self._stale[:n], prev, ctrl])  # (3, n, k)
+        ok = np.stack([self._stale_ok[:n], prev_ok, np.ones(n, bool)])  # (3, n)
+        hits = (named[:, :, :, None] == actual[None, :, None, :]).sum(axis=(2, 3))  # (3, n)
+        for f, value in enumerate((hits * ok, k * ok, (hits == k) & ok, ok)):
+            for p in range(3):
+                self.counts[f, p] += np.bincount(layer, weights=value[p],
+                                                 minlength=self.n_layer).astype(np.int64)
+        self._rows = 0
+
+    def log(self) -> PredictLog:
+        self.flush()
+        c = self.counts.tolist()
+        which = [[Score(*(int(c[f][p][i]) for f in range(4))) for i in range(self.n_layer)]
+                 for p in range(3)]
+        return PredictLog(which[STALE], which[PREV], which[CTRL], self.declined)
+
+
 @dataclass
 class RoutePredictor:
     """Called with every layer's router input and routing (the model's routing hook)."""
@@ -104,49 +189,47 @@ class RoutePredictor:
     log: bool  # score all three predictors (--predict-log)
     predict: bool  # keep stale-gate predictions for the speculative path (--predict-prefetch)
     weights: bool = True  # the speculative path needs predicted weights (ordering, drop)
-    scores: PredictLog = field(init=False)
     # The stale-gate prediction for layer l (made at layer l-1 of the same token), with its
     # predicted weights (softmax over the predicted top-k logits), highest first.
     pred_ids: list[np.ndarray | None] = field(init=False)
     pred_weights: list[np.ndarray | None] = field(init=False)
-    _prev: list[set[int] | None] = field(init=False)
+    _tally: RouteTally = field(init=False)
 
     def __post_init__(self) -> None:
         n = len(self.routers)
-        self.scores = PredictLog.empty(n)
         self.pred_ids = [None] * n
         self.pred_weights = [None] * n
-        self._prev = [None] * n
+        self._tally = RouteTally(n, self.routers[0].shape[0] if n else 0)
+
+    @property
+    def scores(self) -> PredictLog:
+        return self._tally.log()
 
     def __call__(
         self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
-        next_logits: np.ndarray | None = None,
+        next_ids: np.ndarray | None = None, next_logits: np.ndarray | None = None,
     ) -> None:
         if phase != 1:
             return
         k = len(ids)
-        stale_logits = next_logits  # (n_expert,): from the router's fused GEMV, else here
-        if stale_logits is None and layer + 1 < len(self.routers):
-            stale_logits = self.routers[layer + 1] @ x
+        nxt = layer + 1
+        if next_ids is None and nxt < len(self.routers):  # not fused: the GEMV here
+            next_logits = self.routers[nxt] @ x  # (n_expert,)
+            next_ids = top_k(next_logits, k)  # (k,)
         if self.log:
-            actual = set(ids.tolist())
+            tally = self._tally
             if k > MAX_SCORED_K:
-                self.scores.declined += 1
-            else:
-                ctrl = top_k(self.routers[layer] @ x, k)  # its own GEMV, its own ranking
-                self.scores.ctrl[layer].add(set(ctrl.tolist()), actual)
-                predicted = self.pred_ids[layer]
-                if predicted is not None:
-                    self.scores.stale[layer].add(set(predicted.tolist()), actual)
-                if self._prev[layer] is not None:
-                    self.scores.prev[layer].add(self._prev[layer], actual)  # type: ignore[arg-type]
-            self._prev[layer] = actual
-        if stale_logits is not None:
-            pred = top_k(stale_logits, k)
-            self.pred_ids[layer + 1] = pred
+                tally.declined += 1
+            else:  # the control: its own GEMV, its own ranking (at the tally's flush)
+                i = tally.row(layer, ids, self.pred_ids[layer])
+                np.matmul(self.routers[layer], x, out=tally.ctrl_logits[i])
+        if next_ids is not None:
+            self.pred_ids[nxt] = next_ids
             if self.weights:
-                w = np.exp(stale_logits[pred] - stale_logits[pred[0]])
-                self.pred_weights[layer + 1] = w / w.sum()
+                assert next_logits is not None
+                top = next_logits[next_ids]  # (k,) the predicted logits, highest first
+                w = np.exp(top - top[0])
+                self.pred_weights[nxt] = w / w.sum()
 
 
 def fmt_pct(x: float | None) -> str:

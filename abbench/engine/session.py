@@ -206,18 +206,18 @@ class Engine:
             policies=Policies.of(config),
         )
         self.model = arch.Model(self.mf, args, self.runner, config.dense == "pinned", n_ctx, k)
-        self.runner.start_partner(self.model.gemv_matrices())
-        self.model.matvec = self.runner.team.matvec
         self.predictor: RoutePredictor | None = None
         if config.predict_log or config.predict_prefetch:
+            self.model.fuse_next_routers()  # before the partner, which shares those GEMVs
             self.predictor = RoutePredictor(
                 [self.model.router_matrix(i) for i in range(args.block_count)],
                 log=config.predict_log, predict=config.predict_prefetch,
                 weights=config.predict_spec_max > 0,
             )
             self.model.routing_hook = self.predictor
-            self.model.fuse_next_routers()
             self.runner.predictor = self.predictor
+        self.runner.start_partner(self.model.gemv_matrices())
+        self.model.matvec = self.runner.team.matvec
         self.layout = layout
         self.load_s = time.perf_counter() - t0
 

@@ -13,11 +13,13 @@ class RoutingHook(Protocol):
     decode x (d,), ids and weights (k,); in prefill (`phase` 0) once per layer for the
     whole batch, x (n, d), ids and weights (n, k). Once the model fused the next layer's
     router into this one's (`fuse_next_routers`, for a stale-gate predictor), decode calls
-    also pass `next_logits`: (n_expert,) the next layer's router times this layer's input."""
+    also pass what the next layer's router makes of this layer's input: `next_logits`
+    (n_expert,) and `next_ids` (k,), their top-k ranked as the router ranks (ties to the
+    lower id)."""
 
     def __call__(
         self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
-        next_logits: np.ndarray | None = None,
+        next_ids: np.ndarray | None = None, next_logits: np.ndarray | None = None,
     ) -> None: ...
 
 

@@ -276,10 +276,12 @@ class SparseMoE:
         self.k = k
         self.router = mf.read_dense(f"blk.{layer}.ffn_gate_inp.weight", pinned)  # (n_expert, d)
         self.experts = experts
-        # (2 n_expert, d): this router over the next layer's, once a stale-gate predictor is
-        # installed (`Model.fuse_next_routers`): the next layer's router multiplies the very
-        # vector this one does, so one GEMV gives both. Row for row the same dot products,
-        # so the routing is bit-identical either way (tested).
+        # (2 n_expert, d): this router over the next layer's, once a stale-gate predictor
+        # is installed (`Model.fuse_next_routers`): the next layer's router multiplies the
+        # very vector this one does, so one GEMV gives both and one sort ranks both. Row
+        # for row the same dot products, so the routing is bit-identical either way
+        # (tested); `router` is then a view of the first half, so the unfused path and a
+        # predictor's control read the very bytes this GEMV just read.
         self.router_and_next: np.ndarray | None = None
 
     def route(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -295,13 +297,19 @@ class SparseMoE:
         w = np.exp(logits[ids] - logits[ids[0]])  # (k,)
         return ids, w / w.sum()  # (k,), (k,)
 
-    def __call__(self, x: np.ndarray, phase: int, hook: RoutingHook | None) -> np.ndarray:
-        """x: (d,) the normalised hidden state → (d,) the layer's MoE output."""
+    def __call__(self, x: np.ndarray, phase: int, hook: RoutingHook | None,
+                 matvec: MatVec = matvec) -> np.ndarray:
+        """x: (d,) the normalised hidden state → (d,) the layer's MoE output. The fused
+        router GEMV goes through `matvec`: with a partner, this layer's half of the rows
+        on the caller and the next layer's on the partner, side by side."""
         if hook is not None and phase == 1 and self.router_and_next is not None:
-            both = self.router_and_next @ x  # (2 n_expert,)
-            n = self.router.shape[0]
-            ids, weights = self.top_k(both[:n])  # (k,), (k,)
-            hook(self.layer, x, ids, weights, phase, next_logits=both[n:])
+            both = matvec(self.router_and_next, x)  # (2 n_expert,): this layer's, the next's
+            # (2, k): both top-ks as `top_k` ranks them (ties to the lower id)
+            order = np.argsort(-both.reshape(2, -1), axis=1, kind="stable")[:, : self.k]
+            ids = order[0]
+            w = np.exp(both[ids] - both[ids[0]])  # (k,): as `top_k` computes them
+            weights = w / w.sum()
+            hook(self.layer, x, ids, weights, phase, order[1], both[self.router.shape[0]:])
         else:
             ids, weights = self.route(x)  # (k,), (k,)
             if hook is not None:  # predictors see the router's choice, before any drop
@@ -360,16 +368,21 @@ class Model:
 
     def gemv_matrices(self) -> list[np.ndarray]:
         """The dense matrices `forward` multiplies through `self.matvec`."""
-        return [*(m for lay in self.layers for m in lay.attention.matrices()), self.output]
+        fused = [lay.moe.router_and_next for lay in self.layers]
+        return [*(m for lay in self.layers for m in lay.attention.matrices()), self.output,
+                *(m for m in fused if m is not None)]
 
     def router_matrix(self, layer: int) -> np.ndarray:
         return self.layers[layer].moe.router  # (n_expert, d)
 
     def fuse_next_routers(self) -> None:
         """Stack each layer's router over the next one's, for a stale-gate predictor: its
-        hook then receives `next_logits` from the router's own GEMV (decode only)."""
+        hook then receives the next layer's ranking from the router's own GEMV and sort
+        (decode only)."""
         for this, nxt in zip(self.layers, self.layers[1:]):
+            n = this.moe.router.shape[0]
             this.moe.router_and_next = np.vstack([this.moe.router, nxt.moe.router])
+            this.moe.router = this.moe.router_and_next[:n]  # the same values, shared
 
     def prefill(self, tokens: list[int], pos: int) -> None:
         """Run prompt tokens at positions pos .. pos+n-1 as one batch per layer (DESIGN
@@ -388,5 +401,6 @@ class Model:
         rope = rope_matrix(self.cos[pos], self.sin[pos])  # (hd, hd)
         for layer in self.layers:
             h += layer.attention(rms_norm(h, layer.attn_norm, self.eps), pos, rope, self.matvec)
-            h += layer.moe(rms_norm(h, layer.ffn_norm, self.eps), phase, self.routing_hook)
+            h += layer.moe(rms_norm(h, layer.ffn_norm, self.eps), phase, self.routing_hook,
+                           self.matvec)
         return self.matvec(self.output, rms_norm(h, self.output_norm, self.eps))  # (vocab,)
