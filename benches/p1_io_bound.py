@@ -111,6 +111,8 @@ def main() -> None:
             return original_select(layer, *rest, **kw)
 
         def submit(slices, buffer):  # type: ignore[no-untyped-def]
+            if not batches:  # a batched prefill's reads come before any selection
+                batches.append([])
             batches[-1].extend(slices)
             return original_submit(slices, buffer)
 
