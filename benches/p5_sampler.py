@@ -11,9 +11,11 @@ compute-bound cell is also where the sampler's share of the CPU would show most.
 
 On a shared machine run-to-run noise (other tenants, frequency changes) can be many times
 the 1% the bar allows, so the bench also prints the median of the per-pair ratios with its
-spread, and the sampler's own CPU time (this process's CPU while a cell runs: the main
-thread sleeps waiting for the child, so it is the sampler thread's, sink included), which
-bounds the slowdown it can cause: at most its share of one core.
+spread, and the sampler's own CPU time, which bounds the slowdown it can cause: at most
+its share of one core. It is this process's CPU while a cell runs with the sampler, less
+the same while a cell runs without (what starting and reaping the child costs this
+process either way; the main thread otherwise sleeps in waitpid), so what is left is the
+sampler thread's, sink included.
 
     python benches/p5_sampler.py [--pairs 5] [--tokens 64] [--hz 10]
 """
@@ -59,7 +61,7 @@ def main() -> None:
     with_s: list[float] = []
     without: list[float] = []
     ticks = gaps = 0
-    sampler_cpu = sampled_wall = 0.0
+    sampler_cpu = sampled_wall = bare_cpu = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         out, samples = Path(tmp) / "run.json", Path(tmp) / "samples.jsonl"
         run_cell(a.model, a.tokens, out)  # warm-up: page cache, imports; not counted
@@ -75,7 +77,9 @@ def main() -> None:
                 with_s.append(tok_s)
                 sampler_cpu, sampled_wall = sampler_cpu + cpu, sampled_wall + wall
                 ticks, gaps = ticks + sampler.ticks, gaps + sampler.gaps
-                without.append(run_cell(a.model, a.tokens, out)[0])
+                tok_s, cpu, _ = run_cell(a.model, a.tokens, out)
+                without.append(tok_s)
+                bare_cpu += cpu
                 print(f"pair {i + 1}: with sampler {with_s[-1]:8.2f} tok/s   "
                       f"without {without[-1]:8.2f} tok/s   ratio "
                       f"{with_s[-1] / without[-1]:.3f}   ({sampler.ticks} samples)")
@@ -84,12 +88,14 @@ def main() -> None:
     pair_ratios = sorted(w / wo for w, wo in zip(with_s, without))
     q1, _, q3 = statistics.quantiles(pair_ratios, n=4) if len(pair_ratios) > 1 else [
         pair_ratios[0]] * 3
-    share = sampler_cpu / sampled_wall
+    share = max(0.0, sampler_cpu - bare_cpu) / sampled_wall
     print(f"median tok/s: with sampler {med_with:.2f}, without {med_without:.2f}")
     print(f"per-pair ratios: median {statistics.median(pair_ratios):.3f}, "
           f"quartiles {q1:.3f}-{q3:.3f} (the machine's run-to-run noise)")
     print(f"sampler: {ticks} ticks, {gaps} gaps, {lines} sample lines; CPU "
-          f"{share * 1e3:.2f} ms per second ({share:.2%} of one core): it can slow a cell "
+          f"{share * 1e3:.2f} ms per second beyond a run without it ({share:.2%} of one "
+          f"core; {sampler_cpu * 1e3 / a.pairs:.1f} against {bare_cpu * 1e3 / a.pairs:.1f} "
+          "ms of this process's CPU per cell): it can slow a cell "
           f"by at most that, ratio >= {1 - share:.4f}")
     print(f"P5 tok/s with sampler / without (ratio of medians): {med_with / med_without:.3f}"
           "  bar >= 0.99")
