@@ -100,6 +100,8 @@ def test_the_key_check_finds_a_literal(tmp_path: Path) -> None:
     ("records", ("abbench.errors", "abbench.fsutil", "abbench.records")),
     ("sim", ("abbench.errors", "abbench.fsutil", "abbench.records", "abbench.sensors",
              "abbench.sim")),
+    ("fleet", ("abbench.errors", "abbench.fsutil", "abbench.records", "abbench.sensors",
+               "abbench.sim", "abbench.fleet")),
 ])
 def test_the_lower_layers_import_only_what_is_below_them(package: str,
                                                          allowed: tuple[str, ...]) -> None:
@@ -213,3 +215,18 @@ def test_an_engine_cell_does_not_load_scipy(tiny_model: Path) -> None:
                        timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "0 []", p.stdout
+
+
+def test_ray_is_imported_only_by_the_fleet_runner() -> None:
+    """Ray is an extra (`.[fleet]`): nothing else may need it."""
+    def imports_ray(path: Path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n == "ray" or n.startswith("ray.") for n in names):
+                return True
+        return False
+
+    users = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+             if imports_ray(path)}
+    assert users == {"fleet/runner.py"}

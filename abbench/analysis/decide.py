@@ -118,7 +118,7 @@ class Decision:
 WORSE = {"tok_per_s": "slower", "energy_per_token": "costlier in energy per token"}
 
 
-def _verdict(ratio: Interval, expect: str, min_effect: float, max_regression: float | None,
+def verdict_of(ratio: Interval, expect: str, min_effect: float, max_regression: float | None,
              noise: Noise, worse: str = "slower") -> tuple[str, str]:
     if not noise.known:
         return INCONCLUSIVE, (f"ratio {ratio.estimate:.3f}, but the cell-to-cell noise is "
@@ -312,7 +312,7 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
                   for p in behind]
     weights = _weights([(p.candidate, p.baseline) for p in with_ratio])
     pooled, se, token_se = contrast(by, weights, noise, alpha)
-    verdict, reason = _verdict(pooled, expect, min_effect, max_regression, noise,
+    verdict, reason = verdict_of(pooled, expect, min_effect, max_regression, noise,
                                WORSE.get(spec.metric, "slower"))
     threshold = 1.0 - (max_regression or 0.0) if expect == "not-slower" else 1.0 + min_effect
     settle = None

@@ -43,6 +43,7 @@ from abbench.campaign.tables import (
     CellSpec,
     Decision,
     DeviceTable,
+    FleetTable,
     GateTable,
     MatchTable,
     Sweep,
@@ -66,7 +67,8 @@ __all__ = [
     "GateTable", "MatchTable", "Sweep", "WorkloadTable", "load_campaign", "resolved_toml",
 ]
 
-TOP_KEYS = ("campaign", "device", "gate", "match", "workload", "cells", "decision", "sweep")
+TOP_KEYS = ("campaign", "device", "gate", "match", "workload", "cells", "decision", "sweep",
+            "fleet")
 _SYNTHETIC = re.compile(r"synthetic:[A-Za-z0-9_-]+(@[0-9]+)?\Z")
 
 _TABLE_KEYS = {
@@ -75,6 +77,7 @@ _TABLE_KEYS = {
     "gate": [f.name for f in fields(GateTable)],
     "match": [f.name for f in fields(MatchTable)],
     "workload": list(WORKLOAD_KEYS),
+    "fleet": [f.name for f in fields(FleetTable)],
 }
 
 
@@ -103,6 +106,7 @@ class CampaignSpec:
     cells: dict[str, CellSpec] = field(default_factory=dict)  # file order, then sweeps
     decisions: tuple[Decision, ...] = ()
     sweeps: tuple[Sweep, ...] = ()
+    fleet: FleetTable = field(default_factory=FleetTable)  # for `abbench fleet` only
 
     def __post_init__(self) -> None:
         if not self.cells:
@@ -213,6 +217,7 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
     campaign = build(CampaignTable, campaign_raw, ("campaign",), **given)
     device = build(DeviceTable, doc.get("device", {}), ("device",))
     gate = build(GateTable, doc["gate"], ("gate",)) if "gate" in doc else None
+    fleet = build(FleetTable, doc.get("fleet", {}), ("fleet",))
     match = build(MatchTable, doc.get("match", {}), ("match",))
     workload = _workload(as_table(("workload",), doc.get("workload", {})))
     layers = _cell_layers(doc.get("cells"))
@@ -240,7 +245,7 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
                             device.transport) for name in layers}
     return CampaignSpec(path=path, source_text=text, campaign=campaign, device=device,
                         gate=gate, match=match, workload=workload, cells=cells,
-                        decisions=decisions, sweeps=tuple(sweeps))
+                        decisions=decisions, sweeps=tuple(sweeps), fleet=fleet)
 
 
 def _workload(raw: dict[str, Any]) -> WorkloadTable:

@@ -140,6 +140,20 @@ class DeviceTable:
 
 
 @dataclass(frozen=True)
+class FleetTable:
+    """`[fleet]`: the devices `abbench fleet` runs the campaign on (`abbench campaign`
+    ignores it). `sim:PROFILE#N` is N simulated devices, `sim:PROFILE#1` .. `#N`."""
+
+    devices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for i, device in enumerate(self.devices):
+            if not _TRANSPORT.match(device):
+                fail(("devices", i), f"{show(device)} is not a device",
+                     tip="one of `local`, `adb:SERIAL`, `ssh:HOST`, `sim:PROFILE#N`")
+
+
+@dataclass(frozen=True)
 class GateTable:
     """`[gate]`: before each cell, wait until every condition set holds (or `timeout_s`)."""
 

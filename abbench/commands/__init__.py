@@ -6,6 +6,7 @@ from abbench.commands import (
     calibrate,
     campaign,
     engine,
+    fleet,
     imports,
     model,
     replay,
@@ -16,6 +17,7 @@ from abbench.commands import (
 )
 
 # In the order `abbench --help` lists them.
-COMMANDS = (campaign, calibrate, engine, imports, model, replay, report, sensors, sentinels, sim)
+COMMANDS = (campaign, calibrate, engine, fleet, imports, model, replay, report, sensors,
+            sentinels, sim)
 
 __all__ = ["COMMANDS"]

@@ -23,7 +23,8 @@ One module per format: `journal` (journal.jsonl, samples.jsonl), `plan` (plan.js
 `history` (the device history and noise-floor.json), `provenance` (import.json), `cell_files`
 (a cell's summary.json and tokens.csv), `bmoe_csv` (the seed engine's per-token CSV),
 `route_trace` (route-trace CSV), `summary` (the engine's run JSON and `generation:` line),
-`keys` (every sample key), `jsonl` (the file mechanics), `schema` (the one validator).
+`keys` (every sample key), `fleet` (a fleet folder: fleet.json, fleet-journal.jsonl),
+`jsonl` (the file mechanics), `schema` (the one validator).
 """
 
 from abbench.errors import RecordError

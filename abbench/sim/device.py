@@ -112,7 +112,8 @@ class SimulatedDevice(Device):
     """A `Device` whose tree is written by a `ThermalModel` (see the module docstring)."""
 
     def __init__(self, profile: Profile, spec: str | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, background: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, background: bool = True,
+                 name: str | None = None) -> None:
         self.profile = profile
         self._profile_toml: str | None = None  # the profile's text, kept with a run
         self.model = ThermalModel(profile)
@@ -129,8 +130,8 @@ class SimulatedDevice(Device):
         self._duty: threading.Thread | None = None
         self._write_static()
         self._write_dynamic()
-        super().__init__(LocalTransport(self.root), f"sim-{profile.name}", simulated=True,
-                         clock=clock)
+        super().__init__(LocalTransport(self.root), name or f"sim-{profile.name}",
+                         simulated=True, clock=clock)
         self.transport = spec or f"sim:{profile.name}"
         self.kind = "sim"
         self._closed = threading.Event()
@@ -303,13 +304,19 @@ class SimulatedDevice(Device):
 
 
 def open_simulated(spec: str) -> SimulatedDevice:
-    """`sim:NAME` or `sim:PATH.toml` as a running SimulatedDevice."""
+    """`sim:NAME` or `sim:PATH.toml` as a running SimulatedDevice; `sim:NAME#N` is the Nth
+    of several such devices (a fleet's): its own name, so its own device history."""
     _, _, arg = spec.partition(":")
+    arg, hash_, instance = arg.partition("#")
     if not arg:
         raise UsageError("`sim:` needs a profile",
                          tip="shipped profiles: " + ", ".join(
                              f"sim:{n}" for n in shipped_profiles()))
+    if hash_ and not (instance.isdigit() and int(instance) >= 1):
+        raise UsageError(f"`{spec}`: the device number after `#` must be 1 or more")
     text, source = profile_text(arg)
-    device = SimulatedDevice(profile_from_text(text, source), spec)
+    profile = profile_from_text(text, source)
+    device = SimulatedDevice(profile, spec, name=f"sim-{profile.name}-{int(instance)}"
+                             if hash_ else None)
     device._profile_toml = text
     return device
