@@ -53,8 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "of starting Ray embedded")
     p.add_argument("--out", default="reports", metavar="DIR",
                    help="where the fleet folder is created (default: reports/)")
-    p.add_argument("--sentinels", default="sentinels", metavar="DIR",
-                   help="the device history folder on each host (default: sentinels/)")
+    p.add_argument("--sentinels", default=None, metavar="DIR",
+                   help="the device history folder on each host (default: sentinels/; "
+                   "a resumed fleet: the one it started with)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the devices, print which runs where and the plan; run nothing")
     p.add_argument("--resume", metavar="FLEET",
@@ -100,13 +101,14 @@ def run(a: argparse.Namespace) -> int:
     address = runner.connect(a.address, devices)
     try:
         fleet = new_run_folder(Path(a.out), f"fleet-{spec.campaign.name}")
+        sentinels = Path(a.sentinels or "sentinels").resolve()
         fplan = FleetPlan(spec.campaign.name, str(a.file), tuple(devices), time.time(),
-                          address)
+                          address, str(sentinels))
         atomic_write_text(fleet / FLEET_PLAN_FILE, json.dumps(fplan.to_json()) + "\n")
-        atomic_write_text(fleet / FLEET_CAMPAIGN_FILE, spec.source_text)
+        atomic_write_text(fleet / FLEET_CAMPAIGN_FILE, resolved_toml(spec))
         print(f"fleet {fleet}: {spec.campaign.name} on {len(devices)} devices, "
               f"{len(plan.cells)} cells each", file=sys.stderr)
-        jobs = [_job(spec, d, fleet, Path(a.sentinels)) for d in devices]
+        jobs = [_job(spec, d, fleet, sentinels) for d in devices]
         _run(jobs, fleet)
     finally:
         runner.shutdown()
@@ -135,13 +137,15 @@ def _resume(fleet: Path, a: argparse.Namespace) -> int:
     if not (a.address or fplan.ray_address):
         _check_local(todo)
     runner.connect(a.address or fplan.ray_address or None, todo)
+    sentinels = Path(a.sentinels or fplan.sentinels or "sentinels")
     try:
         jobs = []
         for d in todo:
             run_name = _resumable(fleet / device_folder(d))
-            job = _job(spec, d, fleet, Path(a.sentinels))
-            if run_name:
-                job = dataclasses.replace(job, resume_run=run_name)
+            job = _job(spec, d, fleet, sentinels)
+            if run_name:  # a host with its own copy resumes that; another gets this one
+                copy = runner.tar_folder(fleet / device_folder(d) / run_name)
+                job = dataclasses.replace(job, resume_run=run_name, resume_tar=copy)
             jobs.append(job)
         _run(jobs, fleet)
     finally:

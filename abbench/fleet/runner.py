@@ -106,7 +106,7 @@ class DeviceJob:
     driver_node: str  # the driver's Ray node: a task there writes into `fleet` directly
     sentinels: str  # the device history folder
     resume_run: str = ""  # the run folder's name to resume ("" to start)
-    resume_tar: bytes = b""  # that run folder, for a host that does not have it
+    resume_tar: bytes = b""  # that run folder as the fleet has it, for a host without its own
 
 
 def run_device(job: DeviceJob, journal: Any) -> dict[str, Any]:
@@ -139,7 +139,7 @@ def run_device(job: DeviceJob, journal: Any) -> dict[str, Any]:
     run = job.resume_run or (runs[-1] if runs else "")
     status = "done" if p.returncode in (0, 1, 3) and run else (
         "interrupted" if run else "failed")
-    tar = _tar(out / run) if run and not here else b""
+    tar = tar_folder(out / run) if run and not here else b""
     return {"device": job.device, "host": host, "node": node, "exit": p.returncode,
             "status": status, "run": run, "device_class": cls, "tar": tar,
             "error": "" if status == "done" else (p.stderr or p.stdout)[-TAIL:],
@@ -156,7 +156,7 @@ def _interrupt_with_parent() -> None:
         pass
 
 
-def _tar(folder: Path) -> bytes:
+def tar_folder(folder: Path) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
         tf.add(folder, arcname=folder.name)

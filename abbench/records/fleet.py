@@ -3,7 +3,8 @@
 ```
 FLEET/
   fleet.json             FleetPlan: the campaign, its devices, where Ray ran
-  campaign.toml          the campaign file as given (each device's run folder holds its own)
+  campaign.toml          the campaign as resolved (absolute paths; each device's run folder
+                         holds its own, with its device)
   fleet-journal.jsonl    one FleetEvent per device campaign started or ended (appended)
   DEVICE/RUN/            each device's run folder, an ordinary campaign's (`device_folder`)
   fleet-report.md|json   rendered by `abbench fleet --report FLEET`
@@ -41,6 +42,7 @@ class FleetPlan:
     devices: tuple[str, ...]  # transports, in order (`sim:PROFILE#N` expanded)
     t_wall: float  # when the fleet started
     ray_address: str = ""  # "" when Ray ran embedded in the `abbench fleet` process
+    sentinels: str = ""  # the device history folder the campaigns used (each host's)
 
     def __post_init__(self) -> None:
         if not self.devices:
