@@ -78,3 +78,18 @@ def test_a_device_without_a_ratio_is_named_not_counted() -> None:
     assert nothing.verdict == OWED and nothing.ratio is None
     one = combine("B", "A", "phone", [("d1", _decision(1.2, 0.01, min_effect=0.05), "")])
     assert one.verdict == GO and "one device: its own interval" in one.reason
+
+
+def test_a_campaign_that_did_not_finish_is_shown_not_counted() -> None:
+    from types import SimpleNamespace
+
+    from abbench.analysis.fleet import DeviceOutcome, _entry, _fleet_exit
+
+    part = SimpleNamespace(decisions=[_decision(1.3, 0.01)])
+    done = DeviceOutcome("d1", "c", "done", None, part, note="")  # type: ignore[arg-type]
+    cut = DeviceOutcome("d2", "c", "interrupted", None, part, note="")  # type: ignore[arg-type]
+    assert _entry(done, "B", "A")[1] is not None
+    assert _entry(cut, "B", "A") == ("d2", None, "its campaign did not finish (interrupted)")
+    go = combine("B", "A", "all devices", [_entry(done, "B", "A")])
+    assert go.verdict == GO
+    assert _fleet_exit([go], [done]) == 0 and _fleet_exit([go], [done, cut]) == 3

@@ -165,8 +165,10 @@ def combine(candidate: str, baseline: str, scope: str, entries: Sequence[Entry],
 
 
 def _entry(o: DeviceOutcome, candidate: str, baseline: str) -> Entry:
-    if o.analysis is None:
-        return o.device, None, o.note or f"no campaign result ({o.status})"
+    """The device's decision of the question; none from a campaign that did not finish
+    (its report shows what it has; the fleet does not count a part of a campaign)."""
+    if o.analysis is None or o.status != "done":
+        return o.device, None, o.note or f"its campaign did not finish ({o.status})"
     d = next((d for d in o.analysis.decisions
               if d.candidate == candidate and d.baseline == baseline), None)
     return o.device, d, "" if d is not None else "its campaign did not ask this"
@@ -227,6 +229,6 @@ def _fleet_exit(combined: Sequence[Combined], devices: Sequence[DeviceOutcome]) 
     codes = [{GO: 0, NO_GO: 1}.get(c.verdict, 3) for c in combined]
     if 1 in codes:
         return 1
-    if 3 in codes or any(o.analysis is None for o in devices):
+    if 3 in codes or any(o.analysis is None or o.status != "done" for o in devices):
         return 3
     return 0
