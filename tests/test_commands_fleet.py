@@ -138,14 +138,10 @@ print(json.dumps([r["status"] for r in results]))
 def test_two_campaigns_on_one_device_never_overlap(tiny_model: Path, tmp_path: Path) -> None:
     """The device's Ray resource is one unit: a second campaign for the same device waits
     for the first (from the two run folders' journals)."""
-    import dataclasses
-
     from abbench.campaign.schema import load_campaign, resolved_toml
 
     spec = load_campaign(fleet_campaign(tmp_path, tiny_model, ["sim:phone#1"],
-                                        order='["A", "B"]'))
-    spec = dataclasses.replace(spec, device=dataclasses.replace(spec.device,
-                                                                transport="sim:phone#1"))
+                                        order='["A", "B"]')).on("sim:phone#1")
     toml = tmp_path / "device.toml"
     toml.write_text(resolved_toml(spec))
     fleet = tmp_path / "fleet"
@@ -185,6 +181,23 @@ def test_dry_run_shows_where_each_device_runs(tiny_model: Path, tmp_path: Path) 
                          "sim:phone#2: this machine (Ray embedded)"]
     assert lines[2].startswith("plan ft: 3 cells on sim:phone#1")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_worker_shows_what_its_host_offers(tmp_path: Path) -> None:
+    p = abbench("fleet", "worker", "--address", "127.0.0.1:6379", "--sim", "phone#2",
+                "--local", "--no-adb", "--dry-run", timeout=120)
+    assert p.returncode == 0, p.stderr
+    host = socket.gethostname()
+    lines = p.stdout.splitlines()
+    assert lines[:3] == [f"{host} offers local", f"{host} offers sim:phone#1",
+                         f"{host} offers sim:phone#2"]
+    assert lines[3].endswith('start --address=127.0.0.1:6379 --resources={"device:local":1,'
+                             '"device:sim:phone#1":1,"device:sim:phone#2":1} --block')
+    p = abbench("fleet", "worker", "--sim", "phone", timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("ERROR: a worker joins a cluster")
+    p = abbench("fleet", "worker", "--address", "127.0.0.1:1", "--no-adb", timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.startswith("ERROR: this host has no device to offer"), p.stderr
 
 
 def _wait_for(condition, timeout: float = 90.0, what: str = "") -> None:  # type: ignore[no-untyped-def]

@@ -56,6 +56,22 @@ def test_lru_evicts_least_recently_used_and_a_hit_refreshes() -> None:
     assert cache.resident_bytes == 3 * NBYTES
 
 
+def test_a_complete_cache_keeps_no_recency_until_an_entry_leaves() -> None:
+    cache = cache_of(3)
+    for e in (0, 1, 2):
+        run_batch(cache, 0, [e])
+    cache.complete = True  # what a resident runner sets once every expert is preloaded
+    run_batch(cache, 0, [0])
+    assert cache.retain([(0, 1), (0, 9)]) == 2  # every key counts: all are resident
+    assert list(cache.entries) == [(0, 0), (0, 1), (0, 2)]  # nothing reordered
+    assert cache.counters.hits == 1
+    cache.drop((0, 2))
+    assert not cache.complete
+    run_batch(cache, 0, [0])
+    assert list(cache.entries) == [(0, 1), (0, 0)]  # recency again
+    assert cache.retain([(0, 1), (0, 9)]) == 1
+
+
 def test_budget_counts_bytes_and_never_overflows() -> None:
     cache = ExpertCache(2 * NBYTES + NBYTES // 2)  # room for two and a half experts
     for e in range(10):

@@ -510,3 +510,16 @@ def test_deferred_retention_leaves_the_lru_as_retention_at_once(
     evictions = deferred[-1][4]
     assert isinstance(evictions, int) and evictions > 0, "a cache too large tests nothing"
     assert any(state[5] for state in deferred), "nothing predicted was resident"
+
+
+def test_a_resident_run_retains_every_prediction(tiny_model: Path) -> None:
+    """Every expert is resident, so each decode step retains all k predictions of every
+    layer but the first (the shortcut of a complete cache counts what it would refresh)."""
+    cfg = EngineConfig(model=str(tiny_model), prompt="Retain me", n_tokens=5, seed=3,
+                       resident=True, predict_prefetch=True, predict_spec_max=0)
+    with Engine(cfg, tiny_model) as engine:
+        assert engine.runner.cache.complete
+        result = engine.run()
+        n_layer, k = len(engine.model.layers), engine.model.k
+    decode = [r for r in result.records if r.phase == 1]
+    assert decode and all(r.retained == (n_layer - 1) * k for r in decode)

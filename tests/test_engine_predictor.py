@@ -326,11 +326,13 @@ def test_default_preset_shape() -> None:
     assert sum(early) / 3 < sum(late) / 4, p.stdout
 
 
-def _predicted_run(path: Path, fused: bool) -> tuple[Any, ...]:
+def _predicted_run(path: Path, fused: bool, resident: bool = False) -> tuple[Any, ...]:
     """Tokens, per-layer routing with the stale-gate prediction made there, and the scores
-    of a predicting run, with the router GEMV fused with the next layer's or not."""
+    of a predicting run, with the router GEMV fused with the next layer's or not (resident:
+    the fused GEMV split with the partner process, where the machine has one)."""
     cfg = EngineConfig(model=str(path), prompt="Predict me", n_tokens=N_TOKENS, seed=3,
-                       cache_mib=1.0, predict_log=True, predict_prefetch=True)
+                       cache_mib=1.0, resident=resident, threads=2,
+                       predict_log=True, predict_prefetch=True)
     with Engine(cfg, path) as engine:
         predictor = engine.predictor
         assert predictor is not None
@@ -361,3 +363,5 @@ def test_the_fused_router_gemv_predicts_and_routes_as_two_gemvs(
     # the same routing and the same stale-gate predictions, bit for bit, as two GEMVs.
     path: Path = request.getfixturevalue(f"{preset}_model")
     assert _predicted_run(path, fused=True) == _predicted_run(path, fused=False)
+    assert _predicted_run(path, True, resident=True) == _predicted_run(path, False,
+                                                                      resident=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -107,6 +107,11 @@ class CampaignSpec:
     decisions: tuple[Decision, ...] = ()
     sweeps: tuple[Sweep, ...] = ()
     fleet: FleetTable = field(default_factory=FleetTable)  # for `abbench fleet` only
+
+    def on(self, transport: str) -> CampaignSpec:
+        """The same campaign on another device (`[device] transport`): a calibration's
+        `--device`, each device of a fleet."""
+        return replace(self, device=replace(self.device, transport=transport))
 
     def __post_init__(self) -> None:
         if not self.cells:

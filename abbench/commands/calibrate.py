@@ -50,11 +50,10 @@ def calibration_like(path: Path, cells: int, device: str | None) -> CampaignSpec
     table = dataclasses.replace(c, name=f"calibrate-{c.name}"[:100], order=(name,) * cells,
                                 sentinel_every=None, repeat=1, until=None, max_cells=None,
                                 max_minutes=None)
-    devices = spec.device if device is None else dataclasses.replace(spec.device,
-                                                                     transport=device)
     try:
-        return dataclasses.replace(spec, campaign=table, device=devices,
-                                   cells={name: spec.cells[name]}, decisions=(), sweeps=())
+        return dataclasses.replace(spec if device is None else spec.on(device),
+                                   campaign=table, cells={name: spec.cells[name]},
+                                   decisions=(), sweeps=())
     except AbbenchError as e:
         raise UsageError(f"--like {path}: {e.message}", e.tip) from None
 

@@ -90,7 +90,7 @@ def run(a: argparse.Namespace) -> int:
     devices = expand(a.device or list(spec.fleet.devices))
     if not a.address:
         _check_local(devices)
-    plan = plan_campaign(_on(spec, devices[0]))
+    plan = plan_campaign(spec.on(devices[0]))
     if a.dry_run:
         for d in devices:
             print(f"{d}: " + ("this machine (Ray embedded)" if not a.address
@@ -194,12 +194,8 @@ def _report(fleet: Path) -> int:
     return analysis.exit_status
 
 
-def _on(spec: CampaignSpec, device: str) -> CampaignSpec:
-    return dataclasses.replace(spec, device=dataclasses.replace(spec.device, transport=device))
-
-
 def _job(spec: CampaignSpec, device: str, fleet: Path, sentinels: Path) -> runner.DeviceJob:
-    return runner.DeviceJob(device=device, campaign_toml=resolved_toml(_on(spec, device)),
+    return runner.DeviceJob(device=device, campaign_toml=resolved_toml(spec.on(device)),
                             fleet=str(fleet.resolve()), driver_node=runner.driver_node(),
                             sentinels=str(sentinels.resolve()))
 
