@@ -13,16 +13,30 @@ alternate, round after round, so the host's drift falls on both alike; each roun
 is printed and the median is the figure.
 
     python benches/p7_vs_llamacpp.py [--model synthetic:default] [--rounds 5] [--threads 2]
+
+The engine's GEMMs are numpy's OpenBLAS, which picks its kernels from the CPU when it
+loads, unless `OPENBLAS_CORETYPE` names them. Some machines set it (with
+`OPENBLAS_L2_SIZE`) for older OpenBLAS builds; on an AVX-512 CPU that pins a current numpy
+to AVX2 kernels a user's machine would not run: measured here, a GEMM of 8 rows is as fast
+(per 1 MiB matrix), of 16 rows 1.3x and of 63 rows 1.5x slower on them. To
+measure what users get, run the bench with both unset in that command alone:
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benches/p7_vs_llamacpp.py
+
+The first line printed names the kernels in use (threadpoolctl).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from threadpoolctl import threadpool_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -72,6 +86,10 @@ def main() -> None:
     model = Path(resolve_model(a.model))
     print(f"model: {a.model} ({model}), {a.threads} threads, {a.tokens} tokens, "
           f"{a.rounds} alternating rounds; llama.cpp 0c1e570 (llama-cpp-python sdist)")
+    blas = [f"{i['internal_api']} {i.get('version')} {i.get('architecture')}"
+            for i in threadpool_info() if i["user_api"] == "blas"]
+    print(f"numpy BLAS: {', '.join(blas) or 'unknown'}; OPENBLAS_CORETYPE="
+          f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     p7, p8 = [], []
     for i in range(a.rounds):
         ours = embedded(model, a.threads, a.tokens)

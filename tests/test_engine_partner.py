@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from test_engine_compute import make_buffers
+from threadpoolctl import threadpool_limits
 
 from abbench.engine import partner
-from abbench.engine.compute import ComputeTeam, Job, matvec
+from abbench.engine.compute import ComputeTeam, Job, matmul_t, matvec, rows_task
 from abbench.engine.partner import SPIN_S, Partner
 from abbench.engine.streamer import ExpertBuffer
 from abbench.errors import EngineError
@@ -130,3 +131,45 @@ def test_the_child_ends_when_its_parent_dies() -> None:
         time.sleep(0.02)
     os.kill(pid, signal.SIGKILL)
     pytest.fail(f"the partner {pid} outlived its parent")
+
+
+def test_a_prefill_batch_is_the_same_bits_as_the_callers(setup) -> None:
+    p, bufs, _ = setup
+    rng = np.random.default_rng(4)
+    n, k = 5, 3
+    p.close()
+    p = Partner([], bufs, D, FF, k, max_rows=n)
+    try:
+        x = rng.standard_normal((n, D)).astype(np.float32)
+        ids = np.array([rng.choice(len(bufs), k, replace=False) for _ in range(n)])
+        tasks = [(bufs[e], np.flatnonzero(ids.ravel() == e)) for e in np.unique(ids)]
+        ours, ref = np.full((n * k, D), np.nan, np.float32), np.full((n * k, D), np.nan,
+                                                                     np.float32)
+        assert p.run_rows(x, k, tasks, ours)
+        for buf, slots in tasks:
+            rows_task(buf, x, k, slots, ref)
+        np.testing.assert_array_equal(ours, ref)
+        assert not np.isnan(ours).any()  # every slot computed, half of them there
+        # Declined, computing nothing: a batch past the shared block, an unknown expert.
+        assert not p.run_rows(np.zeros((n + 1, D), np.float32), k, tasks, ours)
+        stranger = buffers(np.random.default_rng(5), 1)[0]
+        assert not p.run_rows(x, k, [(stranger, np.arange(2))], ours)
+    finally:
+        p.close()
+
+
+def test_a_batch_through_a_dense_matrix_is_the_same_bits_as_the_callers_split(setup) -> None:
+    p, bufs, mats = setup
+    p.close()
+    n = 7
+    p = Partner(mats, bufs, D, FF, K, max_rows=n)
+    rng = np.random.default_rng(6)
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):  # as in a run: BLAS's threads
+            for w in mats:  # change a GEMM's bits
+                x = rng.standard_normal((n, D)).astype(np.float32)
+                np.testing.assert_array_equal(p.matmul_t(x, w), matmul_t(x, w))
+            more = rng.standard_normal((n + 1, D)).astype(np.float32)  # past the block
+            np.testing.assert_array_equal(p.matmul_t(more, mats[0]), matmul_t(more, mats[0]))
+    finally:
+        p.close()

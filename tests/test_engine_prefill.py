@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
-from abbench.engine import session
+from abbench.engine import partner, session
 from abbench.engine.config import EngineConfig
 from abbench.engine.session import Engine, TokenRecord
 
@@ -123,3 +124,29 @@ def test_a_long_prompt_runs_in_batches(small_model: Path,
     assert [r.tokens for r in chunked.prefill] == [16] * (n // 16) + [n % 16] * (n % 16 > 0)
     assert [r.step for r in chunked.prefill] == list(range(1, len(chunked.prefill) + 1))
     assert chunked.output_ids == whole.output_ids
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_the_batch_is_the_same_bits_on_one_thread_or_two(small_model: Path,
+                                                         resident: bool) -> None:
+    """Two threads run the batch's experts on the partner process (resident) or the
+    prefill threads (streaming): every expert's GEMMs are still one thread's, so the keys,
+    values and logits are the very bits of one thread's."""
+    extra: dict[str, object] = {} if resident else {"resident": False, "cache_mib": 64}
+    one, two = _config(small_model, **extra), _config(small_model, threads=2, **extra)
+    # BLAS on one thread, as `Engine.run` sets it (a GEMM's bits depend on BLAS's threads)
+    with Engine(one, small_model) as a, Engine(two, small_model) as b, \
+            threadpool_limits(limits=1, user_api="blas"):
+        prompt = a.prompt_ids
+        n = len(prompt)
+        if resident and partner.supported():
+            assert b.runner.team.max_rows == n - 1  # sized for this prompt's batch
+        a.model.prefill(prompt[:-1], 0)
+        b.model.prefill(prompt[:-1], 0)
+        for mine, theirs in zip(a.model.layers, b.model.layers):
+            np.testing.assert_array_equal(mine.attention.k_cache[:, :n],
+                                          theirs.attention.k_cache[:, :n])
+            np.testing.assert_array_equal(mine.attention.v_cache[:, :n],
+                                          theirs.attention.v_cache[:, :n])
+        np.testing.assert_array_equal(a.model.forward(prompt[-1], n - 1, 1),
+                                      b.model.forward(prompt[-1], n - 1, 1))

@@ -46,6 +46,7 @@ class Job:
 Task = tuple[bool, int]  # (is a down task, index into the batch's jobs)
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # one job's scratch, see below
 MatVec = Callable[..., np.ndarray]  # (w, x, out=None) → w @ x, as `matvec`
+MatMulT = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, w) → x @ w.T, as `matmul_t`
 SPLIT_MIN_BYTES = 64 * 1024  # smaller matrices are one GEMV: not worth a second core
 
 
@@ -105,6 +106,17 @@ def expert_rows(buf: ExpertBuffer, x: np.ndarray) -> np.ndarray:
     return (buf.down @ act).T  # (d, ff) @ (ff, m) → (d, m), seen as (m, d)
 
 
+RowTask = tuple[ExpertBuffer, np.ndarray]  # an expert and its slots of a prefill batch
+
+
+def rows_task(buf: ExpertBuffer, x: np.ndarray, k: int, slots: np.ndarray,
+              y: np.ndarray) -> None:
+    """One expert of a prefill batch: `slots` are flat (token, routing slot) indices
+    token * k + slot of the batch's (n, k) routing that chose it (x: (n, d), y: (n * k, d))
+    → y[slots] = its outputs for those tokens."""
+    y[slots] = expert_rows(buf, x[slots // k])  # (m, d)
+
+
 def split_rows(w: np.ndarray) -> int:
     """Where a large GEMV is split in two (half the rows, on a 16-row boundary), 0 if not.
 
@@ -124,6 +136,18 @@ def matvec(w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.nd
         np.matmul(w[s:], x, out=out[s:])  # (m - s,)
     else:
         np.matmul(w, x, out=out)
+    return out
+
+
+def matmul_t(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ w.T on the calling thread, w's rows split as `split_rows` says (x: (n, k),
+    w: (m, k)) → (n, m): a prefill batch through a dense matrix, as `matvec` splits it."""
+    s = split_rows(w)
+    if not s:
+        return x @ w.T  # (n, m)
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)  # (n, m)
+    np.matmul(x, w[:s].T, out=out[:, :s])  # (n, s)
+    np.matmul(x, w[s:].T, out=out[:, s:])  # (n, m - s)
     return out
 
 
@@ -193,6 +217,7 @@ class ComputeTeam:
         return starved_seconds(batch.waits, batch.finished, t_start, time.perf_counter())
 
     matvec = staticmethod(matvec)
+    matmul_t = staticmethod(matmul_t)
 
     def close(self) -> None:
         for inbox in self._inboxes:

@@ -35,7 +35,7 @@ import numpy as np
 
 from abbench.engine import partner
 from abbench.engine.cache import ExpertCache, Key
-from abbench.engine.compute import ComputeTeam, Job, expert_rows
+from abbench.engine.compute import ComputeTeam, Job, rows_task
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.policies import (
     Policies,
@@ -158,15 +158,16 @@ class ExpertRunner:
             self._preload()
             self.cache.complete = True
 
-    def start_partner(self, matrices: Sequence[np.ndarray]) -> bool:
+    def start_partner(self, matrices: Sequence[np.ndarray], max_rows: int = 0) -> bool:
         """With every expert resident and more than one thread, hand half of each layer's
         work to a partner process instead of the thread team (see `partner.py`);
-        `matrices` are the dense ones the model multiplies through `team.matvec`."""
+        `matrices` are the dense ones the model multiplies through `team.matvec`, and
+        `max_rows` the most tokens a prefill pass gives it."""
         if not (self.resident and self.team.threads > 1 and partner.supported()):
             return False
         max_k, d = self.out.shape
         ff = max((le.ff for le in self.layout), default=1)
-        team = partner.Partner(matrices, self.cache.entries.values(), d, ff, max_k)
+        team = partner.Partner(matrices, self.cache.entries.values(), d, ff, max_k, max_rows)
         self.team.close()
         self.team = team
         return True
@@ -395,26 +396,41 @@ class ExpertRunner:
 
     def _run_batch(self, layer: int, x: np.ndarray, ids: np.ndarray, keep: np.ndarray,
                    union: list[int], load: Load, y: np.ndarray) -> None:
-        """Each expert of the union as one GEMM over its rows of x (n, d), into y (n, k, d),
-        on `--threads` threads (numpy releases the GIL in a GEMM; each expert's GEMMs are
-        one thread's, on one BLAS thread, so the bits do not depend on who ran it):
-        resident ones first, then each read as it lands (without --overlap, every read is
-        waited for first). The stall is the time spent waiting on reads, per thread."""
-        jobs = [(job.slot, job.buffer, None) for job in load.resident]
-        jobs += [(slot, buf, t) for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
+        """Each expert of the union as one GEMM over its rows of x (n, d), into y (n, k, d).
+        With a partner and every expert resident, half the experts run there (`partner.py`);
+        otherwise on `--threads` threads (numpy releases the GIL in a GEMM), resident ones
+        first, then each read as it lands (without --overlap, every read is waited for
+        first). Each expert's GEMMs are one thread's, on one BLAS thread, so the bits do not
+        depend on who ran it. The stall is the time spent waiting on reads, per thread."""
+        n, k = ids.shape
+        flat = y.reshape(n * k, -1)  # (n * k, d): row t * k + j is token t's slot j
+        # Each expert's slots, ascending: one sort of the kept slots by expert id.
+        chosen = np.where(keep, ids, -1).ravel()  # (n * k,), -1 where dropped
+        order = np.argsort(chosen, kind="stable")  # (n * k,)
+        ranked = chosen[order]
+        first = np.array(union, dtype=ranked.dtype)  # (|union|,)
+        bounds = np.searchsorted(ranked, np.stack([first, first + 1]))  # (2, |union|)
+        slots = [order[lo:hi] for lo, hi in bounds.T.tolist()]  # per union slot
+        jobs: list[tuple[np.ndarray, ExpertBuffer, ReadTicket | None]]
+        jobs = [(slots[job.slot], job.buffer, None) for job in load.resident]
+        jobs += [(slots[slot], buf, t)
+                 for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
 
-        def run(job: tuple[int, ExpertBuffer, ReadTicket | None]) -> float:
-            slot, buf, ticket = job
+        def run(job: tuple[np.ndarray, ExpertBuffer, ReadTicket | None]) -> float:
+            where, buf, ticket = job
             waited = 0.0
             if ticket is not None:
                 w0 = time.perf_counter()
                 ticket.wait()  # raises if the read failed
                 waited = time.perf_counter() - w0
-            rows, cols = np.nonzero((ids == union[slot]) & keep)  # (m,), (m,)
-            y[rows, cols] = expert_rows(buf, x[rows])  # (m, d); no two jobs share a row
+            rows_task(buf, x, k, where, flat)  # no two jobs share a slot
             return waited
 
         def run_all() -> float:
+            team = self.team
+            if (isinstance(team, partner.Partner) and not load.tickets
+                    and team.run_rows(x, k, [(buf, where) for where, buf, _ in jobs], flat)):
+                return 0.0
             if self.threads == 1 or len(jobs) == 1:
                 return sum(run(job) for job in jobs)
             if self._pool is None:

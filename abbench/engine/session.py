@@ -216,8 +216,10 @@ class Engine:
             )
             self.model.routing_hook = self.predictor
             self.runner.predictor = self.predictor
-        self.runner.start_partner(self.model.gemv_matrices())
+        prefill_rows = min(PREFILL_BATCH, max(0, len(self.prompt_ids) - 1))
+        self.runner.start_partner(self.model.gemv_matrices(), prefill_rows)
         self.model.matvec = self.runner.team.matvec
+        self.model.matmul_t = self.runner.team.matmul_t
         self.layout = layout
         self.load_s = time.perf_counter() - t0
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from abbench.engine.arch.common import RoutingHook, rms_norm, rms_norm_rows, rope_tables
-from abbench.engine.compute import MatVec, matvec
+from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -207,14 +207,18 @@ class Attention:
         out /= scores.sum(axis=-1, keepdims=True)
         return mv(self.wo, out.reshape(-1), self._out)  # (d,)
 
-    def prefill(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    def prefill(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray,
+                mm: MatMulT = matmul_t) -> np.ndarray:
         """x: (n, d) normalised inputs of positions pos .. pos+n-1; cos, sin: (n, hd/2)
         their rotations → (n, d). Causal attention over the cache and the batch itself;
-        the batch's keys and values join the cache."""
+        the batch's keys and values join the cache. `mm(x, w)` is x @ w.T (it may use a
+        second core)."""
         nq, nkv, hd = self.n_head, self.n_kv, self.hd
         n = x.shape[0]
+        # One GEMM over the fused matrix, as pinned weights have it: the same split, so the
+        # same bits whether the dense weights are pinned or mapped.
         w = self.wqkv if self.wqkv is not None else np.concatenate([self.wq, self.wk, self.wv])
-        qkv = x @ w.T  # (n, q+k+v rows)
+        qkv = mm(x, w)  # (n, q+k+v rows)
         qk_rows = self.q_rows + self.k_rows
         qk = qkv[:, :qk_rows].reshape(n, nq + nkv, hd)  # (n, n_head + n_kv, hd)
         v = qkv[:, qk_rows:].reshape(n, nkv, hd)  # (n, n_kv, hd)
@@ -237,7 +241,7 @@ class Attention:
         out = scores @ values[:, None]  # (n_kv, g, n, hd)
         out /= scores.sum(axis=-1, keepdims=True)
         heads = out.transpose(2, 0, 1, 3).reshape(n, nq * hd)  # (n, n_head*hd)
-        return heads @ self.wo.T  # (n, d)
+        return mm(heads, self.wo)  # (n, d)
 
 
 def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -365,6 +369,7 @@ class Model:
         self.cos, self.sin = rope_tables(args.key_length, n_ctx, args.rope_freq_base)  # (T, hd/2)
         self.routing_hook: RoutingHook | None = None
         self.matvec: MatVec = matvec  # the session may hand the large GEMVs to a partner
+        self.matmul_t: MatMulT = matmul_t  # and a prefill batch's dense GEMMs
 
     def gemv_matrices(self) -> list[np.ndarray]:
         """The dense matrices `forward` multiplies through `self.matvec`."""
@@ -392,7 +397,7 @@ class Model:
         cos, sin = self.cos[pos : pos + len(tokens)], self.sin[pos : pos + len(tokens)]
         for layer in self.layers:
             h += layer.attention.prefill(rms_norm_rows(h, layer.attn_norm, self.eps), pos,
-                                         cos, sin)
+                                         cos, sin, self.matmul_t)
             h += layer.moe.prefill(rms_norm_rows(h, layer.ffn_norm, self.eps),
                                    self.routing_hook)
 
