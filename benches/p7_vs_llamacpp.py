@@ -17,8 +17,9 @@ is printed and the median is the figure.
 The engine's GEMMs are numpy's OpenBLAS, which picks its kernels from the CPU when it
 loads, unless `OPENBLAS_CORETYPE` names them. Some machines set it (with
 `OPENBLAS_L2_SIZE`) for older OpenBLAS builds; on an AVX-512 CPU that pins a current numpy
-to AVX2 kernels a user's machine would not run: measured here, a GEMM of 8 rows is as fast
-(per 1 MiB matrix), of 16 rows 1.3x and of 63 rows 1.5x slower on them. To
+to AVX2 kernels a user's machine would not run: measured here (a 1 MiB expert matrix times
+its rows, as the engine multiplies it, two runs), 1.0-1.2x slower at 8 rows, 1.1-1.4x at
+16 and 1.4-1.5x at 64. To
 measure what users get, run the bench with both unset in that command alone:
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benches/p7_vs_llamacpp.py

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import signal
 import subprocess
@@ -171,5 +173,41 @@ def test_a_batch_through_a_dense_matrix_is_the_same_bits_as_the_callers_split(se
                 np.testing.assert_array_equal(p.matmul_t(x, w), matmul_t(x, w))
             more = rng.standard_normal((n + 1, D)).astype(np.float32)  # past the block
             np.testing.assert_array_equal(p.matmul_t(more, mats[0]), matmul_t(more, mats[0]))
+    finally:
+        p.close()
+
+
+def _resident_kib(pid: int, start: int, size: int) -> int:
+    """Rss of the mapping at `start` in process `pid` (/proc/PID/smaps), in KiB."""
+    with open(f"/proc/{pid}/smaps") as f:
+        lines = iter(f.read().splitlines())
+    for line in lines:
+        lo, _, rest = line.partition("-")
+        if rest and int(lo, 16) == start and int(rest.split()[0], 16) - start == size:
+            for field in lines:
+                if field.startswith("Rss:"):
+                    return int(field.split()[1])
+    raise AssertionError(f"no mapping at {start:#x} in {pid}")
+
+
+def test_the_shared_block_is_mapped_in_both_processes_before_the_first_pass() -> None:
+    """Before any request, every page of the shared block (a prefill batch's megabytes)
+    is in both page tables: no fault per 4 KiB during the first pass."""
+    probe = mmap.mmap(-1, mmap.PAGESIZE)
+    try:
+        probe.madvise(partner.MADV_POPULATE_WRITE)
+    except OSError:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    finally:
+        probe.close()
+    rng = np.random.default_rng(7)
+    p = Partner([rng.standard_normal((768, D)).astype(np.float32)], buffers(rng, 2), D, FF,
+                K, max_rows=512)
+    try:
+        start = ctypes.addressof(ctypes.c_char.from_buffer(p._mm))
+        size = -(-len(p._mm) // mmap.PAGESIZE) * mmap.PAGESIZE
+        assert size >= 1 << 20  # big enough that touching only the control words shows
+        for pid in (os.getpid(), p._pid):
+            assert _resident_kib(pid, start, size) * 1024 == size, pid
     finally:
         p.close()

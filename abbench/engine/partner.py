@@ -10,9 +10,10 @@ sides meet through counters in shared memory, a hand-over costs about a microsec
 the attention GEMVs, which the thread team leaves to the caller alone, are split in two as
 well (`split_rows`). Measured on a 2-core VM: a 1.5 MiB GEMV 138 us alone, 81 us split.
 A prefill pass uses it too: half of the batch's experts (`run_rows`) and half of the
-columns of its dense GEMMs (`matmul_t`); measured on the same VM, a 64-token prompt's
-prefill 5% faster (median of 10 alternating pairs) than on the prefill threads, whose
-small expert GEMMs hand the GIL over hundreds of times a layer.
+columns of its dense GEMMs (`matmul_t`), in place of the prefill threads. On the same VM a
+64-token prompt's prefill measured no faster or slower for it: partner over threads, the
+median of 10 alternating pairs was 1.005 and 1.074 in two runs, against 0.963 and 1.051 for
+each one alone twice (A/A) — the VM's noise is wider than any difference.
 
 What is shared: expert buffers (private anonymous memory, inherited copy-on-write) and the
 dense matrices are never written after load, so the child forked after loading sees the
@@ -362,9 +363,10 @@ def _map(buf: ExpertBuffer) -> None:
 
 
 def _populate(mm: mmap.mmap) -> None:
-    """Map the shared block's pages into this process now, for writing. Each side maps a
-    shared page on its first touch, a fault per 4 KiB: left to the first prefill pass, its
-    megabytes of batch inputs and outputs cost that pass milliseconds."""
+    """Map the shared block's pages into this process now, for writing: each side would
+    otherwise map a shared page on its first touch, a fault per 4 KiB, during the first
+    prefill pass. (Measured, that pass's GEMM waits for the partner are the same either way:
+    the multi-millisecond waits its first layers sometimes show have another cause.)"""
     with contextlib.suppress(OSError, ValueError):  # Linux >= 5.14; else on first touch
         mm.madvise(MADV_POPULATE_WRITE)
 
