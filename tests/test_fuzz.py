@@ -874,8 +874,7 @@ def test_cli_on_fuzzed_files(gguf_seed: GgufSeed,
     cases.append((["replay", str(_write(folder, "t.route.csv", trace))], "t.route.csv", folder))
     src = folder / "src"
     src.mkdir()
-    bad = data.draw(mutated(CSV_SEEDS).filter(
-        lambda b: survive(lambda: read_bmoe_csv(_write(folder, "probe.csv", b))) is None))
+    bad = data.draw(mutated(CSV_SEEDS).filter(lambda b: _rejects_import(folder, b)))
     _write(src, "run.csv", bad)
     cases.append((["import", str(src), "--out", str(folder / "out")], "run.csv", folder))
     for argv, names, cwd in cases:
@@ -893,6 +892,27 @@ def _rejects_gguf(folder: Path, data: bytes) -> bool:
         return survive(lambda: model_info(mf)) is None
     finally:
         mf.close()
+
+
+def _rejects_import(folder: Path, data: bytes) -> bool:
+    """Whether a folder holding only `run.csv` fails to import, for a reason naming it. The
+    folder import reads a file that is not UTF-8 with replacement characters (a run's own
+    reader refuses it), so its own verdict, not `read_bmoe_csv`'s, picks the CLI's cases."""
+    probe = folder / "probe-src"
+    shutil.rmtree(probe, ignore_errors=True)
+    probe.mkdir()
+    _write(probe, "run.csv", data)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import_folder(probe, folder / "probe-out")
+    except AbbenchError as e:
+        return "run.csv" in str(e)
+    else:
+        shutil.rmtree(folder / "probe-out")
+        return False
+    finally:
+        shutil.rmtree(probe)
 
 
 def _rejects_trace(folder: Path, data: bytes) -> bool:

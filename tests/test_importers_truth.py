@@ -107,6 +107,18 @@ def test_bytes_that_are_not_utf8_are_read_with_replacement(tmp_path: Path) -> No
     assert "not UTF-8" in md
 
 
+def test_a_table_with_bytes_that_are_not_utf8_is_read_as_its_reader_refuses_it(
+        tmp_path: Path) -> None:
+    # `read_bmoe_csv` alone refuses such a file; the folder import reads it and says so.
+    table = b"# device=Pixel \xe4\xb8 (cut mid-character)\n" + rows(200).encode()
+    run, md = imported(tmp_path, {"qwen.csv": table})
+    (rec,) = read_journal(run)
+    assert rec.status == "ok" and rec.tokens_per_s is not None
+    (note,) = [n for n in read_import_info(run).notes if "not UTF-8" in n]
+    assert note.startswith("qwen.csv:") and "the rest of the file is used" in note
+    assert "not UTF-8" in md
+
+
 def test_a_stray_log_is_reported_not_made_a_run(tmp_path: Path) -> None:
     stray = "session notes\ngeneration: 4 tokens, 1 s/token (1.000 tok/s)\n" * 3
     run, md = imported(tmp_path, {"a.csv": rows(100), "b.csv": rows(100), "all.log": stray})
