@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +19,9 @@ from threadpoolctl import threadpool_limits
 
 from abbench.engine import partner
 from abbench.engine.compute import ComputeTeam, Job, matmul_t, matvec, rows_task
+from abbench.engine.config import EngineConfig
 from abbench.engine.partner import SPIN_S, Partner
+from abbench.engine.session import Engine
 from abbench.engine.streamer import ExpertBuffer
 from abbench.errors import EngineError
 
@@ -86,6 +89,32 @@ def test_a_sleeping_partner_wakes_for_the_next_request(setup) -> None:
     time.sleep(SPIN_S * 20)  # long past its spin: asleep on the pipe
     assert p._ctl[partner.SLEEPING] == 1
     np.testing.assert_array_equal(p.matvec(mats[0], x), matvec(mats[0], x))
+
+
+def test_resident_layers_skip_the_lookups_but_count_and_trace_as_they_would(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """With the partner, each decode layer takes its buffers straight from the complete
+    cache (`ExpertRunner._call_resident`): the same tokens, counters and route trace as
+    the lookups' path gives."""
+    runs = []
+    for direct in (True, False):
+        trace = tmp_path / f"{direct}.route.csv"
+        cfg = EngineConfig(model=str(tiny_model), prompt_tokens=(3, 4, 5, 6), n_tokens=12,
+                           resident=True, threads=2, route_trace=str(trace))
+        with Engine(cfg, tiny_model) as engine:
+            assert isinstance(engine.runner.team, Partner)
+            assert engine.runner._direct is not None
+            if not direct:
+                engine.runner._direct = None
+            result = engine.run()
+            counters = engine.runner.cache.counters
+        counts = [(r.phase, r.hits, r.misses, r.evictions, r.experts_routed, r.read_bytes)
+                  for r in result.records]
+        runs.append((result.output_ids, counts, counters, trace.read_text()))
+    (ids, counts, counters, text), slow = runs
+    assert (ids, counts, counters, text) == slow
+    assert all(hits == routed and not misses for phase, hits, misses, _, routed, _ in counts
+               if phase == 1)
 
 
 def test_close_ends_the_child(setup) -> None:

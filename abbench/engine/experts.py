@@ -15,7 +15,11 @@ The architecture's sparse MoE block routes, then calls the two steps here with t
    lookups, see `_speculate`); the layer's route-trace rows are written; then the
    experts run on the compute team — with `--overlap`, resident ones while the reads
    run and each missing one as it lands; with every expert resident, on the caller and
-   a partner process (`partner.py`).
+   a partner process (`partner.py`). There a decode layer takes its buffers straight
+   from the complete cache, counted and traced as the lookups would count and trace them
+   (`_call_resident`, tested): their per-expert bookkeeping is on the caller's path of
+   every layer, and skipping it measured 1.7-4.3% faster decode (4 runs, tokens
+   alternating with and without in each).
 
 The block sums the outputs in routing order, so the result is bit-identical whatever was
 resident, when reads finished, or who computed. The steps' bookkeeping (settling, the
@@ -92,6 +96,8 @@ class Selection:
     weights: np.ndarray  # (k',) their weights (renormalised unless --drop-no-renorm)
 
 
+# The partner and each layer's buffers by expert id, when every expert is resident there.
+Direct = tuple[partner.Partner, list[list[ExpertBuffer]]]
 Miss = tuple[int, int, ExpertBuffer, bool]  # (slot, expert, buffer, whether it is cached)
 
 
@@ -148,6 +154,7 @@ class ExpertRunner:
         self._pending: list[tuple[Key, ReadTicket]] = []  # speculative reads in flight
         # Retention only: the layer and experts predicted for it, refreshed at its lookups.
         self._retain_at: tuple[int, list[int]] | None = None
+        self._direct: Direct | None = None  # with a partner: see start_partner
         if self.policies.drop_frac is not None and max_k <= 4:
             warnings.warn(
                 f"--drop-cold-experts with top-{max_k}: the threshold F/k is {1 / max_k:.2f}"
@@ -170,6 +177,11 @@ class ExpertRunner:
         team = partner.Partner(matrices, self.cache.entries.values(), d, ff, max_k, max_rows)
         self.team.close()
         self.team = team
+        # A complete cache never changes: each layer's buffers by expert id, for
+        # `_call_resident`, are the very buffers the partner knows.
+        entries = self.cache.entries
+        self._direct = (team, [[entries[(layer, e)] for e in range(self.n_expert)]
+                               for layer in range(len(self.layout))])
         return True
 
     def partner_cpu_s(self) -> float:
@@ -234,6 +246,10 @@ class ExpertRunner:
     def __call__(self, layer: int, x: np.ndarray, chosen: Selection, phase: int) -> np.ndarray:
         """x: (d,) → (k', d) the chosen experts' outputs in routing order, valid until the
         next call: their lookups and reads, speculation behind them, then the SwiGLUs."""
+        direct = self._direct
+        if (direct is not None and self._retain_at is None and not self._pending
+                and not (phase == 1 and self.policies.speculates)):
+            return self._call_resident(direct, layer, x, chosen, phase)
         t0 = time.perf_counter()
         evictions_before = self.cache.counters.evictions
         load = self._load(layer, chosen.experts)
@@ -245,6 +261,24 @@ class ExpertRunner:
         self.tok.mgmt_s += time.perf_counter() - t0
         self._run(layer, x, load)
         return self.out[: len(chosen.experts)]  # (k', d)
+
+    def _call_resident(self, direct: Direct, layer: int, x: np.ndarray, chosen: Selection,
+                       phase: int) -> np.ndarray:
+        """`__call__` with every expert resident and the partner: what the lookups would
+        find and count (every one a hit, nothing read, evicted or speculated), without
+        their per-expert bookkeeping — on the caller's path of every layer, ~15 us."""
+        t0 = time.perf_counter()
+        team, by_id = direct
+        table = by_id[layer]
+        bufs = [table[e] for e in chosen.experts]
+        k = len(bufs)
+        self.cache.counters.hits += k
+        self.tok.hits += k
+        if self.trace is not None:
+            self._trace_layer(self.trace, phase, layer, chosen, [1] * k)
+        self.tok.mgmt_s += time.perf_counter() - t0
+        team.run_resident(bufs, x, self.out)
+        return self.out[:k]  # (k', d)
 
     def _load(self, layer: int, experts: list[int]) -> Load:
         """One lookup per expert (a hit refreshes recency); every miss's read is issued at

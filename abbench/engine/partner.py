@@ -172,6 +172,21 @@ class Partner:
                 out[job.slot] = self._out[i]
         return 0.0
 
+    def run_resident(self, bufs: list[ExpertBuffer], x: np.ndarray, out: np.ndarray) -> None:
+        """`run` of resident jobs in slots 0 .. k-1, every buffer one the partner knows:
+        the same split (the partner the second half), without the jobs."""
+        half = len(bufs) // 2
+        theirs = bufs[half:] if half else []
+        if theirs:
+            self._post_experts(x, theirs)
+        rows = self._rows
+        for j, buf in enumerate(bufs[:half] if half else bufs):
+            expert_up(buf, x, rows[j])
+            expert_down(buf, rows[j][3], out[j])
+        if theirs:
+            self._wait(DONE, self._seq)
+            out[half : len(bufs)] = self._out[: len(theirs)]
+
     def run_rows(self, x: np.ndarray, k: int, tasks: list[RowTask], y: np.ndarray) -> bool:
         """A prefill pass's experts, half of them on the partner: each task (buffer, slots)
         as `rows_task` (x: (n, d), y: (n * k, d)). False, computing nothing, when the batch
