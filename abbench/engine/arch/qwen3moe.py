@@ -17,6 +17,7 @@ import numpy as np
 
 from abbench.engine.arch.common import RoutingHook, rms_norm, rms_norm_rows, rope_tables
 from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec
+from abbench.engine.streamer import BufferArena, arena_copy
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -143,8 +144,11 @@ class ModelArgs:
 class Attention:
     """GQA attention with per-head q/k RMSNorm and NeoX RoPE over a pre-allocated KV cache."""
 
-    def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, pinned: bool, n_ctx: int):
+    def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, arena: BufferArena | None,
+                 n_ctx: int):
+        """`arena`: where pinned dense weights go (None: mapped from the file)."""
         b = f"blk.{layer}."
+        pinned = arena is not None
         self.n_head, self.n_kv, self.hd = args.head_count, args.head_count_kv, args.key_length
         self.eps = args.layer_norm_rms_epsilon
         wq = mf.read_dense(b + "attn_q.weight", pinned)  # (n_head*hd, d)
@@ -152,13 +156,14 @@ class Attention:
         wv = mf.read_dense(b + "attn_v.weight", pinned)  # (n_kv*hd, d)
         self.q_rows, self.k_rows = wq.shape[0], wk.shape[0]
         self.wqkv: np.ndarray | None = None
-        if pinned:
+        self.wo = mf.read_dense(b + "attn_output.weight", pinned)  # (d, n_head*hd)
+        if arena is not None:
             # One GEMV instead of three when the weights are ours to lay out; the separate
             # matrices become views of the fused one, so memory is not held twice.
-            self.wqkv = np.concatenate([wq, wk, wv])  # (q+k+v rows, d)
+            self.wqkv = arena_copy(arena, np.concatenate([wq, wk, wv]))  # (q+k+v rows, d)
             wq, wk, wv = np.split(self.wqkv, [self.q_rows, self.q_rows + self.k_rows])
+            self.wo = arena_copy(arena, self.wo)
         self.wq, self.wk, self.wv = wq, wk, wv
-        self.wo = mf.read_dense(b + "attn_output.weight", pinned)  # (d, n_head*hd)
         qk_rows = self.q_rows + self.k_rows
         self._qkv = np.empty(qk_rows + wv.shape[0], np.float32)  # (q+k+v rows,)
         self._qk = self._qkv[:qk_rows].reshape(self.n_head + self.n_kv, self.hd)  # views
@@ -274,11 +279,12 @@ class SparseMoE:
     The experts are the `ExpertRunner` shared by every layer (one cache over all of them).
     """
 
-    def __init__(self, mf: ModelFile, layer: int, pinned: bool, experts: ExpertRunner,
-                 k: int) -> None:
+    def __init__(self, mf: ModelFile, layer: int, arena: BufferArena | None,
+                 experts: ExpertRunner, k: int) -> None:
         self.layer = layer
         self.k = k
-        self.router = mf.read_dense(f"blk.{layer}.ffn_gate_inp.weight", pinned)  # (n_expert, d)
+        router = mf.read_dense(f"blk.{layer}.ffn_gate_inp.weight", arena is not None)
+        self.router = router if arena is None else arena_copy(arena, router)  # (n_expert, d)
         self.experts = experts
         # (2 n_expert, d): this router over the next layer's, once a stale-gate predictor
         # is installed (`Model.fuse_next_routers`): the next layer's router multiplies the
@@ -335,13 +341,13 @@ class SparseMoE:
 
 
 class DecoderLayer:
-    def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, pinned: bool, n_ctx: int,
-                 experts: ExpertRunner, k: int) -> None:
+    def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, arena: BufferArena | None,
+                 n_ctx: int, experts: ExpertRunner, k: int) -> None:
         b = f"blk.{layer}."
         self.attn_norm = mf.read_dense(b + "attn_norm.weight", True)  # (d,)
-        self.attention = Attention(mf, args, layer, pinned, n_ctx)
+        self.attention = Attention(mf, args, layer, arena, n_ctx)
         self.ffn_norm = mf.read_dense(b + "ffn_norm.weight", True)  # (d,)
-        self.moe = SparseMoE(mf, layer, pinned, experts, k)
+        self.moe = SparseMoE(mf, layer, arena, experts, k)
 
 
 class Model:
@@ -361,11 +367,15 @@ class Model:
         self.k = n_expert_used or args.expert_used_count
         self.eps = args.layer_norm_rms_epsilon
         self.token_embd = mf.read_dense("token_embd.weight", pinned)  # (vocab, d)
-        self.layers = [DecoderLayer(mf, args, i, pinned, n_ctx, experts, self.k)
+        # The pinned matrices the GEMVs stream, in huge pages (`arena_copy`).
+        self.arena = BufferArena() if pinned else None
+        self.layers = [DecoderLayer(mf, args, i, self.arena, n_ctx, experts, self.k)
                        for i in range(args.block_count)]
         self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
         name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self.output = mf.read_dense(name, pinned)  # (vocab, d)
+        if self.arena is not None:
+            self.output = arena_copy(self.arena, self.output)
         self.cos, self.sin = rope_tables(args.key_length, n_ctx, args.rope_freq_base)  # (T, hd/2)
         self.routing_hook: RoutingHook | None = None
         self.matvec: MatVec = matvec  # the session may hand the large GEMVs to a partner
@@ -386,7 +396,9 @@ class Model:
         (decode only)."""
         for this, nxt in zip(self.layers, self.layers[1:]):
             n = this.moe.router.shape[0]
-            this.moe.router_and_next = np.vstack([this.moe.router, nxt.moe.router])
+            both = np.vstack([this.moe.router, nxt.moe.router])  # (2 n_expert, d)
+            this.moe.router_and_next = both if self.arena is None else arena_copy(self.arena,
+                                                                                  both)
             this.moe.router = this.moe.router_and_next[:n]  # the same values, shared
 
     def prefill(self, tokens: list[int], pos: int) -> None:
