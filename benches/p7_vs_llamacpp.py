@@ -13,11 +13,12 @@ tok/s over N decoded tokens, and prefill tok/s of a prompt of N token ids: N ove
 time to first token (the prefill batch of N-1 tokens, then decode step 1 on the last).
 The warm-up run's own figures are printed too (`cold`: the first pass after load, what
 one campaign cell's TTFT includes — after the fork of the compute partner, its first
-pass takes the page faults of every buffer it writes). The two engines
-alternate, round after round, so the host's drift falls on both alike; each round's ratio
-is printed and the median is the figure.
+pass takes the page faults of every buffer it writes). Each round runs the engines
+ABBA (embedded, llama.cpp, llama.cpp, embedded: the host's speed moves 10-30% over
+seconds, and a drift linear over the round falls on both alike) and its ratio is the
+means' ratio; each round is printed and the median of the rounds is the figure.
 
-    python benches/p7_vs_llamacpp.py [--model synthetic:default] [--rounds 5] [--threads 2]
+    python benches/p7_vs_llamacpp.py [--model synthetic:default] [--rounds 7] [--threads 2]
 
 The engine's GEMMs are numpy's OpenBLAS, which picks its kernels from the CPU when it
 loads, unless `OPENBLAS_CORETYPE` names them. Some machines set it (with
@@ -92,7 +93,7 @@ def rates(result: RunResult) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="synthetic:default")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     a = ap.parse_args()
@@ -108,8 +109,12 @@ def main() -> None:
           f"{os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
     p7, p8, p7_cold, p8_cold = [], [], [], []
     for i in range(a.rounds):
-        ours, cold = embedded(model, a.threads, a.tokens)
-        theirs = llama_bench(binary, model, a.threads, a.tokens)
+        # ABBA: a drift of the host's speed that is linear over the round falls on both
+        first = embedded(model, a.threads, a.tokens)
+        theirs = mean(llama_bench(binary, model, a.threads, a.tokens),
+                      llama_bench(binary, model, a.threads, a.tokens))
+        last = embedded(model, a.threads, a.tokens)
+        ours, cold = mean(first[0], last[0]), mean(first[1], last[1])
         p7.append(ours[0] / theirs[0])
         p8.append(ours[1] / theirs[1])
         p7_cold.append(cold[0] / theirs[0])
@@ -119,10 +124,15 @@ def main() -> None:
               f"({p8[-1]:.3f})   cold: decode {cold[0]:7.1f} ({p7_cold[-1]:.3f}), prefill "
               f"{cold[1]:8.1f} ({p8_cold[-1]:.3f})")
     print(f"P7 resident decode, embedded / llama.cpp, median of rounds: "
-          f"{statistics.median(p7):.3f}  bar >= 0.95 (goal 1.0); cold "
-          f"{statistics.median(p7_cold):.3f}")
+          f"{statistics.median(p7):.3f} (rounds {min(p7):.3f}-{max(p7):.3f})  bar >= 0.95 "
+          f"(goal 1.0); cold {statistics.median(p7_cold):.3f}")
     print(f"P8 prefill of {a.tokens} tokens, embedded / llama.cpp, median of rounds: "
-          f"{statistics.median(p8):.3f}  bar >= 0.5; cold {statistics.median(p8_cold):.3f}")
+          f"{statistics.median(p8):.3f} (rounds {min(p8):.3f}-{max(p8):.3f})  bar >= 0.5; "
+          f"cold {statistics.median(p8_cold):.3f}")
+
+
+def mean(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return (a[0] + b[0]) / 2, (a[1] + b[1]) / 2
 
 
 if __name__ == "__main__":
