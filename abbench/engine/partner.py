@@ -126,6 +126,11 @@ class Partner:
         # A prefill batch through a dense matrix (`matmul_t`): the partner's columns.
         self._gemm_y = np.frombuffer(buf, np.float32, max_rows * half, int(offsets[9]))
         self._rows = scratch_rows(max_k, ff)
+        # Per matrix split in two: (its index, the split row, the caller's rows, where the
+        # partner's part of the result lands, the input's place) — a GEMV is 2-3 a layer,
+        # on the caller's path, and these are the same views every time.
+        self._plans = {id(w): (i, s, w[:s], self._y[s : w.shape[0]], self._x[: w.shape[1]])
+                       for i, w in enumerate(self._matrices) if (s := split_rows(w))}
         self._seq = 0
         self._parent = os.getpid()
         rfd, self._wake = os.pipe()
@@ -233,17 +238,17 @@ class Partner:
 
     def matvec(self, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """w @ x (w: (m, n), x: (n,)) → (m,), the second half of the rows on the partner."""
-        s = split_rows(w)
-        i = self._index.get(id(w)) if s else None
-        if i is None:
+        plan = self._plans.get(id(w))
+        if plan is None:
             return matvec(w, x, out)
+        i, s, first, theirs, x_in = plan
         if out is None:
             out = np.empty(w.shape[0], np.float32)
-        self._x[: w.shape[1]] = x
+        x_in[:] = x
         self._post(GEMV, i)
-        np.matmul(w[:s], x, out=out[:s])  # (s,)
+        np.matmul(first, x, out=out[:s])  # (s,)
         self._wait(DONE, self._seq)
-        out[s:] = self._y[s : w.shape[0]]
+        out[s:] = theirs
         return out
 
     def cpu_seconds(self) -> float:
