@@ -266,7 +266,7 @@ class ExpertRunner:
                        phase: int) -> np.ndarray:
         """`__call__` with every expert resident and the partner: what the lookups would
         find and count (every one a hit, nothing read, evicted or speculated), without
-        their per-expert bookkeeping — on the caller's path of every layer, ~15 us."""
+        their per-expert bookkeeping, which is on the caller's path of every layer."""
         t0 = time.perf_counter()
         team, by_id = direct
         table = by_id[layer]
