@@ -52,6 +52,7 @@ from llamacpp import build  # noqa: E402  (tests/llamacpp.py: the pinned llama.c
 from abbench.engine.config import EngineConfig  # noqa: E402
 from abbench.engine.models import resolve_model  # noqa: E402
 from abbench.engine.session import Engine, RunResult  # noqa: E402
+from abbench.engine.telemetry import summarize  # noqa: E402
 
 
 def llama_bench(binary: Path, model: Path, threads: int, tokens: int) -> tuple[float, float]:
@@ -65,7 +66,8 @@ def llama_bench(binary: Path, model: Path, threads: int, tokens: int) -> tuple[f
     return float(tg), float(pp)
 
 
-def embedded(model: Path, threads: int, tokens: int) -> tuple[tuple[float, float], ...]:
+def embedded(model: Path, threads: int,
+             tokens: int) -> tuple[tuple[float, float], tuple[float, float]]:
     """((decode tok/s, prefill tok/s) measured after a warm-up run, as llama-bench
     measures, and the same of the warm-up run itself) of one embedded engine, every expert
     resident."""
@@ -81,13 +83,12 @@ def embedded(model: Path, threads: int, tokens: int) -> tuple[tuple[float, float
 
 
 def rates(result: RunResult) -> tuple[float, float]:
-    """(decode tok/s, prefill tok/s) of one run."""
-    decode_s = sum(r.wall_ms for r in result.decode) / 1e3
-    # The prompt but its last token is one prefill batch; the last runs as decode step 1,
-    # whose logits give the first token. All N prompt tokens over that time (the time to
-    # first token) is the rate comparable with llama.cpp's pp N.
-    ttft_s = sum(r.wall_ms for r in result.prefill) / 1e3 + result.decode[0].wall_ms / 1e3
-    return len(result.decode) / decode_s, len(result.prompt_ids) / ttft_s
+    """(decode tok/s, prefill tok/s) of one run, as its summary gives them: the prompt but
+    its last token is one prefill batch and the last runs as decode step 1, whose logits
+    give the first token; all N prompt tokens over that time (the time to first token) is
+    the rate comparable with llama.cpp's pp N."""
+    s = summarize(result)
+    return s["tok/s"], s["prefill_tok/s"]
 
 
 def main() -> None:
@@ -99,6 +100,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.tokens < 2:
         ap.error("--tokens must be at least 2 (a prompt of one token has no prefill pass)")
+    if a.rounds < 1 or a.threads < 1:
+        ap.error("--rounds and --threads must be at least 1")
     binary = build() / "llama-bench"
     model = Path(resolve_model(a.model))
     print(f"model: {a.model} ({model}), {a.threads} threads, {a.tokens} tokens, "

@@ -61,6 +61,22 @@ def test_experts_are_the_same_bits_as_the_thread_team(setup) -> None:
         team.close()
 
 
+def test_resident_experts_are_the_same_bits_as_the_thread_team(setup) -> None:
+    p, bufs, _ = setup
+    team = ComputeTeam(2, FF, K)
+    rng = np.random.default_rng(5)
+    try:
+        for k in (6, 5, 2, 1):
+            x = rng.standard_normal(D).astype(np.float32)
+            chosen = [bufs[int(i)] for i in rng.permutation(len(bufs))[:k]]
+            ours, theirs = np.full((K, D), np.nan, np.float32), np.full((K, D), np.nan, np.float32)
+            p.run_resident(chosen, x, ours)
+            team.run([Job(j, b, None) for j, b in enumerate(chosen)], x, theirs)
+            np.testing.assert_array_equal(ours, theirs)  # NaN rows (past k) included
+    finally:
+        team.close()
+
+
 def test_an_unknown_buffer_is_computed_by_the_caller(setup) -> None:
     p, bufs, _ = setup
     stranger = buffers(np.random.default_rng(2), 1)[0]  # made after the fork

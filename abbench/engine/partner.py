@@ -85,8 +85,10 @@ class Partner:
     """Computes half of each large GEMV and of each layer's experts in a forked process (of
     a prefill batch's too).
 
-    Same interface as `ComputeTeam` (`run`, `matvec`, `close`); its results are the same
-    bits, since both sides compute with the same functions and the same split.
+    Same interface as `ComputeTeam` (`run`, `matvec`, `matmul_t`, `close`), plus
+    `run_resident` (a decode layer's resident experts, without jobs) and `run_rows` (a
+    prefill batch's experts); its results are the same bits, since both sides compute with
+    the same functions and the same split.
     """
 
     def __init__(
@@ -97,7 +99,6 @@ class Partner:
         every prefill pass then runs on the caller's threads)."""
         self.threads = 2  # the caller and the partner
         self._matrices = list(matrices)
-        self._index = {id(m): i for i, m in enumerate(self._matrices)}
         self._buffers = {id(b): b for b in buffers}
         self.max_rows = max_rows
         cols = max([d, *(m.shape[1] for m in self._matrices)])
@@ -127,8 +128,7 @@ class Partner:
         self._gemm_y = np.frombuffer(buf, np.float32, max_rows * half, int(offsets[9]))
         self._rows = scratch_rows(max_k, ff)
         # Per matrix split in two: (its index, the split row, the caller's rows, where the
-        # partner's part of the result lands, the input's place) — a GEMV is 2-3 a layer,
-        # on the caller's path, and these are the same views every time.
+        # partner's part of a GEMV's result lands, a GEMV's input's place), made once.
         self._plans = {id(w): (i, s, w[:s], self._y[s : w.shape[0]], self._x[: w.shape[1]])
                        for i, w in enumerate(self._matrices) if (s := split_rows(w))}
         self._seq = 0
@@ -222,16 +222,16 @@ class Partner:
     def matmul_t(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         """x @ w.T (x: (n, k), w: (m, k)) → (n, m), the second half of w's rows (the last
         columns) on the partner, as `compute.matmul_t` splits them."""
-        s = split_rows(w)
-        i = self._index.get(id(w)) if s else None
+        plan = self._plans.get(id(w))
         n, k = x.shape
-        if i is None or n > self.max_rows:
+        if plan is None or n > self.max_rows:
             return matmul_t(x, w)
+        i, s, first, _, _ = plan
         out = np.empty((n, w.shape[0]), np.float32)  # (n, m)
         self._row_x[:n, :k] = x
         self._row_args[0] = n
         self._post(GEMM, i)
-        np.matmul(x, w[:s].T, out=out[:, :s])  # (n, s)
+        np.matmul(x, first.T, out=out[:, :s])  # (n, s)
         self._wait(DONE, self._seq)
         out[:, s:] = self._gemm_y[: n * (w.shape[0] - s)].reshape(n, -1)
         return out
@@ -386,7 +386,8 @@ def _populate(mm: mmap.mmap) -> None:
     """Map the shared block's pages into this process now, for writing: each side would
     otherwise map a shared page on its first touch, a fault per 4 KiB, during the first
     prefill pass. (Measured, that pass's GEMM waits for the partner are the same either way:
-    the multi-millisecond waits its first layers sometimes show have another cause.)"""
+    its first layers' multi-millisecond waits are the page faults of the other buffers a
+    first pass writes, see docs/engine.md, "The first pass is slower".)"""
     with contextlib.suppress(OSError, ValueError):  # Linux >= 5.14; else on first touch
         mm.madvise(MADV_POPULATE_WRITE)
 
