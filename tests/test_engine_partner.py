@@ -20,6 +20,7 @@ from threadpoolctl import threadpool_limits
 from abbench.engine import partner
 from abbench.engine.compute import ComputeTeam, Job, matmul_t, matvec, rows_task
 from abbench.engine.config import EngineConfig
+from abbench.engine.experts import ExpertRunner
 from abbench.engine.partner import SPIN_S, Partner
 from abbench.engine.session import Engine
 from abbench.engine.streamer import ExpertBuffer
@@ -107,16 +108,25 @@ def test_a_sleeping_partner_wakes_for_the_next_request(setup) -> None:
     np.testing.assert_array_equal(p.matvec(mats[0], x), matvec(mats[0], x))
 
 
+@pytest.mark.parametrize("retention", [False, True], ids=["plain", "predict-retention"])
 def test_resident_layers_skip_the_lookups_but_count_and_trace_as_they_would(
-        tiny_model: Path, tmp_path: Path) -> None:
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        retention: bool) -> None:
     """With the partner, each decode layer takes its buffers straight from the complete
     cache (`ExpertRunner._call_resident`): the same tokens, counters and route trace as
-    the lookups' path gives."""
+    the lookups' path gives. So does stale-gate retention without reads (P4's setting),
+    which over a complete cache only counts its predictions."""
+    lookups = []  # the decode passes' lookups (a prefill pass always looks its experts up)
+    load = ExpertRunner._load
+    monkeypatch.setattr(ExpertRunner, "_load", lambda self, *a: (
+        lookups.append(a) if self.phase == 1 else None) or load(self, *a))
     runs = []
     for direct in (True, False):
         trace = tmp_path / f"{direct}.route.csv"
         cfg = EngineConfig(model=str(tiny_model), prompt_tokens=(3, 4, 5, 6), n_tokens=12,
-                           resident=True, threads=2, route_trace=str(trace))
+                           resident=True, threads=2, route_trace=str(trace),
+                           predict_prefetch=retention, predict_spec_max=0)
+        lookups.clear()
         with Engine(cfg, tiny_model) as engine:
             assert isinstance(engine.runner.team, Partner)
             assert engine.runner._direct is not None
@@ -124,13 +134,15 @@ def test_resident_layers_skip_the_lookups_but_count_and_trace_as_they_would(
                 engine.runner._direct = None
             result = engine.run()
             counters = engine.runner.cache.counters
-        counts = [(r.phase, r.hits, r.misses, r.evictions, r.experts_routed, r.read_bytes)
-                  for r in result.records]
+        assert bool(lookups) != direct  # the path under test was the one taken
+        counts = [(r.phase, r.hits, r.misses, r.evictions, r.experts_routed, r.read_bytes,
+                   r.retained) for r in result.records]
         runs.append((result.output_ids, counts, counters, trace.read_text()))
     (ids, counts, counters, text), slow = runs
     assert (ids, counts, counters, text) == slow
-    assert all(hits == routed and not misses for phase, hits, misses, _, routed, _ in counts
+    assert all(hits == routed and not misses for phase, hits, misses, _, routed, _, _ in counts
                if phase == 1)
+    assert any(r[-1] for r in counts) == retention
 
 
 def test_close_ends_the_child(setup) -> None:
