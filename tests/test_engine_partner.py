@@ -118,8 +118,13 @@ def test_resident_layers_skip_the_lookups_but_count_and_trace_as_they_would(
     which over a complete cache only counts its predictions."""
     lookups = []  # the decode passes' lookups (a prefill pass always looks its experts up)
     load = ExpertRunner._load
-    monkeypatch.setattr(ExpertRunner, "_load", lambda self, *a: (
-        lookups.append(a) if self.phase == 1 else None) or load(self, *a))
+
+    def counted_load(self: ExpertRunner, layer: int, experts: list[int]):
+        if self.phase == 1:
+            lookups.append((layer, experts))
+        return load(self, layer, experts)
+
+    monkeypatch.setattr(ExpertRunner, "_load", counted_load)
     runs = []
     for direct in (True, False):
         trace = tmp_path / f"{direct}.route.csv"

@@ -19,10 +19,10 @@ The architecture's sparse MoE block routes, then calls the two steps here with t
    from the complete cache, counted and traced as the lookups would count and trace them
    (`_call_resident`, tested): their per-expert bookkeeping is on the caller's path of
    every layer, and skipping it measured 1.7-4.3% faster decode (4 runs, tokens
-   alternating with and without in each; the same method's A/A: -1.4% to +0.3%). So
-   does stale-gate retention without reads, which over a complete cache only counts
-   its predictions: taking the lookups' path there cost P4 (1.048-1.058 against
-   1.009-1.010 on this path, `benches/p3_p4_predictor.py`).
+   alternating with and without in each; the same method's A/A: -1.4% to +0.3%).
+   Stale-gate retention without reads takes this path too, as over a complete cache it
+   only counts its predictions: on the lookups' path P4 measured 1.048 and 1.058,
+   here 1.009, 1.010 and 1.016 (`benches/p3_p4_predictor.py`, one run each).
 
 The block sums the outputs in routing order, so the result is bit-identical whatever was
 resident, when reads finished, or who computed. The steps' bookkeeping (settling, the
@@ -250,16 +250,12 @@ class ExpertRunner:
         """x: (d,) → (k', d) the chosen experts' outputs in routing order, valid until the
         next call: their lookups and reads, speculation behind them, then the SwiGLUs."""
         direct = self._direct
-        if direct is not None and self._retain_at is None and not self._pending:
-            if phase != 1 or not self.policies.speculates:
-                return self._call_resident(direct, layer, x, chosen, phase)
-            pol = self.policies
-            if not pol.prefetch and pol.spec_max == 0:
-                # Stale-gate retention without reads over a complete cache: all it does is
-                # count the predictions as retained (`_speculate`), so the layer still
-                # needs no lookups.
+        speculates = phase == 1 and self.policies.speculates
+        if (direct is not None and self._retain_at is None and not self._pending
+                and not (speculates and not self.policies.reads_nothing)):
+            if speculates:  # retention alone: over a complete cache, a count (`_speculate`)
                 self._speculate(layer, None)
-                return self._call_resident(direct, layer, x, chosen, phase)
+            return self._call_resident(direct, layer, x, chosen, phase)
         t0 = time.perf_counter()
         evictions_before = self.cache.counters.evictions
         load = self._load(layer, chosen.experts)

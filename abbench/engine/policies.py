@@ -59,6 +59,12 @@ class Policies:
         """Whether a speculation policy is armed (`--prefetch` or `--predict-prefetch`)."""
         return bool(self.prefetch or self.predict_prefetch)
 
+    @property
+    def reads_nothing(self) -> bool:
+        """Whether speculation only retains (`--predict-prefetch --predict-spec-max 0`):
+        over a complete cache it then just counts its predictions."""
+        return not self.prefetch and self.spec_max == 0
+
 
 # -- dropping ------------------------------------------------------------------------------
 
