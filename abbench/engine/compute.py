@@ -28,7 +28,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,11 +50,18 @@ MatMulT = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, w) → x @ w.T, 
 SPLIT_MIN_BYTES = 64 * 1024  # smaller matrices are one GEMV: not worth a second core
 
 
-def scratch_rows(max_k: int, ff: int) -> list[Rows]:
-    """Per job: (2ff,) gate|up, (ff,) gate, (ff,) up, (ff,) act — views made once."""
-    h = np.empty((max_k, 2 * ff), np.float32)  # (k, 2ff) gate and up projections
-    act = np.empty((max_k, ff), np.float32)  # (k, ff) silu(gate) * up
-    return [(h[j], h[j, :ff], h[j, ff:], act[j]) for j in range(max_k)]
+class Scratch:
+    """The experts' intermediate rows for up to `max_k` jobs: `rows[j]` is job j's (2ff,)
+    gate|up, (ff,) gate, (ff,) up and (ff,) act — views made once of `h` and `act`, so
+    that `experts_into` can take all the jobs' rows together."""
+
+    __slots__ = ("act", "h", "rows")
+
+    def __init__(self, max_k: int, ff: int) -> None:
+        self.h = np.empty((max_k, 2 * ff), np.float32)  # (k, 2ff) gate and up projections
+        self.act = np.empty((max_k, ff), np.float32)  # (k, ff) silu(gate) * up
+        h, act = self.h, self.act
+        self.rows: list[Rows] = [(h[j], h[j, :ff], h[j, ff:], act[j]) for j in range(max_k)]
 
 
 # An expert is computed by these two functions wherever it runs (a team thread, the caller,
@@ -90,6 +97,24 @@ def expert_up(buf: ExpertBuffer, x: np.ndarray, rows: Rows) -> None:
 
 def expert_down(buf: ExpertBuffer, act: np.ndarray, out: np.ndarray) -> None:
     np.matmul(buf.down, act, out=out)  # (d, ff) @ (ff,) → (d,)
+
+
+def experts_into(bufs: Sequence[ExpertBuffer], x: np.ndarray, scratch: Scratch,
+                 out: np.ndarray) -> None:
+    """Several experts on one input into out[0 .. n-1] (x: (d,), out: (>= n, d)): what
+    `expert_up` then `expert_down` give for each, with one SwiGLU over all n rows — the
+    same elementwise arithmetic on the same values, so the same bits, in five ufunc calls
+    instead of five per expert (on a decode layer's path each call costs more than its
+    arithmetic)."""
+    n = len(bufs)
+    if n == 0:
+        return
+    for buf, (h, _, _, _) in zip(bufs, scratch.rows):
+        np.matmul(buf.gate_up, x, out=h)  # (2ff,)
+    ff = scratch.act.shape[1]
+    swiglu(scratch.h[:n, :ff], scratch.h[:n, ff:], scratch.act[:n])  # (n, ff); gates overwritten
+    for j, buf in enumerate(bufs):
+        np.matmul(buf.down, scratch.act[j], out=out[j])  # (d, ff) @ (ff,) → (d,)
 
 
 def expert_rows(buf: ExpertBuffer, x: np.ndarray) -> np.ndarray:
@@ -181,7 +206,7 @@ class ComputeTeam:
         self.threads = max(1, threads)
         # Shared by the team: a job's rows are written by its up task and read by its
         # down task, whichever threads take them.
-        self._rows = scratch_rows(max_k, ff)
+        self._rows = Scratch(max_k, ff).rows
         self._inboxes: list[queue.SimpleQueue[_Batch | None]] = []
         self._last_done: queue.SimpleQueue[None] = queue.SimpleQueue()  # helper did the last
         # A down task whose up task another thread is still running waits here (rare: the

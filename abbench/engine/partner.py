@@ -48,12 +48,11 @@ from threadpoolctl import threadpool_limits
 from abbench.engine.compute import (
     Job,
     RowTask,
-    expert_down,
-    expert_up,
+    Scratch,
+    experts_into,
     matmul_t,
     matvec,
     rows_task,
-    scratch_rows,
     split_rows,
 )
 from abbench.engine.streamer import ExpertBuffer
@@ -126,7 +125,8 @@ class Partner:
                                     int(offsets[8])).reshape(slots, d)  # (rows * k, d)
         # A prefill batch through a dense matrix (`matmul_t`): the partner's columns.
         self._gemm_y = np.frombuffer(buf, np.float32, max_rows * half, int(offsets[9]))
-        self._rows = scratch_rows(max_k, ff)
+        self._scratch = Scratch(max_k, ff)
+        self._mine = np.empty((max_k, d), np.float32)  # `run`'s experts on the caller
         # Per matrix split in two: (its index, the split row, the caller's rows, where the
         # partner's part of a GEMV's result lands, a GEMV's input's place), made once.
         self._plans = {id(w): (i, s, w[:s], self._y[s : w.shape[0]], self._x[: w.shape[1]])
@@ -168,9 +168,10 @@ class Partner:
             (theirs if known else mine).append(job)
         if theirs:
             self._post_experts(x, [job.buffer for job in theirs])
-        for j, job in enumerate(mine):
-            expert_up(job.buffer, x, self._rows[j])
-            expert_down(job.buffer, self._rows[j][3], out[job.slot])
+        if mine:
+            experts_into([job.buffer for job in mine], x, self._scratch, self._mine)
+            for i, job in enumerate(mine):
+                out[job.slot] = self._mine[i]
         if theirs:
             self._wait(DONE, self._seq)
             for i, job in enumerate(theirs):
@@ -181,16 +182,14 @@ class Partner:
         """`run` of resident jobs in slots 0 .. k-1, every buffer one the partner knows:
         the same split (the partner the second half), without the jobs."""
         half = len(bufs) // 2
-        theirs = bufs[half:] if half else []
-        if theirs:
-            self._post_experts(x, theirs)
-        rows = self._rows
-        for j, buf in enumerate(bufs[:half] if half else bufs):
-            expert_up(buf, x, rows[j])
-            expert_down(buf, rows[j][3], out[j])
-        if theirs:
-            self._wait(DONE, self._seq)
-            out[half : len(bufs)] = self._out[: len(theirs)]
+        if not half:
+            experts_into(bufs, x, self._scratch, out)
+            return
+        theirs = bufs[half:]
+        self._post_experts(x, theirs)
+        experts_into(bufs[:half], x, self._scratch, out)
+        self._wait(DONE, self._seq)
+        out[half : len(bufs)] = self._out[: len(theirs)]
 
     def run_rows(self, x: np.ndarray, k: int, tasks: list[RowTask], y: np.ndarray) -> bool:
         """A prefill pass's experts, half of them on the partner: each task (buffer, slots)
@@ -364,11 +363,8 @@ class Partner:
                 rows_task(buf, x, k, self._row_slots[at : at + m], self._row_y)
                 at += m
         elif op == EXPERTS:
-            x = self._x[: self._out.shape[1]]
-            for i in range(arg):
-                buf = self._buffers[int(self._args[i])]
-                expert_up(buf, x, self._rows[i])
-                expert_down(buf, self._rows[i][3], self._out[i])
+            bufs = [self._buffers[i] for i in self._args[:arg].tolist()]
+            experts_into(bufs, self._x[: self._out.shape[1]], self._scratch, self._out)
 
 
 def _map(buf: ExpertBuffer) -> None:

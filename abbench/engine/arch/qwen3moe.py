@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 ARCH = "qwen3moe"
 SAFE_EXP = 60.0  # |score| up to this: exp() stays finite and positive in F32 over 2^20 terms
+_vecdot = np.vecdot  # row-wise dot products: one light call (einsum parses its subscripts)
 
 
 @dataclass(frozen=True)
@@ -172,11 +173,15 @@ class Attention:
         q_norm = mf.read_dense(b + "attn_q_norm.weight", True)  # (hd,)
         k_norm = mf.read_dense(b + "attn_k_norm.weight", True)  # (hd,)
         # q and k heads are normalised and rotated together: one norm weight row per head.
-        # The attention scale 1/sqrt(hd) is folded into the q rows (RoPE is linear).
-        scale = 1.0 / np.sqrt(self.hd)
+        # The attention scale 1/sqrt(hd) is folded into the q rows (RoPE is linear), and so
+        # is the norm's 1/hd: x / sqrt(sum(x²)/hd + eps) = sqrt(hd) x / sqrt(sum(x²) + hd eps),
+        # which leaves two small calls for the norm's scale (`head_scales`).
+        root = np.sqrt(np.float64(self.hd))
         self.qk_norm = np.concatenate(  # (n_head + n_kv, hd)
-            [np.tile(q_norm * scale, (self.n_head, 1)), np.tile(k_norm, (self.n_kv, 1))]
+            [np.tile(q_norm.astype(np.float64), (self.n_head, 1)),
+             np.tile(k_norm.astype(np.float64) * root, (self.n_kv, 1))]
         ).astype(np.float32)
+        self.eps_hd = np.float32(self.eps * self.hd)
         # The rows are RMS-normalised and RoPE turns them without stretching them, so
         # |q.k| <= sqrt(hd) max|q_norm| max|k_norm|. When that is small, exp(scores) can
         # neither overflow nor vanish, and softmax needs no shift by the maximum.
@@ -198,7 +203,7 @@ class Attention:
             mv(self.wqkv, x, self._qkv)  # (q+k+v rows,) seen as _qk and _v
         else:
             np.concatenate([mv(self.wq, x), mv(self.wk, x), mv(self.wv, x)], out=self._qkv)
-        qk = rms_norm_rows(self._qk, self.qk_norm, self.eps) @ rope  # (n_head + n_kv, hd)
+        qk = (self._qk * head_scales(self._qk, self.eps_hd) * self.qk_norm) @ rope  # (heads, hd)
         self.k_cache[:, pos] = qk[nq:]
         self.v_cache[:, pos] = self._v
         keys = self.k_cache[:, : pos + 1]  # (n_kv, T, hd)
@@ -227,8 +232,7 @@ class Attention:
         qk_rows = self.q_rows + self.k_rows
         qk = qkv[:, :qk_rows].reshape(n, nq + nkv, hd)  # (n, n_head + n_kv, hd)
         v = qkv[:, qk_rows:].reshape(n, nkv, hd)  # (n, n_kv, hd)
-        inv = (np.einsum("thi,thi->th", qk, qk) * (1.0 / hd) + self.eps) ** -0.5  # (n, heads)
-        qk = qk * inv[:, :, None] * self.qk_norm  # (n, heads, hd)
+        qk = qk * head_scales(qk, self.eps_hd) * self.qk_norm  # (n, heads, hd)
         qk = rope_rows(qk, cos[:, None], sin[:, None])  # (n, heads, hd)
         end = pos + n
         self.k_cache[:, pos:end] = qk[:, nq:].transpose(1, 0, 2)  # (n_kv, n, hd)
@@ -247,6 +251,12 @@ class Attention:
         out /= scores.sum(axis=-1, keepdims=True)
         heads = out.transpose(2, 0, 1, 3).reshape(n, nq * hd)  # (n, n_head*hd)
         return mm(heads, self.wo)  # (n, d)
+
+
+def head_scales(x: np.ndarray, eps_hd: np.float32) -> np.ndarray:
+    """x: (..., hd) → (..., 1): each row's RMS-norm scale over sqrt(hd), 1/sqrt(sum(x²) +
+    hd eps) (the sqrt(hd) is in the norm weights, see `Attention.qk_norm`)."""
+    return ((_vecdot(x, x) + eps_hd) ** -0.5)[..., None]
 
 
 def rope_rows(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -304,8 +314,10 @@ class SparseMoE:
         ids = np.argsort(-logits, kind="stable")[: self.k]  # (k,)
         # softmax over all experts, then renormalised over the top-k, is the softmax of
         # the top-k logits alone.
-        w = np.exp(logits[ids] - logits[ids[0]])  # (k,)
-        return ids, w / w.sum()  # (k,), (k,)
+        top = logits[ids]  # (k,)
+        w = np.exp(top - top[0])  # (k,)
+        w /= w.sum()
+        return ids, w  # (k,), (k,)
 
     def __call__(self, x: np.ndarray, phase: int, hook: RoutingHook | None,
                  matvec: MatVec = matvec) -> np.ndarray:
@@ -317,16 +329,17 @@ class SparseMoE:
             # (2, k): both top-ks as `top_k` ranks them (ties to the lower id)
             order = np.argsort(-both.reshape(2, -1), axis=1, kind="stable")[:, : self.k]
             ids = order[0]
-            w = np.exp(both[ids] - both[ids[0]])  # (k,): as `top_k` computes them
-            weights = w / w.sum()
+            top = both[ids]  # (k,)
+            weights = np.exp(top - top[0])  # (k,): as `top_k` computes them
+            weights /= weights.sum()
             hook(self.layer, x, ids, weights, phase, order[1], both[self.router.shape[0]:])
         else:
             ids, weights = self.route(x)  # (k,), (k,)
             if hook is not None:  # predictors see the router's choice, before any drop
                 hook(self.layer, x, ids, weights, phase)
-        chosen = self.experts.select(self.layer, ids, weights, phase)  # the drop policy
-        y = self.experts(self.layer, x, chosen, phase)  # (k', d) cache/reads → SwiGLU
-        return chosen.weights @ y  # (k',) @ (k', d) → (d,)
+        # the drop policy, then cache/reads → SwiGLU: (k',) kept weights, (k', d) outputs
+        kept, y = self.experts.run_routed(self.layer, x, ids, weights, phase)
+        return kept @ y  # (k',) @ (k', d) → (d,)
 
     def prefill(self, x: np.ndarray, hook: RoutingHook | None) -> np.ndarray:
         """x: (n, d) a batch of prompt tokens' normalised hidden states → (n, d)."""
