@@ -207,6 +207,7 @@ class ComputeTeam:
         # Shared by the team: a job's rows are written by its up task and read by its
         # down task, whichever threads take them.
         self._rows = Scratch(max_k, ff).rows
+        self._inputs: dict[int, np.ndarray] = {}
         self._inboxes: list[queue.SimpleQueue[_Batch | None]] = []
         self._last_done: queue.SimpleQueue[None] = queue.SimpleQueue()  # helper did the last
         # A down task whose up task another thread is still running waits here (rare: the
@@ -243,6 +244,14 @@ class ComputeTeam:
 
     matvec = staticmethod(matvec)
     matmul_t = staticmethod(matmul_t)
+
+    def input(self, n: int) -> np.ndarray:
+        """A vector (n,) to compute a GEMV's input into, the same for one n (as
+        `Partner.input`; here it is private memory, and nothing is copied either way)."""
+        view = self._inputs.get(n)
+        if view is None:
+            view = self._inputs[n] = np.empty(n, np.float32)
+        return view
 
     def close(self) -> None:
         for inbox in self._inboxes:

@@ -251,8 +251,7 @@ class ExpertRunner:
         table = direct[1][layer]
         bufs = [table[e] for e in routed]
         tok.mgmt_s += time.perf_counter() - t0
-        direct[0].run_resident(bufs, x, self.out)
-        return weights, self.out[:k]
+        return weights, direct[0].run_resident(bufs, x)
 
     def select(self, layer: int, ids: np.ndarray, weights: np.ndarray,
                phase: int) -> Selection:
@@ -318,8 +317,7 @@ class ExpertRunner:
         if self.trace is not None:
             self._trace_layer(self.trace, phase, layer, chosen, [1] * k)
         self.tok.mgmt_s += time.perf_counter() - t0
-        team.run_resident(bufs, x, self.out)
-        return self.out[:k]  # (k', d)
+        return team.run_resident(bufs, x)  # (k', d)
 
     def _load(self, layer: int, experts: list[int]) -> Load:
         """One lookup per expert (a hit refreshes recency); every miss's read is issued at

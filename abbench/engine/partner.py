@@ -65,7 +65,7 @@ YIELD_EVERY = 1 << 12  # the caller's spins (~0.3 ms) between yields, should the
 CHECK_EVERY = 1 << 16  # spins between checks that the other side is still there
 
 # Control words (int64) in the shared block.
-SEQ, DONE, OP, ARG, SLEEPING, FAILED, READY = range(7)
+SEQ, DONE, OP, ARG, SLEEPING, FAILED, READY, ROW = range(8)
 N_CTL = 8
 GEMV, EXPERTS, EXIT, ROWS, GEMM = 1, 2, 3, 4, 5
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Python < 3.12 lacks the names
@@ -127,9 +127,11 @@ class Partner:
         self._gemm_y = np.frombuffer(buf, np.float32, max_rows * half, int(offsets[9]))
         self._scratch = Scratch(max_k, ff)
         self._mine = np.empty((max_k, d), np.float32)  # `run`'s experts on the caller
+        self._inputs: dict[int, np.ndarray] = {}  # `input`'s views of the shared input
+        self._d = d
         # Per matrix split in two: (its index, the split row, the caller's rows, where the
         # partner's part of a GEMV's result lands, a GEMV's input's place), made once.
-        self._plans = {id(w): (i, s, w[:s], self._y[s : w.shape[0]], self._x[: w.shape[1]])
+        self._plans = {id(w): (i, s, w[:s], self._y[s : w.shape[0]], self.input(w.shape[1]))
                        for i, w in enumerate(self._matrices) if (s := split_rows(w))}
         self._seq = 0
         self._parent = os.getpid()
@@ -156,6 +158,15 @@ class Partner:
 
     # -- the caller's side ------------------------------------------------------------------
 
+    def input(self, n: int) -> np.ndarray:
+        """The shared block's input vector (n,), always the same view for one n: an input
+        computed into it (`rms_norm(..., out=)`) is not copied there again by `matvec` or
+        `run_resident` — a copy on the caller's path of each large GEMV otherwise."""
+        view = self._inputs.get(n)
+        if view is None:
+            view = self._inputs[n] = self._x[:n]
+        return view
+
     def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> float:
         """Compute every job into `out[slot]` (x: (d,), out: (k, d)); the stall is 0."""
         for job in jobs:
@@ -167,7 +178,7 @@ class Partner:
             known = half > 0 and id(job.buffer) in self._buffers
             (theirs if known else mine).append(job)
         if theirs:
-            self._post_experts(x, [job.buffer for job in theirs])
+            self._post_experts(x, [job.buffer for job in theirs], 0)
         if mine:
             experts_into([job.buffer for job in mine], x, self._scratch, self._mine)
             for i, job in enumerate(mine):
@@ -178,18 +189,20 @@ class Partner:
                 out[job.slot] = self._out[i]
         return 0.0
 
-    def run_resident(self, bufs: list[ExpertBuffer], x: np.ndarray, out: np.ndarray) -> None:
+    def run_resident(self, bufs: list[ExpertBuffer], x: np.ndarray) -> np.ndarray:
         """`run` of resident jobs in slots 0 .. k-1, every buffer one the partner knows:
-        the same split (the partner the second half), without the jobs."""
-        half = len(bufs) // 2
-        if not half:
-            experts_into(bufs, x, self._scratch, out)
-            return
-        theirs = bufs[half:]
-        self._post_experts(x, theirs)
-        experts_into(bufs[:half], x, self._scratch, out)
-        self._wait(DONE, self._seq)
-        out[half : len(bufs)] = self._out[: len(theirs)]
+        the same split (the partner the second half), without the jobs. → (k, d), the
+        outputs in the shared block, where each side wrote its own (no copy), valid until
+        the next call."""
+        n = len(bufs)
+        half = n // 2
+        out = self._out
+        if half:
+            self._post_experts(x, bufs[half:], half)
+        experts_into(bufs[:half] if half else bufs, x, self._scratch, out)
+        if half:
+            self._wait(DONE, self._seq)
+        return out[:n]
 
     def run_rows(self, x: np.ndarray, k: int, tasks: list[RowTask], y: np.ndarray) -> bool:
         """A prefill pass's experts, half of them on the partner: each task (buffer, slots)
@@ -243,7 +256,8 @@ class Partner:
         i, s, first, theirs, x_in = plan
         if out is None:
             out = np.empty(w.shape[0], np.float32)
-        x_in[:] = x
+        if x is not x_in:
+            x_in[:] = x
         self._post(GEMV, i)
         np.matmul(first, x, out=out[:s])  # (s,)
         self._wait(DONE, self._seq)
@@ -261,10 +275,13 @@ class Partner:
     def close(self) -> None:
         self._reaper()
 
-    def _post_experts(self, x: np.ndarray, bufs: list[ExpertBuffer]) -> None:
-        self._x[: x.shape[0]] = x
-        for i, buf in enumerate(bufs):
-            self._args[i] = id(buf)
+    def _post_experts(self, x: np.ndarray, bufs: list[ExpertBuffer], row: int) -> None:
+        """The partner computes `bufs` on x into the shared outputs from `row` on."""
+        x_in = self.input(x.shape[0])
+        if x is not x_in:
+            x_in[:] = x
+        self._args[: len(bufs)] = [id(buf) for buf in bufs]
+        self._ctl[ROW] = row
         self._post(EXPERTS, len(bufs))
 
     def _post(self, op: int, arg: int) -> None:
@@ -364,7 +381,8 @@ class Partner:
                 at += m
         elif op == EXPERTS:
             bufs = [self._buffers[i] for i in self._args[:arg].tolist()]
-            experts_into(bufs, self._x[: self._out.shape[1]], self._scratch, self._out)
+            experts_into(bufs, self._x[: self._d], self._scratch,
+                         self._out[int(self._ctl[ROW]):])
 
 
 def _map(buf: ExpertBuffer) -> None:

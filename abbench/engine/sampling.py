@@ -30,7 +30,8 @@ class Sampler:
         """logits: (vocab,) → token id. One uniform draw per token whatever the logits."""
         if self.recent:
             logits = logits.astype(np.float64)  # (vocab,) a copy: the caller's stays intact
-            ids = np.unique(np.fromiter(self.recent, dtype=np.int64))
+            distinct = set(self.recent)  # each penalised once, in any order (np.unique sorts)
+            ids = np.fromiter(distinct, np.int64, len(distinct))
             seen = logits[ids]
             logits[ids] = np.where(seen > 0, seen / self.repeat_penalty,
                                    seen * self.repeat_penalty)
@@ -41,7 +42,8 @@ class Sampler:
     def _choose(self, logits: np.ndarray) -> int:
         if self.temp <= 0.0:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64) / self.temp
+        z = logits / self.temp if logits.dtype == np.float64 else \
+            logits.astype(np.float64) / self.temp
         p = np.exp(z - z.max())
         cdf = np.cumsum(p)
         u = self.rng.random() * cdf[-1]

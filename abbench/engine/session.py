@@ -220,6 +220,7 @@ class Engine:
         self.runner.start_partner(self.model.gemv_matrices(), prefill_rows)
         self.model.matvec = self.runner.team.matvec
         self.model.matmul_t = self.runner.team.matmul_t
+        self.model.vector = self.runner.team.input
         self.layout = layout
         self.load_s = time.perf_counter() - t0
 

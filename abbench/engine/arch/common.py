@@ -27,10 +27,18 @@ class RoutingHook(Protocol):
 # overhead, not arithmetic, is the cost: they are written for the fewest calls.
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x: (d,) → (d,)"""
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """x: (d,) → (d,), into `out` if given (the same arithmetic either way)."""
     scale = 1.0 / math.sqrt(float(np.dot(x, x)) / x.size + eps)  # a Python float: stays F32
-    return x * scale * weight
+    if out is None:
+        return x * scale * weight
+    _mul(x, scale, out)  # positional out: its keyword costs as much as the arithmetic here
+    _mul(out, weight, out)
+    return out
+
+
+_mul = np.multiply
 
 
 def rms_norm_rows(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

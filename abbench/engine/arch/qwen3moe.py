@@ -10,6 +10,7 @@ it in `policies.py`), which also runs the experts' SwiGLU.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -188,16 +189,22 @@ class Attention:
         bound = np.sqrt(self.hd) * np.abs(q_norm).max() * np.abs(k_norm).max()
         self._shift = not bound <= SAFE_EXP
         self.k_cache = np.zeros((self.n_kv, n_ctx, self.hd), np.float32)  # (n_kv, T_max, hd)
-        self.v_cache = np.zeros((self.n_kv, n_ctx, self.hd), np.float32)  # (n_kv, T_max, hd)
+        # Each value row carries a 1 after it: the softmax's weighted sum of the values then
+        # gives its denominator too (column hd), without a separate sum over the scores.
+        self.v_cache = np.zeros((self.n_kv, n_ctx, self.hd + 1), np.float32)  # (n_kv, T_max, hd+1)
+        self.v_cache[..., self.hd] = 1.0
 
     def matrices(self) -> tuple[np.ndarray, ...]:
         """The matrices a call multiplies through `mv`."""
         qkv = (self.wqkv,) if self.wqkv is not None else (self.wq, self.wk, self.wv)
         return (*qkv, self.wo)
 
-    def __call__(self, x: np.ndarray, pos: int, rope: np.ndarray, mv: MatVec) -> np.ndarray:
+    def __call__(self, x: np.ndarray, pos: int, rope: np.ndarray, mv: MatVec,
+                 heads: np.ndarray) -> np.ndarray:
         """x: (d,) normalised input; rope: (hd, hd) this position's rotation → (d,), valid
-        until the next call. `mv(w, x, out)` is w @ x (it may use a second core)."""
+        until the next call. `mv(w, x, out)` is w @ x (it may use a second core); `heads`
+        (n_head*hd,), where the attention's output goes before the output projection (the
+        team's `input`, so that `mv` need not copy it), may be x's own memory."""
         nq, nkv, hd = self.n_head, self.n_kv, self.hd
         if self.wqkv is not None:
             mv(self.wqkv, x, self._qkv)  # (q+k+v rows,) seen as _qk and _v
@@ -205,17 +212,17 @@ class Attention:
             np.concatenate([mv(self.wq, x), mv(self.wk, x), mv(self.wv, x)], out=self._qkv)
         qk = (self._qk * head_scales(self._qk, self.eps_hd) * self.qk_norm) @ rope  # (heads, hd)
         self.k_cache[:, pos] = qk[nq:]
-        self.v_cache[:, pos] = self._v
+        self.v_cache[:, pos, :hd] = self._v
         keys = self.k_cache[:, : pos + 1]  # (n_kv, T, hd)
-        values = self.v_cache[:, : pos + 1]  # (n_kv, T, hd)
+        values = self.v_cache[:, : pos + 1]  # (n_kv, T, hd+1)
         qg = qk[:nq].reshape(nkv, nq // nkv, hd)  # (n_kv, g, hd), already scaled
         scores = qg @ keys.transpose(0, 2, 1)  # (n_kv, g, T)
         if self._shift:
             scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)  # unnormalised softmax
-        out = scores @ values  # (n_kv, g, hd)
-        out /= scores.sum(axis=-1, keepdims=True)
-        return mv(self.wo, out.reshape(-1), self._out)  # (d,)
+        out = scores @ values  # (n_kv, g, hd+1): the weighted values, then the weights' sum
+        np.divide(out[..., :hd], out[..., hd:], heads.reshape(nkv, nq // nkv, hd))
+        return mv(self.wo, heads, self._out)  # (d,)
 
     def prefill(self, x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray,
                 mm: MatMulT = matmul_t) -> np.ndarray:
@@ -236,9 +243,9 @@ class Attention:
         qk = rope_rows(qk, cos[:, None], sin[:, None])  # (n, heads, hd)
         end = pos + n
         self.k_cache[:, pos:end] = qk[:, nq:].transpose(1, 0, 2)  # (n_kv, n, hd)
-        self.v_cache[:, pos:end] = v.transpose(1, 0, 2)
+        self.v_cache[:, pos:end, :hd] = v.transpose(1, 0, 2)
         keys = self.k_cache[:, :end]  # (n_kv, T, hd)
-        values = self.v_cache[:, :end]  # (n_kv, T, hd)
+        values = self.v_cache[:, :end]  # (n_kv, T, hd+1)
         g = nq // nkv
         qg = qk[:, :nq].reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)  # (n_kv, g, n, hd)
         scores = qg @ keys.transpose(0, 2, 1)[:, None]  # (n_kv, g, n, T), already scaled
@@ -247,8 +254,8 @@ class Attention:
         if self._shift:
             scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)  # unnormalised softmax; exp(-inf) = 0
-        out = scores @ values[:, None]  # (n_kv, g, n, hd)
-        out /= scores.sum(axis=-1, keepdims=True)
+        out = scores @ values[:, None]  # (n_kv, g, n, hd+1): as in decode
+        out = out[..., :hd] / out[..., hd:]  # (n_kv, g, n, hd)
         heads = out.transpose(2, 0, 1, 3).reshape(n, nq * hd)  # (n, n_head*hd)
         return mm(heads, self.wo)  # (n, d)
 
@@ -363,6 +370,18 @@ class DecoderLayer:
         self.moe = SparseMoE(mf, layer, arena, experts, k)
 
 
+def _private_vectors() -> Callable[[int], np.ndarray]:
+    """`Model.vector` without a team: one private vector per length."""
+    vectors: dict[int, np.ndarray] = {}
+
+    def vector(n: int) -> np.ndarray:
+        if n not in vectors:
+            vectors[n] = np.empty(n, np.float32)
+        return vectors[n]
+
+    return vector
+
+
 class Model:
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
@@ -393,6 +412,8 @@ class Model:
         self.routing_hook: RoutingHook | None = None
         self.matvec: MatVec = matvec  # the session may hand the large GEMVs to a partner
         self.matmul_t: MatMulT = matmul_t  # and a prefill batch's dense GEMMs
+        # and give the GEMVs' inputs a place (`Partner.input`: its shared block)
+        self.vector: Callable[[int], np.ndarray] = _private_vectors()
 
     def gemv_matrices(self) -> list[np.ndarray]:
         """The dense matrices `forward` multiplies through `self.matvec`."""
@@ -429,8 +450,12 @@ class Model:
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         h = self.token_embd[token].astype(np.float32, copy=True)  # (d,)
         rope = rope_matrix(self.cos[pos], self.sin[pos])  # (hd, hd)
+        mv, eps, hook = self.matvec, self.eps, self.routing_hook
+        # Each GEMV's input is computed where the team reads it (no copy on the way): the
+        # norms' outputs and the attention's heads, each dead once its GEMVs are done.
+        x = self.vector(h.shape[0])  # (d,)
+        heads = self.vector(self.args.head_count * self.args.key_length)  # (n_head*hd,)
         for layer in self.layers:
-            h += layer.attention(rms_norm(h, layer.attn_norm, self.eps), pos, rope, self.matvec)
-            h += layer.moe(rms_norm(h, layer.ffn_norm, self.eps), phase, self.routing_hook,
-                           self.matvec)
-        return self.matvec(self.output, rms_norm(h, self.output_norm, self.eps))  # (vocab,)
+            h += layer.attention(rms_norm(h, layer.attn_norm, eps, x), pos, rope, mv, heads)
+            h += layer.moe(rms_norm(h, layer.ffn_norm, eps, x), phase, hook, mv)
+        return mv(self.output, rms_norm(h, self.output_norm, eps, x))  # (vocab,)
