@@ -128,11 +128,17 @@ class Partner:
         self._scratch = Scratch(max_k, ff)
         self._mine = np.empty((max_k, d), np.float32)  # `run`'s experts on the caller
         self._inputs: dict[int, np.ndarray] = {}  # `input`'s views of the shared input
-        self._d = d
         # Per matrix split in two: (its index, the split row, the caller's rows, where the
         # partner's part of a GEMV's result lands, a GEMV's input's place), made once.
         self._plans = {id(w): (i, s, w[:s], self._y[s : w.shape[0]], self.input(w.shape[1]))
                        for i, w in enumerate(self._matrices) if (s := split_rows(w))}
+        # The partner's side of the same: per matrix index, (its rows, the input, where
+        # their result goes), so that it starts its GEMV as soon as it sees the request
+        # (the caller waits for the later of the two halves).
+        self._halves = [(w[s:], self._x[: w.shape[1]], self._y[s : w.shape[0]])
+                        for w in self._matrices for s in (split_rows(w),)]
+        self._outs = [self._out[row:] for row in range(max_k)]  # experts' outputs from row
+        self._xd = self.input(d)  # the experts' input
         self._seq = 0
         self._parent = os.getpid()
         rfd, self._wake = os.pipe()
@@ -362,9 +368,8 @@ class Partner:
 
     def _serve_one(self, op: int, arg: int) -> None:
         if op == GEMV:
-            w = self._matrices[arg]
-            s, (m, n) = split_rows(w), w.shape
-            np.matmul(w[s:], self._x[:n], out=self._y[s:m])  # (m - s,)
+            rows, x, y = self._halves[arg]
+            _matmul(rows, x, y)  # (m - s,); positional out: no keyword parsing
         elif op == GEMM:
             w = self._matrices[arg]
             s, (m, k) = split_rows(w), w.shape
@@ -381,8 +386,11 @@ class Partner:
                 at += m
         elif op == EXPERTS:
             bufs = [self._buffers[i] for i in self._args[:arg].tolist()]
-            experts_into(bufs, self._x[: self._d], self._scratch,
-                         self._out[int(self._ctl[ROW]):])
+            experts_into(bufs, self._xd, self._scratch,
+                         self._outs[int(self._ctl[ROW])])
+
+
+_matmul = np.matmul
 
 
 def _map(buf: ExpertBuffer) -> None:
