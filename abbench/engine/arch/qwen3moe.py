@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 ARCH = "qwen3moe"
 SAFE_EXP = 60.0  # |score| up to this: exp() stays finite and positive in F32 over 2^20 terms
 _vecdot = np.vecdot  # row-wise dot products: one light call (einsum parses its subscripts)
+_sum = np.add.reduce
 
 
 @dataclass(frozen=True)
@@ -327,12 +328,14 @@ class SparseMoE:
     def top_k(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """logits: (n_expert,) → the top-k ids and their renormalised weights."""
         # Top-k by logit (softmax is monotonic); ties resolve to the lower expert id.
-        ids = np.argsort(-logits, kind="stable")[: self.k]  # (k,)
+        # (The array's own argsort and add.reduce: np.argsort and .sum() go through Python
+        # wrappers, a cost on every decode layer's path.)
+        ids = (-logits).argsort(kind="stable")[: self.k]  # (k,)
         # softmax over all experts, then renormalised over the top-k, is the softmax of
         # the top-k logits alone.
         top = logits[ids]  # (k,)
         w = np.exp(top - top[0])  # (k,)
-        w /= w.sum()
+        w /= _sum(w)
         return ids, w  # (k,), (k,)
 
     def __call__(self, x: np.ndarray, phase: int, hook: RoutingHook | None,
@@ -343,11 +346,11 @@ class SparseMoE:
         if hook is not None and phase == 1 and self.router_and_next is not None:
             both = matvec(self.router_and_next, x)  # (2 n_expert,): this layer's, the next's
             # (2, k): both top-ks as `top_k` ranks them (ties to the lower id)
-            order = np.argsort(-both.reshape(2, -1), axis=1, kind="stable")[:, : self.k]
+            order = (-both.reshape(2, -1)).argsort(axis=1, kind="stable")[:, : self.k]
             ids = order[0]
             top = both[ids]  # (k,)
             weights = np.exp(top - top[0])  # (k,): as `top_k` computes them
-            weights /= weights.sum()
+            weights /= _sum(weights)
             hook(self.layer, x, ids, weights, phase, order[1], both[self.router.shape[0]:])
         else:
             ids, weights = self.top_k(self.router @ x)  # (k,), (k,): `route`, one call less
