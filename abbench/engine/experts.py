@@ -158,9 +158,6 @@ class ExpertRunner:
         # Retention only: the layer and experts predicted for it, refreshed at its lookups.
         self._retain_at: tuple[int, list[int]] | None = None
         self._direct: Direct | None = None  # with a partner: see start_partner
-        pol = self.policies
-        self._retains = pol.speculates and pol.reads_nothing  # retention-only speculation
-        self._short = pol.drop_frac is None and (self._retains or not pol.speculates)
         if self.policies.drop_frac is not None and max_k <= 4:
             warnings.warn(
                 f"--drop-cold-experts with top-{max_k}: the threshold F/k is {1 / max_k:.2f}"
@@ -189,6 +186,18 @@ class ExpertRunner:
         self._direct = (team, [[entries[(layer, e)] for e in range(self.n_expert)]
                                for layer in range(len(self.layout))])
         return True
+
+    @property
+    def policies(self) -> Policies:
+        return self._policies
+
+    @policies.setter
+    def policies(self, pol: Policies) -> None:
+        """The policies, and what `run_routed` reads of them on every layer, worked out
+        once (a bench swaps them between tokens)."""
+        self._policies = pol
+        self._retains = pol.speculates and pol.reads_nothing  # retention-only speculation
+        self._short = pol.drop_frac is None and (self._retains or not pol.speculates)
 
     def partner_cpu_s(self) -> float:
         """CPU seconds the partner process has used (0 without one): `getrusage` of this
