@@ -22,7 +22,10 @@ The architecture's sparse MoE block routes, then calls the two steps here with t
    alternating with and without in each; the same method's A/A: -1.4% to +0.3%).
    Stale-gate retention without reads takes this path too, as over a complete cache it
    only counts its predictions: on the lookups' path P4 measured 1.048 and 1.058,
-   here 1.009, 1.010 and 1.016 (`benches/p3_p4_predictor.py`, one run each).
+   here 1.009, 1.010 and 1.016 (`benches/p3_p4_predictor.py`, one run each). With no
+   drop policy and no route trace either, `run_routed` does both steps at once with the
+   same counters and none of the selection's objects (a token-alternating ablation put
+   that bookkeeping at 2% of a decode token).
 
 The block sums the outputs in routing order, so the result is bit-identical whatever was
 resident, when reads finished, or who computed. The steps' bookkeeping (settling, the
