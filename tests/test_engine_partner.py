@@ -18,10 +18,11 @@ from test_engine_compute import make_buffers
 from threadpoolctl import threadpool_limits
 
 from abbench.engine import partner
-from abbench.engine.compute import ComputeTeam, Job, matmul_t, matvec, rows_task
+from abbench.engine.compute import ComputeTeam, Job, matmul_t, matvec, rows_task, split_rows
 from abbench.engine.config import EngineConfig
 from abbench.engine.experts import ExpertRunner
 from abbench.engine.partner import SPIN_S, Partner
+from abbench.engine.policies import Policies
 from abbench.engine.session import Engine
 from abbench.engine.streamer import ExpertBuffer
 from abbench.errors import EngineError
@@ -148,6 +149,57 @@ def test_resident_layers_skip_the_lookups_but_count_and_trace_as_they_would(
     assert all(hits == routed and not misses for phase, hits, misses, _, routed, _, _ in counts
                if phase == 1)
     assert any(r[-1] for r in counts) == retention
+
+
+def test_an_input_computed_in_the_shared_block_gives_the_same_bits(setup) -> None:
+    """`input(n)` is where a GEMV's input can be computed (the norms write there): one view
+    per length, read as it is; any other array is copied there first."""
+    p, bufs, mats = setup
+    rng = np.random.default_rng(8)
+    assert p.input(D) is p.input(D)
+    for w in mats:
+        x = rng.standard_normal(D).astype(np.float32)
+        np.multiply(x, 1.0, p.input(D))  # computed in place, as rms_norm(..., out=) does
+        np.testing.assert_array_equal(p.matvec(w, p.input(D)), matvec(w, x))
+        np.testing.assert_array_equal(p.matvec(w, x * 2), matvec(w, x * 2))
+        if split_rows(w):  # the partner took half of it: the input went to the shared block
+            np.testing.assert_array_equal(p.input(D), x * 2)
+    team = ComputeTeam(1, FF, K)
+    x = rng.standard_normal(D).astype(np.float32)
+    theirs = np.full((K, D), np.nan, np.float32)
+    team.run([Job(j, b, None) for j, b in enumerate(bufs[:K])], x, theirs)
+    np.multiply(x, 1.0, p.input(D))
+    np.testing.assert_array_equal(p.run_resident(bufs[:K], p.input(D)), theirs)
+
+
+def test_policies_set_between_tokens_take_effect_on_the_short_path(
+        tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode layer over the partner's complete cache takes `run_routed`'s short way only
+    while no drop policy is set; the policies may change between runs or tokens (the P3/P4
+    bench swaps them), and what follows takes the way the new ones call for."""
+    selected = []  # decode layers that went through `select` (the long way)
+    select = ExpertRunner.select
+
+    def counted_select(self: ExpertRunner, layer: int, ids, weights, phase: int):
+        if phase == 1:
+            selected.append(layer)
+        return select(self, layer, ids, weights, phase)
+
+    monkeypatch.setattr(ExpertRunner, "select", counted_select)
+    cfg = EngineConfig(model=str(tiny_model), prompt_tokens=(3, 4, 5, 6), n_tokens=6,
+                       resident=True, threads=2, ignore_eos=True)
+    runs = []
+    with Engine(cfg, tiny_model) as engine:
+        for policies in (Policies(), Policies(drop_frac=0.9), Policies()):
+            engine.runner.policies = policies
+            selected.clear()
+            result = engine.run()
+            runs.append((result.output_ids, len(selected)))
+    n_layers = result.model["n_layer"]
+    (plain, long_way), (dropping, dropped_way), (again, back) = runs
+    assert long_way == back == 0
+    assert dropped_way == n_layers * cfg.n_tokens  # every decode layer: a drop policy is set
+    assert plain == dropping == again  # resident: nothing is cold, so nothing is dropped
 
 
 def test_close_ends_the_child(setup) -> None:
