@@ -198,18 +198,26 @@ class Partner:
         return 0.0
 
     def run_resident(self, bufs: list[ExpertBuffer], x: np.ndarray) -> np.ndarray:
-        """`run` of resident jobs in slots 0 .. k-1, every buffer one the partner knows:
-        the same split (the partner the second half), without the jobs. → (k, d), the
-        outputs in the shared block, where each side wrote its own (no copy), valid until
-        the next call."""
+        """`run` of resident jobs in slots 0 .. k-1, every buffer one the partner knows,
+        without the jobs. → (k, d), the outputs in the shared block, where each side wrote
+        its own (no copy), valid until the next call.
+
+        The partner takes the routing's first half (its heaviest experts), the caller the
+        rest: measured here (default preset, two runs), the caller then waited 5-8 us a layer
+        (median) for the partner, against 10-11 us the other way round — a heavily routed
+        expert is more often still in the last-level cache, and the partner starts after the
+        caller's post. Each expert is the same arithmetic whoever runs it, so the split
+        changes no bit."""
         n = len(bufs)
-        half = n // 2
+        mine = n // 2  # the caller's: the last n // 2
         out = self._out
-        if half:
-            self._post_experts(x, bufs[half:], half)
-        experts_into(bufs[:half] if half else bufs, x, self._scratch, out)
-        if half:
-            self._wait(DONE, self._seq)
+        if not mine:
+            experts_into(bufs, x, self._scratch, out)
+            return out[:n]
+        first = n - mine
+        self._post_experts(x, bufs[:first], 0)
+        experts_into(bufs[first:], x, self._scratch, out[first:])
+        self._wait(DONE, self._seq)
         return out[:n]
 
     def run_rows(self, x: np.ndarray, k: int, tasks: list[RowTask], y: np.ndarray) -> bool:
