@@ -30,7 +30,10 @@ class RoutingHook(Protocol):
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
              out: np.ndarray | None = None) -> np.ndarray:
     """x: (d,) → (d,), into `out` if given (the same arithmetic either way)."""
-    scale = 1.0 / math.sqrt(float(np.dot(x, x)) / x.size + eps)  # a Python float: stays F32
+    # np.vecdot, not np.dot: the attention's head norms use it too, and on a decode layer's
+    # path each distinct numpy function costs its first call's cache misses (measured
+    # here: ten distinct calls added 18 us a layer, ten of one kind 7 us)
+    scale = 1.0 / math.sqrt(float(np.vecdot(x, x)) / x.size + eps)  # Python float: F32 stays
     if out is None:
         return x * scale * weight
     _mul(x, scale, out)  # positional out: its keyword costs as much as the arithmetic here

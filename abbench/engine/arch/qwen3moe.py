@@ -30,6 +30,7 @@ ARCH = "qwen3moe"
 SAFE_EXP = 60.0  # |score| up to this: exp() stays finite and positive in F32 over 2^20 terms
 _vecdot = np.vecdot  # row-wise dot products: one light call (einsum parses its subscripts)
 _sum = np.add.reduce
+_sub = np.subtract
 
 
 @dataclass(frozen=True)
@@ -329,8 +330,9 @@ class SparseMoE:
         """logits: (n_expert,) → the top-k ids and their renormalised weights."""
         # Top-k by logit (softmax is monotonic); ties resolve to the lower expert id.
         # (The array's own argsort and add.reduce: np.argsort and .sum() go through Python
-        # wrappers, a cost on every decode layer's path.)
-        ids = (-logits).argsort(kind="stable")[: self.k]  # (k,)
+        # wrappers, a cost on every decode layer's path; 0 - x rather than -x, as the
+        # subtraction below is needed anyway: see `rms_norm` on distinct functions.)
+        ids = _sub(0.0, logits).argsort(kind="stable")[: self.k]  # (k,)
         # softmax over all experts, then renormalised over the top-k, is the softmax of
         # the top-k logits alone.
         top = logits[ids]  # (k,)
@@ -346,7 +348,7 @@ class SparseMoE:
         if hook is not None and phase == 1 and self.router_and_next is not None:
             both = matvec(self.router_and_next, x)  # (2 n_expert,): this layer's, the next's
             # (2, k): both top-ks as `top_k` ranks them (ties to the lower id)
-            order = (-both.reshape(2, -1)).argsort(axis=1, kind="stable")[:, : self.k]
+            order = _sub(0.0, both.reshape(2, -1)).argsort(axis=1, kind="stable")[:, : self.k]
             ids = order[0]
             top = both[ids]  # (k,)
             weights = np.exp(top - top[0])  # (k,): as `top_k` computes them
