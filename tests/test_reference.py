@@ -23,7 +23,7 @@ random (each different) and whose RoPE base is changed.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,7 @@ from gguf.quants import dequantize
 
 from abbench.engine.config import EngineConfig
 from abbench.engine.session import Engine
+from abbench.engine.synth import preset, write_model
 
 ARCH = "qwen3moe"
 N_POSITIONS = 20
@@ -197,9 +198,20 @@ def perturbed_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) 
     return path
 
 
-@pytest.fixture(params=["tiny", "tiny-perturbed"])
+@pytest.fixture(scope="module")
+def wide_heads_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`tiny` with heads of 32 dimensions: n_head * head_dim (128) is not d_model (64), as
+    in real Qwen3-MoE files, so attention's output and the norms' outputs are vectors of
+    different lengths in the team's input block (`Model.vector`)."""
+    path = tmp_path_factory.mktemp("wide") / "tiny-wide-heads.gguf"
+    write_model(replace(preset("tiny"), head_dim=32), path)
+    return path
+
+
+@pytest.fixture(params=["tiny", "tiny-perturbed", "tiny-wide-heads"])
 def model(request: pytest.FixtureRequest) -> Path:
-    name = "tiny_model" if request.param == "tiny" else "perturbed_model"
+    name = {"tiny": "tiny_model", "tiny-perturbed": "perturbed_model",
+            "tiny-wide-heads": "wide_heads_model"}[request.param]
     path: Path = request.getfixturevalue(name)
     return path
 

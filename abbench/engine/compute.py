@@ -142,6 +142,19 @@ def rows_task(buf: ExpertBuffer, x: np.ndarray, k: int, slots: np.ndarray,
     y[slots] = expert_rows(buf, x[slots // k])  # (m, d)
 
 
+def private_vectors() -> Callable[[int], np.ndarray]:
+    """A GEMV's input vectors without a partner: one private (n,) vector per length, the
+    same on every call (as `Partner.input`, whose vectors are in its shared block)."""
+    vectors: dict[int, np.ndarray] = {}
+
+    def vector(n: int) -> np.ndarray:
+        if n not in vectors:
+            vectors[n] = np.empty(n, np.float32)
+        return vectors[n]
+
+    return vector
+
+
 def split_rows(w: np.ndarray) -> int:
     """Where a large GEMV is split in two (half the rows, on a 16-row boundary), 0 if not.
 
@@ -207,7 +220,7 @@ class ComputeTeam:
         # Shared by the team: a job's rows are written by its up task and read by its
         # down task, whichever threads take them.
         self._rows = Scratch(max_k, ff).rows
-        self._inputs: dict[int, np.ndarray] = {}
+        self.input = private_vectors()  # where a GEMV's input is computed (no copy either way)
         self._inboxes: list[queue.SimpleQueue[_Batch | None]] = []
         self._last_done: queue.SimpleQueue[None] = queue.SimpleQueue()  # helper did the last
         # A down task whose up task another thread is still running waits here (rare: the
@@ -244,14 +257,6 @@ class ComputeTeam:
 
     matvec = staticmethod(matvec)
     matmul_t = staticmethod(matmul_t)
-
-    def input(self, n: int) -> np.ndarray:
-        """A vector (n,) to compute a GEMV's input into, the same for one n (as
-        `Partner.input`; here it is private memory, and nothing is copied either way)."""
-        view = self._inputs.get(n)
-        if view is None:
-            view = self._inputs[n] = np.empty(n, np.float32)
-        return view
 
     def close(self) -> None:
         for inbox in self._inboxes:

@@ -42,8 +42,7 @@ class Sampler:
     def _choose(self, logits: np.ndarray) -> int:
         if self.temp <= 0.0:
             return int(np.argmax(logits))
-        z = logits / self.temp if logits.dtype == np.float64 else \
-            logits.astype(np.float64) / self.temp
+        z = logits.astype(np.float64, copy=False) / self.temp  # no second copy
         p = np.exp(z - z.max())
         cdf = np.cumsum(p)
         u = self.rng.random() * cdf[-1]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from abbench.engine.arch.common import RoutingHook, rms_norm, rms_norm_rows, rope_tables
-from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec
+from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec, private_vectors
 from abbench.engine.streamer import BufferArena, arena_copy
 from abbench.errors import ModelFileError
 
@@ -384,18 +384,6 @@ class DecoderLayer:
         self.moe = SparseMoE(mf, layer, arena, experts, k)
 
 
-def _private_vectors() -> Callable[[int], np.ndarray]:
-    """`Model.vector` without a team: one private vector per length."""
-    vectors: dict[int, np.ndarray] = {}
-
-    def vector(n: int) -> np.ndarray:
-        if n not in vectors:
-            vectors[n] = np.empty(n, np.float32)
-        return vectors[n]
-
-    return vector
-
-
 class Model:
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
@@ -427,7 +415,7 @@ class Model:
         self.matvec: MatVec = matvec  # the session may hand the large GEMVs to a partner
         self.matmul_t: MatMulT = matmul_t  # and a prefill batch's dense GEMMs
         # and give the GEMVs' inputs a place (`Partner.input`: its shared block)
-        self.vector: Callable[[int], np.ndarray] = _private_vectors()
+        self.vector: Callable[[int], np.ndarray] = private_vectors()
 
     def gemv_matrices(self) -> list[np.ndarray]:
         """The dense matrices `forward` multiplies through `self.matvec`."""
