@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 VERSION = "0.3.36"  # llama-cpp-python, vendoring ggml-org/llama.cpp 0c1e570
-TOOLS = ("llama-completion", "llama-tokenize", "llama-bench")
+TOOLS = ("llama-completion", "llama-tokenize", "llama-bench", "llama-quantize")
 # What this version builds with here: no network, no TLS, no server, no tests; static so
 # the binaries move into the cache folder on their own.
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF",

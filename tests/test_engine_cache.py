@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from abbench.engine.cache import ExpertCache, Key
-from abbench.engine.streamer import ExpertBuffer
+from abbench.engine.streamer import BufferArena, ExpertBuffer, F32Kind
 
 FF, D = 4, 8
 NBYTES = 3 * FF * D * 4  # one expert's F32 buffer
+
+
+@functools.cache
+def kind(ff: int = FF, d: int = D) -> F32Kind:
+    """One kind per shape, as the runner makes them."""
+    return F32Kind(ff, d, BufferArena(1 << 20))
 
 
 def cache_of(slots: int) -> ExpertCache:
@@ -32,13 +39,13 @@ def run_batch(
         if buf is not None:
             out.append((key, True, True, buf))
             continue
-        buf, cached = cache.admit(key, ff, d, pinned)
+        buf, cached = cache.admit(key, kind(ff, d), pinned)
         assert cache.resident_bytes <= cache.budget_bytes
         out.append((key, False, cached, buf))
         if not cached:
             scratch.append(buf)
     for buf in scratch:
-        cache.release(buf, ff, d)
+        cache.release(buf)
     return out
 
 
@@ -87,11 +94,11 @@ def test_eviction_never_takes_a_pinned_key() -> None:
     run_batch(cache, 0, [0])
     run_batch(cache, 0, [1])
     # (0, 0) is the LRU but pinned: the victim is (0, 1).
-    buf, cached = cache.admit((0, 2), FF, D, pinned={(0, 0), (0, 2)})
+    buf, cached = cache.admit((0, 2), kind(), pinned={(0, 0), (0, 2)})
     assert cached
     assert list(cache.entries) == [(0, 0), (0, 2)]
     # Everything resident pinned: the miss is read into scratch and nothing is evicted.
-    buf, cached = cache.admit((0, 3), FF, D, pinned={(0, 0), (0, 2), (0, 3)})
+    buf, cached = cache.admit((0, 3), kind(), pinned={(0, 0), (0, 2), (0, 3)})
     assert not cached
     assert buf not in cache.entries.values()
     assert list(cache.entries) == [(0, 0), (0, 2)]
@@ -197,10 +204,10 @@ def test_insert_counts_held_bytes() -> None:
 def test_admit_does_not_evict_when_the_expert_cannot_fit_anyway() -> None:
     small = 3 * 2 * D * 4
     cache = ExpertCache(NBYTES + small)
-    cache.admit((0, 0), FF, D, pinned=set())  # big, resident
-    cache.admit((1, 0), 2, D, pinned=set())  # small, resident
+    cache.admit((0, 0), kind(), pinned=set())  # big, resident
+    cache.admit((1, 0), kind(2, D), pinned=set())  # small, resident
     # A big one with the big resident pinned: evicting the small one cannot make room.
-    _, cached = cache.admit((0, 1), FF, D, pinned={(0, 0), (0, 1)})
+    _, cached = cache.admit((0, 1), kind(), pinned={(0, 0), (0, 1)})
     assert not cached
     assert (1, 0) in cache.entries
     assert cache.counters.evictions == 0
@@ -264,14 +271,14 @@ def test_property_budget_pinning_and_lru_counts(
             if cache.lookup(key) is not None:
                 continue
             resident_pinned = pinned & set(cache.entries)
-            buf, cached = cache.admit(key, FF, D, pinned)
+            buf, cached = cache.admit(key, kind(), pinned)
             assert cache.resident_bytes <= cache.budget_bytes
             assert resident_pinned <= set(cache.entries), "a pinned entry was evicted"
             assert (key in cache.entries) == cached
             if not cached:
                 scratch.append(buf)
         for buf in scratch:
-            cache.release(buf, FF, D)
+            cache.release(buf)
         ref.batch(layer, experts)
         assert list(cache.entries) == list(ref.keys)
         assert cache.resident_bytes == NBYTES * len(cache.entries)

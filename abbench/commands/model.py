@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
@@ -23,7 +24,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                          "like a trained model's. Presets: " + ", ".join(
                              f"{k} ({v.n_layer} layers, {v.n_expert} experts, top-{v.n_expert_used}"
                              f", d={v.d_model})" for k, v in synth.PRESETS.items()))
-    sy.add_argument("--preset", default="tiny", choices=list(synth.PRESETS))
+    sy.add_argument("--preset", choices=list(synth.PRESETS),
+                    help="a synthetic geometry (default tiny)")
+    sy.add_argument("--shape", choices=list(synth.SHAPES),
+                    help="a real model's geometry instead of a preset, at --layers layers")
+    sy.add_argument("--layers", type=int, metavar="N",
+                    help="layers of --shape (default 4; the real model has more)")
     sy.add_argument("--seed", type=int, default=0)
     sy.add_argument("-o", "--output", required=True, metavar="FILE")
     for knob, default, text in (
@@ -33,10 +39,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         ("router-scale", None, "spread of router logits"),
     ):
         sy.add_argument(f"--{knob}", type=float, default=default, help=text + " (preset default)")
-    sy.add_argument("--expert-type", choices=["F32", "F16", "BF16", "Q8_0"],
-                    help="storage type of expert tensors (default F32)")
-    sy.add_argument("--dense-type", choices=["F32", "F16", "BF16", "Q8_0"],
-                    help="storage type of large dense tensors (default F32)")
+    sy.add_argument("--expert-type", choices=list(synth.TYPES), metavar="TYPE",
+                    help="storage type of expert tensors: "
+                    f"{', '.join(synth.TENSOR_TYPES)}, or llama.cpp's mix "
+                    f"{' or '.join(synth.MIXES)} (default F32); quantized by ggml as "
+                    "llama-quantize quantizes")
+    sy.add_argument("--dense-type", choices=list(synth.TYPES), metavar="TYPE",
+                    help="storage type of large dense tensors (default F32; the same mix "
+                    "when --expert-type is a mix)")
     sy.add_argument("--tokenizer", choices=list(synth.TOKENIZERS),
                     help="vocabulary: llama (SentencePiece with byte tokens, the default) or "
                     "gpt2 (byte-level BPE of 512 tokens, Qwen's qwen2 pre-tokenizer)")
@@ -48,7 +58,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def cmd_model_synth(a: argparse.Namespace) -> int:
-    spec = synth.preset(a.preset, a.seed)
+    if a.shape and a.preset:
+        raise UsageError("`--preset` and `--shape` are exclusive: give one")
+    if a.layers is not None and not a.shape:
+        raise UsageError("`--layers` sets the layer count of a `--shape`")
+    if a.shape:
+        spec = synth.shape(a.shape, 4 if a.layers is None else a.layers, a.seed)
+        what = f"{a.shape} x {spec.n_layer} layers"
+    else:
+        spec = synth.preset(a.preset or "tiny", a.seed)
+        what = a.preset or "tiny"
+    if a.expert_type in synth.MIXES and a.dense_type is None:
+        a.dense_type = a.expert_type  # a Q4_K_M file: every matrix by the mix's rules
     overrides = {k: v for k, v in (
         ("popularity_skew", a.popularity_skew), ("update_early", a.update_early),
         ("update_late", a.update_late), ("router_scale", a.router_scale),
@@ -62,10 +83,30 @@ def cmd_model_synth(a: argparse.Namespace) -> int:
     out = Path(a.output)
     if not out.resolve().parent.is_dir():
         raise UsageError(f"`-o`: folder {out.resolve().parent} does not exist")
-    print(f"writing {a.preset} (seed {a.seed}) to {out} ...", file=sys.stderr, flush=True)
-    synth.write_model(spec, out, name=f"abbench-synthetic-{a.preset}")
+    print(f"writing {what} (seed {a.seed}, experts {spec.expert_type}) to {out} ...",
+          file=sys.stderr, flush=True)
+    synth.write_model(spec, out, name=f"abbench-synthetic-{(a.shape or what)}")
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return 0
+
+
+def _expert_bytes(info: dict[str, Any]) -> str:
+    """One expert in the file and in the cache, as the default kernels hold it."""
+    mib = 2**20
+    held = set(info["expert_resident_bytes"])
+    shown = " / ".join(f"{b / mib:.3f}" for b in sorted(held))
+    if info["kernels"] == "ggml":
+        how = "the file's types, computed by ggml"
+    else:
+        how = "F32, converted by numpy" if info["expert_bytes"] != info["expert_f32_bytes"] \
+            else "F32"
+    return f"{info['expert_bytes'] / mib:.3f} MiB in the file, {shown} MiB resident ({how})"
+
+
+def _held(resident: list[int], n_expert: int, budget_mib: int) -> int:
+    """How many experts a cache of `budget_mib` holds, at the layers' mean expert size."""
+    mean = sum(resident) / len(resident)
+    return min(n_expert * len(resident), int(budget_mib * 2**20 // mean))
 
 
 def cmd_model_info(a: argparse.Namespace) -> int:
@@ -76,6 +117,7 @@ def cmd_model_info(a: argparse.Namespace) -> int:
         return 0
     mib = 2**20
     slices = info["expert_slice_bytes"]
+    resident = info["expert_resident_bytes"]
     rows = [
         ("file", f"{info['path']} ({info['file_bytes'] / mib:.1f} MiB, "
                  f"alignment {info['alignment']})"),
@@ -88,9 +130,13 @@ def cmd_model_info(a: argparse.Namespace) -> int:
         ("tensor types", ", ".join(info["tensor_types"])),
         ("dense bytes", f"{info['dense_bytes'] / mib:.2f} MiB"),
         ("expert slice bytes", f"gate {slices['gate']}, up {slices['up']}, down {slices['down']}"),
-        ("expert bytes", f"{info['expert_bytes'] / mib:.3f} MiB in the file, "
-                         f"{info['expert_f32_bytes'] / mib:.3f} MiB resident (F32)"),
-        ("all experts", f"{info['expert_file_bytes'] / mib:.1f} MiB"),
+        ("expert bytes", _expert_bytes(info)),
+        ("all experts", f"{info['expert_file_bytes'] / mib:.1f} MiB in the file, "
+                        f"{sum(resident) * info['n_expert'] / mib:.1f} MiB resident "
+                        "(--resident)"),
+        ("cache budgets", ", ".join(
+            f"{budget} MiB holds {_held(resident, info['n_expert'], budget)} experts"
+            for budget in (256, 1024, 4096)) + f" (of {info['n_expert'] * len(resident)})"),
         ("routed per token", f"{info['routed_bytes_per_token'] / mib:.1f} MiB"),
     ]
     number = (int, float)

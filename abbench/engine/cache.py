@@ -2,8 +2,11 @@
 
 One lookup per unique expert per layer batch; a miss costs the expert's bytes; eviction
 never takes an entry the current batch touched. The budget counts bytes actually held in
-expert buffers. Evicted buffers are reused for the next miss of the same size instead of
-being returned to the allocator, so memory stays flat at the budget.
+expert buffers (F32 buffers' bytes, or the file's bytes where experts are kept as the file
+stores them). Evicted buffers are reused for the next miss of the same *kind* (the kind
+makes them: `streamer.F32Kind`, `slots.SlotPool`) instead of being returned to the
+allocator, so memory stays flat at the budget; one evicted to make room for another kind
+gives its pages back first (`trim`).
 Only the compute thread touches the cache: no locks.
 """
 
@@ -11,10 +14,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from abbench.engine.streamer import BufferArena, ExpertBuffer
+from abbench.engine.streamer import Buffer
 
 Key = tuple[int, int]  # (layer, expert)
+
+
+class BufferKind(Protocol):
+    """What makes an expert's buffers: their bytes against the budget, and a new one."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def new(self) -> Any: ...
 
 
 @dataclass
@@ -30,19 +43,18 @@ class CacheCounters:
 @dataclass
 class ExpertCache:
     budget_bytes: int
-    entries: OrderedDict[Key, ExpertBuffer] = field(default_factory=OrderedDict)
+    entries: OrderedDict[Key, Buffer] = field(default_factory=OrderedDict)
     resident_bytes: int = 0
     counters: CacheCounters = field(default_factory=CacheCounters)
     speculative: set[Key] = field(default_factory=set)  # filled by speculation, not yet hit
-    _free: dict[tuple[int, int], list[ExpertBuffer]] = field(default_factory=dict)
+    _free: dict[object, list[Buffer]] = field(default_factory=dict)  # by kind
     _evicted_once: set[Key] = field(default_factory=set)
-    arena: BufferArena = field(default_factory=BufferArena)  # where new buffers come from
     # Holds every expert of the model for good (`--resident`, once preloaded): it never
     # evicts, so it keeps no recency — a hit or a retention reorders nothing. Anything that
     # removes an entry ends it.
     complete: bool = False
 
-    def lookup(self, key: Key) -> ExpertBuffer | None:
+    def lookup(self, key: Key) -> Buffer | None:
         """A hit refreshes recency and is counted; a miss is counted by `admit`."""
         buf = self.entries.get(key)
         if buf is not None:
@@ -81,8 +93,8 @@ class ExpertCache:
         return False
 
     def admit(
-        self, key: Key, ff: int, d: int, pinned: set[Key], speculative: bool = False
-    ) -> tuple[ExpertBuffer, bool]:
+        self, key: Key, kind: BufferKind, pinned: set[Key], speculative: bool = False
+    ) -> tuple[Buffer, bool]:
         """A buffer to read a missing expert into, and whether it is now cached.
 
         Evicts least-recently-used entries outside `pinned` until the expert fits. When the
@@ -93,33 +105,33 @@ class ExpertCache:
             self.counters.misses += 1
             if key in self._evicted_once:
                 self.counters.rereads += 1
-        nbytes = 3 * ff * d * 4
+        nbytes = kind.nbytes
         if self.resident_bytes + nbytes > self.budget_bytes and (
             sum(self.entries[k].nbytes for k in pinned if k in self.entries) + nbytes
             > self.budget_bytes
         ):
             # It cannot fit even after evicting everything allowed: evict nothing.
             self.counters.uncached += 1
-            return self._buffer(ff, d), False
+            return self._buffer(kind), False
         while self.resident_bytes + nbytes > self.budget_bytes:
             victim = next((k for k in self.entries if k not in pinned), None)
             if victim is None:
                 self.counters.uncached += 1
-                return self._buffer(ff, d), False
-            self._evict(victim)
-        buf = self._buffer(ff, d)
+                return self._buffer(kind), False
+            self._evict(victim, kind)
+        buf = self._buffer(kind)
         self.entries[key] = buf
         self.resident_bytes += nbytes
         return buf, True
 
-    def insert(self, key: Key, buf: ExpertBuffer) -> None:
+    def insert(self, key: Key, buf: Buffer) -> None:
         """Place an already-filled buffer (used to preload a resident model)."""
         self.entries[key] = buf
         self.resident_bytes += buf.nbytes
 
-    def release(self, buf: ExpertBuffer, ff: int, d: int) -> None:
+    def release(self, buf: Buffer) -> None:
         """Return a scratch buffer to the free list."""
-        self._free.setdefault((ff, d), []).append(buf)
+        self._free.setdefault(buf.kind, []).append(buf)
 
     def drop(self, key: Key) -> None:
         """Forget an entry whose contents are not valid (a failed or cancelled read)."""
@@ -128,17 +140,19 @@ class ExpertCache:
         self.speculative.discard(key)
         if buf is not None:
             self.resident_bytes -= buf.nbytes
-            self._free.setdefault((buf.gate_up.shape[0] // 2, buf.gate_up.shape[1]), []).append(buf)
+            self.release(buf)
 
-    def _evict(self, key: Key) -> None:
+    def _evict(self, key: Key, making_room_for: object) -> None:
         self.complete = False
         buf = self.entries.pop(key)
         self.speculative.discard(key)
         self.resident_bytes -= buf.nbytes
         self.counters.evictions += 1
         self._evicted_once.add(key)
-        self._free.setdefault((buf.gate_up.shape[0] // 2, buf.gate_up.shape[1]), []).append(buf)
+        if buf.kind is not making_room_for:
+            buf.trim()  # the room is for another kind: its pages go back now
+        self.release(buf)
 
-    def _buffer(self, ff: int, d: int) -> ExpertBuffer:
-        free = self._free.get((ff, d))
-        return free.pop() if free else ExpertBuffer(ff, d, self.arena)
+    def _buffer(self, kind: BufferKind) -> Buffer:
+        free = self._free.get(kind)
+        return free.pop() if free else kind.new()

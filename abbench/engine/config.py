@@ -24,6 +24,7 @@ def default_threads() -> int:
 
 
 MODEL, STREAMING, POLICIES = "model and workload", "streaming", "policies (all off by default)"
+KERNELS = ("auto", "ggml", "numpy")
 
 
 def option(default: Any, help: str, group: str, *, short: str | None = None,
@@ -96,6 +97,11 @@ class EngineConfig:
                            "(default off)", STREAMING, toggle=True)
     threads: int = option(0, "expert compute threads (default: one per core, up to 8)",
                           STREAMING, metavar="N")  # 0: one per core (up to 8)
+    kernels: str = option("auto", "how weights that are not F32 are computed: ggml (in the "
+                          "file's own types, by ggml's CPU kernels; the cache holds the "
+                          "file's bytes), numpy (converted to F32 when read: the reference), "
+                          "auto (ggml where the experts are not F32, else numpy; default)",
+                          STREAMING, choices=KERNELS)
     # policies (all off by default)
     drop_cold_experts: float | None = option(  # F: skip non-resident experts below F/k
         None, "in decode, skip a routed expert that is not resident and whose weight is "
@@ -141,6 +147,8 @@ class EngineConfig:
             raise bad("n_ctx", f"must be at least 2 (got {self.n_ctx})")
         if self.dense not in ("pinned", "mmap"):
             raise bad("dense", f"must be `pinned` or `mmap` (got `{self.dense}`)")
+        if self.kernels not in KERNELS:
+            raise bad("kernels", f"must be one of {', '.join(KERNELS)} (got `{self.kernels}`)")
         if not self.cache_mib >= 0:
             raise bad("cache_mib", f"must be >= 0 (got {self.cache_mib})")
         if not 1 <= self.io_lanes <= 64:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from abbench.engine import partner
-from abbench.engine.cache import ExpertCache, Key
+from abbench.engine.cache import BufferKind, ExpertCache, Key
 from abbench.engine.compute import ComputeTeam, Job, rows_task
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.policies import (
@@ -54,7 +54,16 @@ from abbench.engine.policies import (
     prev_token_prefetch,
     stale_gate_prefetch,
 )
-from abbench.engine.streamer import ExpertBuffer, LayerExperts, ReadTicket, SliceReader
+from abbench.engine.qcompute import QuantTeam
+from abbench.engine.slots import SlotPool
+from abbench.engine.streamer import (
+    BufferArena,
+    ExpertBuffer,
+    F32Kind,
+    LayerExperts,
+    ReadTicket,
+    SliceReader,
+)
 
 if TYPE_CHECKING:
     from abbench.engine.predictor import RoutePredictor
@@ -134,7 +143,10 @@ class ExpertRunner:
         threads: int,
         max_k: int,
         policies: Policies | None = None,
+        team: QuantTeam | None = None,
     ) -> None:
+        """`team`: compute the experts in the file's own types on this ggml team (their
+        buffers then hold the file's bytes); None: in F32 on the numpy team."""
         self.layout = layout
         self.overlap = overlap
         self.resident = resident
@@ -143,11 +155,14 @@ class ExpertRunner:
         self.policies = policies or Policies()
         self.n_expert = layout[0].gate.shape[0] if layout else 0
         self.reader = SliceReader(mf.path, io_lanes, o_direct)
-        total = sum(le.buffer_bytes * self.n_expert for le in layout)
+        self.raw = team is not None
+        self.kinds = self._kinds(max_k)
+        total = sum(kind.nbytes * self.n_expert for kind in self.kinds)
         self.cache = ExpertCache(total if resident else int(cache_mib * MIB))
         ff = max((le.ff for le in layout), default=1)
         d = max((le.d for le in layout), default=1)
-        self.team: ComputeTeam | partner.Partner = ComputeTeam(threads, ff, max_k)
+        self.team: ComputeTeam | partner.Partner | QuantTeam = (
+            team if team is not None else ComputeTeam(threads, ff, max_k))
         self.out = np.zeros((max_k, d), np.float32)  # (k, d) expert outputs, routing order
         self.tok = TokenCounters()
         self.load_read_bytes = 0
@@ -171,12 +186,35 @@ class ExpertRunner:
             self._preload()
             self.cache.complete = True
 
+    def _kinds(self, max_k: int) -> list[BufferKind]:
+        """Each layer's buffer kind: F32 buffers of its shape from one arena, or slots of
+        its layout (one pool per layout, with room for every expert of the model that has
+        it, a prefill batch's scratch and a layer's: address space, not memory)."""
+        if not self.raw:
+            arena = BufferArena()
+            f32: dict[tuple[int, int], F32Kind] = {}
+            return [f32.setdefault((le.ff, le.d), F32Kind(le.ff, le.d, arena))
+                    for le in self.layout]
+        layouts = [le.slot_layout for le in self.layout]
+        pools = {lay: SlotPool(lay, layouts.count(lay) * self.n_expert + self.n_expert
+                               + 2 * max_k) for lay in dict.fromkeys(layouts)}
+        return [pools[lay] for lay in layouts]
+
+    @property
+    def kernel_types(self) -> dict[str, list[str]]:
+        """The types the experts are computed in, per projection (every layer's)."""
+        if not self.raw:
+            return {p: ["F32"] for p in ("gate", "up", "down")}
+        return {p: sorted({getattr(le, p).type_name for le in self.layout})
+                for p in ("gate", "up", "down")}
+
     def start_partner(self, matrices: Sequence[np.ndarray], max_rows: int = 0) -> bool:
         """With every expert resident and more than one thread, hand half of each layer's
         work to a partner process instead of the thread team (see `partner.py`);
         `matrices` are the dense ones the model multiplies through `team.matvec`, and
         `max_rows` the most tokens a prefill pass gives it."""
-        if not (self.resident and self.team.threads > 1 and partner.supported()):
+        if not (self.resident and isinstance(self.team, ComputeTeam) and self.team.threads > 1
+                and partner.supported()):
             return False
         max_k, d = self.out.shape
         ff = max((le.ff for le in self.layout), default=1)
@@ -215,8 +253,8 @@ class ExpertRunner:
         for layer, le in enumerate(self.layout):
             tickets = []
             for e in range(self.n_expert):
-                buf = ExpertBuffer(le.ff, le.d, self.cache.arena)
-                tickets.append((e, buf, self.reader.submit(le.slices(e), buf)))
+                buf = self.kinds[layer].new()
+                tickets.append((e, buf, self.reader.submit(le.slices(e, self.raw), buf)))
             for e, buf, t in tickets:
                 t.wait()
                 self.load_read_bytes += t.nbytes
@@ -356,9 +394,9 @@ class ExpertRunner:
                 continue
             if load.batch is None:
                 load.batch = {(layer, i) for i in experts}
-            buf, cached = cache.admit(key, le.ff, le.d, load.batch)
+            buf, cached = cache.admit(key, self.kinds[layer], load.batch)
             load.missing.append((slot, e, buf, cached))
-            load.tickets.append(self.reader.submit(le.slices(e), buf))  # read starts now
+            load.tickets.append(self.reader.submit(le.slices(e, self.raw), buf))  # starts now
             load.residency.append(0)
         if retain_at is not None:  # and those looked up: they were resident if they hit
             predicted = retain_at[1]
@@ -413,10 +451,9 @@ class ExpertRunner:
         tok.io_s += max(t.t_done for t in tickets) - min(t.t_issued for t in tickets)
         tok.read_bytes += sum(t.nbytes for t in tickets)
         t0 = time.perf_counter()
-        le = self.layout[layer]
         for _, _, buf, cached in load.missing:
             if not cached:
-                self.cache.release(buf, le.ff, le.d)
+                self.cache.release(buf)
         tok.mgmt_s += time.perf_counter() - t0
 
     def _trace_layer(self, trace: RouteTraceWriter, phase: int, layer: int,
@@ -488,6 +525,9 @@ class ExpertRunner:
         first). Each expert's GEMMs are one thread's, on one BLAS thread, so the bits do not
         depend on who ran it. The stall is the time spent waiting on reads, per thread."""
         n, k = ids.shape
+        if isinstance(self.team, QuantTeam):
+            self._run_batch_quant(self.team, layer, x, ids, keep, union, load, y)
+            return
         flat = y.reshape(n * k, -1)  # (n * k, d): row t * k + j is token t's slot j
         # Each expert's slots, ascending: one sort of the kept slots by expert id.
         chosen = np.where(keep, ids, -1).ravel()  # (n * k,), -1 where dropped
@@ -525,6 +565,35 @@ class ExpertRunner:
             return sum(f.result() for f in running) / self.threads  # the first error raises
 
         self._compute(layer, load, run_all)
+
+    def _run_batch_quant(self, team: QuantTeam, layer: int, x: np.ndarray, ids: np.ndarray,
+                         keep: np.ndarray, union: list[int], load: Load,
+                         y: np.ndarray) -> None:
+        """The batch on ggml, as llama.cpp runs it: one graph over every token's experts
+        (their slots), once every read has landed (the wait is the stall)."""
+
+        def run() -> float:
+            w0 = time.perf_counter()
+            for t in load.tickets:
+                t.wait()  # raises if the read failed
+            stall = time.perf_counter() - w0
+            slot = dict.fromkeys(union, 0)  # expert id → its slot index
+            for job in load.resident:
+                slot[union[job.slot]] = job.buffer.index  # type: ignore[union-attr]
+            for _, e, buf, _ in load.missing:
+                slot[e] = buf.index  # type: ignore[union-attr]
+            # A dropped expert has no slot: any loaded one stands in, its output zeroed.
+            stand_in = slot[union[0]]
+            ids_slots = np.array([[slot.get(e, stand_in) if kept else stand_in
+                                   for e, kept in zip(row, krow)]
+                                  for row, krow in zip(ids.tolist(), keep.tolist())],
+                                 np.int32)  # (n, k)
+            pool = self.kinds[layer]
+            y[...] = team.rows(pool, x, ids_slots)  # type: ignore[arg-type]
+            y[~keep] = 0.0
+            return stall
+
+        self._compute(layer, load, run)
 
     def _trace_prefill(self, trace: RouteTraceWriter, layer: int, ids: np.ndarray,
                        weights: np.ndarray, keep: np.ndarray, union: list[int],
@@ -603,12 +672,12 @@ class ExpertRunner:
             if cache.peek(key) or key in pinned:
                 continue
             le = self.layout[key[0]]
-            buf, cached = cache.admit(key, le.ff, le.d, pinned, speculative=True)
+            buf, cached = cache.admit(key, self.kinds[key[0]], pinned, speculative=True)
             if not cached:  # no room without evicting what is in use: do not speculate
-                cache.release(buf, le.ff, le.d)
+                cache.release(buf)
                 continue
             pinned.add(key)
-            self._pending.append((key, self.reader.submit(le.slices(key[1]), buf)))
+            self._pending.append((key, self.reader.submit(le.slices(key[1], self.raw), buf)))
 
     def _settle(self, cancel: bool = True) -> None:
         """Finished speculative reads join the cache; the rest are cancelled."""

@@ -203,13 +203,29 @@ class ModelFile:
         if not pinned and info.ggml_type == GGMLQuantizationType.F32:
             view = self._reader.data[info.offset : info.offset + info.nbytes]
             return view.view(np.float32).reshape(info.shape)
-        raw = np.empty(info.nbytes, dtype=np.uint8)
+        return to_f32(self.read_raw(name), info.ggml_type, info.shape)
+
+    def mapped(self, name: str) -> np.ndarray:
+        """A tensor's bytes as a view of the file's mapping (uint8; the page cache's)."""
+        info = self.tensor(name)
+        return self._reader.data[info.offset : info.offset + info.nbytes]
+
+    def read_raw(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """A tensor's bytes as the file stores them (uint8), into `out` if given."""
+        info = self.tensor(name)
+        raw = np.empty(info.nbytes, dtype=np.uint8) if out is None else out
+        view = memoryview(raw)
+        got = 0
         with open(self.path, "rb", buffering=0) as f:
             f.seek(info.offset)
-            got = f.readinto(memoryview(raw))
-        if got != info.nbytes:
-            raise ModelFileError(f"{self.path}: truncated while reading tensor `{name}`")
-        return to_f32(raw, info.ggml_type, info.shape)
+            # One read returns at most ~2 GiB (the kernel's cap per call): loop until done.
+            while got < info.nbytes:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise ModelFileError(
+                        f"{self.path}: truncated while reading tensor `{name}`")
+                got += n
+        return raw
 
     def close(self) -> None:
         mm = getattr(self._reader.data, "_mmap", None)

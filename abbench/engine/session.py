@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import resource
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,16 +19,19 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from threadpoolctl import threadpool_limits
 
-from abbench.engine.arch import architecture
+from abbench.engine import ggml
+from abbench.engine.arch import GRAPHS, architecture
 from abbench.engine.config import MAX_REPEAT_LAST_N, MAX_REPEAT_PENALTY, EngineConfig
 from abbench.engine.experts import MIB, ExpertRunner
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.policies import Policies
 from abbench.engine.predictor import RoutePredictor
+from abbench.engine.qcompute import QuantTeam
 from abbench.engine.sampling import Sampler
-from abbench.engine.streamer import expert_layout
+from abbench.engine.streamer import LayerExperts, expert_layout
 from abbench.engine.tokenizer import Tokenizer, tokenizer_for
 from abbench.errors import ConfigError
 from abbench.records.route_trace import RouteTraceWriter
@@ -106,6 +110,7 @@ def model_info(mf: ModelFile) -> dict[str, Any]:
     arch = architecture(mf.architecture, mf.path)
     args = arch.ModelArgs.from_file(mf)
     layout = expert_layout(mf, args.block_count, args.expert_count)
+    kernels = choose_kernels("auto", layout)
     expert_names = {t.name for le in layout for t in (le.gate, le.up, le.down)}
     expert_file_bytes = sum(mf.tensors[n].nbytes for n in expert_names)
     dense_bytes = sum(t.nbytes for n, t in mf.tensors.items() if n not in expert_names)
@@ -136,6 +141,11 @@ def model_info(mf: ModelFile) -> dict[str, Any]:
         },
         "expert_bytes": layout[0].file_bytes,
         "expert_f32_bytes": layout[0].buffer_bytes,
+        # What the engine computes the experts with by default (`--kernels auto`), and so
+        # what one expert holds in the cache: the file's bytes with ggml, else F32.
+        "kernels": kernels,
+        "expert_resident_bytes": [le.file_bytes if kernels == "ggml" else le.buffer_bytes
+                                  for le in layout],
         "routed_bytes_per_token": sum(le.file_bytes for le in layout) * args.expert_used_count,
         "sampling_temp": mf.get("general.sampling.temp"),
         "sampling_penalty_repeat": mf.get("general.sampling.penalty_repeat"),
@@ -193,6 +203,8 @@ class Engine:
         self.eos_id = eos if isinstance(eos, int) else None
         layout = expert_layout(self.mf, args.block_count, args.expert_count)
         self.dense_bytes = int(self.info["dense_bytes"])
+        self.kernels = choose_kernels(config.kernels, layout)
+        team = QuantTeam(config.compute_threads) if self.kernels == "ggml" else None
         self.runner = ExpertRunner(
             self.mf,
             layout,
@@ -204,8 +216,14 @@ class Engine:
             threads=config.compute_threads,
             max_k=k,
             policies=Policies.of(config),
+            team=team,
         )
-        self.model = arch.Model(self.mf, args, self.runner, config.dense == "pinned", n_ctx, k)
+        pinned = config.dense == "pinned"
+        if team is None:
+            self.model = arch.Model(self.mf, args, self.runner, pinned, n_ctx, k)
+        else:  # llama.cpp's graph, as llama.cpp computes a quantized file
+            graph = GRAPHS[self.mf.architecture]
+            self.model = graph.GraphModel(self.mf, args, self.runner, team, pinned, n_ctx, k)
         self.predictor: RoutePredictor | None = None
         if config.predict_log or config.predict_prefetch:
             self.model.fuse_next_routers()  # before the partner, which shares those GEMVs
@@ -308,6 +326,7 @@ class Engine:
                 "predict_spec_max": cfg.predict_spec_max if cfg.predict_prefetch else None,
             },
         }
+        extra["kernels"] = self.kernel_info()
         if self.predictor is not None and cfg.predict_log:
             extra["predict"] = self.predictor.scores.to_dict()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -332,6 +351,20 @@ class Engine:
             dense_bytes=self.dense_bytes,
             extra=extra,
         )
+
+    def kernel_info(self) -> dict[str, Any]:
+        """What computed this run: the backend, and the types of the experts and of the
+        dense matrices as they were computed."""
+        dense = self.model.dense_types() if hasattr(self.model, "dense_types") else ["F32"]
+        info: dict[str, Any] = {
+            "backend": self.kernels,
+            "experts": self.runner.kernel_types,
+            "dense": dense,
+        }
+        if self.kernels == "ggml":
+            lib = ggml.lib()
+            info["ggml"] = {"library": str(lib.folder), "cpu": lib.cpu_features()}
+        return info
 
     def _prefill(self, tokens: list[int], pos: int, step: int) -> TokenRecord:
         """One prefill pass over `tokens` (positions pos ..), measured as one record."""
@@ -378,6 +411,24 @@ class Engine:
             rss_mib=_rss_mib(),
             **tok.counts(),
         )
+
+
+def choose_kernels(choice: str, layout: list[LayerExperts]) -> str:
+    """`ggml` or `numpy` for `--kernels` (auto: ggml where the experts are not F32)."""
+    quantized = any(t.ggml_type != GGMLQuantizationType.F32
+                    for le in layout for t in (le.gate, le.up, le.down))
+    if choice == "numpy" or (choice == "auto" and not quantized):
+        return "numpy"
+    try:
+        ggml.lib()
+    except ggml.GgmlUnavailable as e:
+        if choice == "ggml":
+            raise
+        warnings.warn(f"{e.message}: the experts are converted to F32 by numpy (the "
+                      "reference path: slow, and 3.8-7x the memory)", RuntimeWarning,
+                      stacklevel=2)
+        return "numpy"
+    return "ggml"
 
 
 _PAGE = resource.getpagesize()

@@ -5,11 +5,15 @@ outermost) is the contiguous slice at `tensor.offset + e * slice_bytes`. An expe
 slices land in one page-aligned F32 buffer laid out `[gate | up | down]`, so gate and up
 form one `(2*ff, d)` matrix and the expert's first GEMV is a single call.
 
+Where experts are computed in the file's own types (`qcompute.py`), the three slices land
+as they are in a slot of a `slots.SlotPool` instead, each part on a page boundary.
+
 Reads are `os.preadv` on one file descriptor per lane. O_DIRECT (the default) needs the
 file offset, the length and the buffer address aligned to the device block; when a slice
-is F32 and aligned (the synthetic models are written so) it is read straight into the
-buffer the GEMV uses. Otherwise the lane reads the aligned range that covers the slice into
-its own bounce buffer and converts from there.
+is kept as it is (F32 into an F32 buffer, any type into a slot) and aligned (the synthetic
+models are written so) it is read straight into the buffer the compute uses. Otherwise the
+lane reads the aligned range that covers the slice into its own bounce buffer and copies or
+converts from there.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from abbench.engine.gguf_file import ModelFile, TensorInfo, to_f32
+from abbench.engine.slots import Part, RawSlot, SlotLayout
 from abbench.errors import EngineError, ModelFileError
 
 ALIGN = 4096  # O_DIRECT alignment that every Linux block device accepts
@@ -101,7 +106,13 @@ class Slice:
     nbytes: int  # bytes in the file
     ggml_type: GGMLQuantizationType
     shape: tuple[int, int]  # numpy shape once converted to F32
-    dest: int  # byte offset inside the expert's F32 buffer
+    dest: int  # byte offset inside the expert's buffer
+    raw: bool = False  # kept as the file has it (a slot), not converted to F32
+
+    @property
+    def dest_bytes(self) -> int:
+        """Bytes it takes in the buffer."""
+        return self.nbytes if self.raw else self.shape[0] * self.shape[1] * 4
 
 
 @dataclass(frozen=True)
@@ -124,12 +135,22 @@ class LayerExperts:
         """Bytes one expert occupies in the file (its three slices)."""
         return sum(t.nbytes // t.shape[0] for t in (self.gate, self.up, self.down))
 
-    def slices(self, expert: int) -> tuple[Slice, Slice, Slice]:
+    @property
+    def slot_layout(self) -> SlotLayout:
+        """The expert as a slot holds it (the file's bytes: `slots.py`)."""
+        gate, up, down = (Part(int(t.ggml_type), t.shape[1], t.shape[2], t.nbytes // t.shape[0])
+                          for t in (self.gate, self.up, self.down))
+        return SlotLayout(gate, up, down)
+
+    def slices(self, expert: int, raw: bool = False) -> tuple[Slice, Slice, Slice]:
+        """Expert `expert`'s three slices, into an F32 buffer or (`raw`) a slot."""
         fd = self.ff * self.d * 4
+        dests = self.slot_layout.offsets if raw else (0, fd, 2 * fd)
         out = []
-        for t, dest in ((self.gate, 0), (self.up, fd), (self.down, 2 * fd)):
+        for t, dest in zip((self.gate, self.up, self.down), dests):
             per = t.nbytes // t.shape[0]
-            out.append(Slice(t.offset + expert * per, per, t.ggml_type, t.shape[1:], dest))  # type: ignore[arg-type]
+            out.append(Slice(t.offset + expert * per, per, t.ggml_type, t.shape[1:], dest,  # type: ignore[arg-type]
+                             raw))
         return out[0], out[1], out[2]
 
 
@@ -159,18 +180,41 @@ def expert_layout(mf: ModelFile, n_layer: int, n_expert: int) -> list[LayerExper
 class ExpertBuffer:
     """One expert's weights in F32: `gate_up` (2*ff, d) and `down` (d, ff)."""
 
-    __slots__ = ("mm", "offset", "floats", "gate_up", "down", "nbytes")
+    __slots__ = ("mm", "offset", "data", "floats", "gate_up", "down", "nbytes", "kind")
 
-    def __init__(self, ff: int, d: int, arena: BufferArena | None = None) -> None:
+    def __init__(self, ff: int, d: int, arena: BufferArena | None = None,
+                 kind: F32Kind | None = None) -> None:
         self.nbytes = 3 * ff * d * 4
+        self.kind = kind  # what made it (the cache keeps freed buffers by kind)
         if arena is None:
             self.mm, self.offset = mmap.mmap(-1, max(self.nbytes, 1), flags=PRIVATE), 0
         else:
             self.mm, self.offset = arena.take(self.nbytes)
-        raw = np.frombuffer(self.mm, dtype=np.uint8, count=self.nbytes, offset=self.offset)
-        self.floats = raw.view(np.float32)  # (3*ff*d,)
+        self.data = np.frombuffer(self.mm, dtype=np.uint8, count=self.nbytes,
+                                  offset=self.offset)
+        self.floats = self.data.view(np.float32)  # (3*ff*d,)
         self.gate_up = self.floats[: 2 * ff * d].reshape(2 * ff, d)  # (2ff, d)
         self.down = self.floats[2 * ff * d :].reshape(d, ff)  # (d, ff)
+
+    def trim(self) -> None:
+        """Give the buffer's pages back (its contents are gone; written again on reuse)."""
+        length = -(-self.nbytes // ALIGN) * ALIGN
+        with contextlib.suppress(OSError, ValueError):
+            self.mm.madvise(mmap.MADV_DONTNEED, self.offset, length)
+
+
+class F32Kind:
+    """F32 expert buffers of one shape, from one arena (`cache.BufferKind`)."""
+
+    def __init__(self, ff: int, d: int, arena: BufferArena) -> None:
+        self.ff, self.d, self.arena = ff, d, arena
+        self.nbytes = 3 * ff * d * 4
+
+    def new(self) -> ExpertBuffer:
+        return ExpertBuffer(self.ff, self.d, self.arena, self)
+
+
+Buffer = ExpertBuffer | RawSlot  # where an expert's bytes land: F32, or the file's own
 
 
 class ReadTicket:
@@ -183,7 +227,7 @@ class ReadTicket:
     __slots__ = ("slices", "buffer", "event", "t_issued", "t_done", "nbytes", "error",
                  "cancelled", "skipped", "_pending", "_lock")
 
-    def __init__(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> None:
+    def __init__(self, slices: tuple[Slice, ...], buffer: Buffer) -> None:
         self.slices = slices
         self.buffer = buffer
         self.event = threading.Event()
@@ -253,13 +297,13 @@ class SliceReader:
         finally:
             os.close(fd)
 
-    def submit(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> ReadTicket:
+    def submit(self, slices: tuple[Slice, ...], buffer: Buffer) -> ReadTicket:
         ticket = ReadTicket(slices, buffer)
         for s in slices:
             self._queue.put((ticket, s))
         return ticket
 
-    def read_now(self, slices: tuple[Slice, ...], buffer: ExpertBuffer) -> int:
+    def read_now(self, slices: tuple[Slice, ...], buffer: Buffer) -> int:
         ticket = self.submit(slices, buffer)
         ticket.wait()
         return ticket.nbytes
@@ -284,8 +328,8 @@ class SliceReader:
                 got = 0
                 error: BaseException | None = None
                 try:
-                    dest = ticket.buffer.floats.view(np.uint8)[s.dest : s.dest + _f32_bytes(s)]
-                    if s.ggml_type == GGMLQuantizationType.F32 and (
+                    dest = ticket.buffer.data[s.dest : s.dest + s.dest_bytes]
+                    if (s.raw or s.ggml_type == GGMLQuantizationType.F32) and (
                         not self.o_direct or (s.offset % ALIGN == 0 and s.nbytes % ALIGN == 0)
                     ):
                         got = _pread_full(fd, dest, s.offset)
@@ -300,18 +344,17 @@ class SliceReader:
                         if got < s.offset - start + s.nbytes:  # the file ended inside the slice
                             raise EngineError(f"{self.path}: short read at offset {s.offset}")
                         raw = bounce[s.offset - start : s.offset - start + s.nbytes]
-                        f32 = dest.view(np.float32).reshape(s.shape)
-                        f32[...] = to_f32(raw, s.ggml_type, s.shape)
+                        if s.raw:
+                            dest[...] = raw
+                        else:
+                            f32 = dest.view(np.float32).reshape(s.shape)
+                            f32[...] = to_f32(raw, s.ggml_type, s.shape)
                 except BaseException as e:  # handed to the waiting thread, never lost
                     error = e
                 ticket._slice_done(got, error)
         finally:
             os.close(fd)
             del bounce_mm
-
-
-def _f32_bytes(s: Slice) -> int:
-    return s.shape[0] * s.shape[1] * 4
 
 
 def _pread_full(fd: int, dest: np.ndarray, offset: int, allow_eof: bool = False) -> int:

@@ -25,8 +25,18 @@ long-standing repetition penalty (`general.sampling.penalty_repeat = 1.1` over
 `penalty_last_n = 64` tokens), because without it a popular token repeats back to back,
 and a token following itself routes to the experts it just used, so a streaming decode
 reads nothing for it.
-Tensors are 4096-byte aligned and experts stored in F32, so O_DIRECT reads land straight in
-the buffer the GEMV uses.
+Tensors are 4096-byte aligned and experts stored in F32 by default, so O_DIRECT reads land
+straight in the buffer the GEMV uses.
+
+Files of the types the field ships: `expert_type` (and `dense_type`) may be any type ggml
+quantizes to without an importance matrix (Q8_0, Q4_0, Q4_K, Q6_K, ...), quantized by
+ggml's own `ggml_quantize_chunk` — what `llama-quantize` calls — or one of llama.cpp's
+mixes, `Q4_K_M` and `Q5_K_M`, which follow `llama-quantize`'s rules for them: `attn_v`
+and `ffn_down` (the experts' too) in Q6_K on the layers its `use_more_bits` picks (the
+first and last eighth, and every third between), `output` in Q6_K, every other matrix in
+Q4_K (Q5_K); norms and routers stay F32. `SHAPES` has real models' geometries
+(`qwen3-30b-a3b`: 128 experts, top-8, d_model 2048, expert ff 768) at a layer count of
+one's choosing.
 """
 
 from __future__ import annotations
@@ -55,6 +65,13 @@ FORMAT_VERSION = 3  # bump when the generator's output changes for the same spec
 SAMPLING_PENALTY_REPEAT = 1.1  # the sampling defaults written into every synthetic model
 SAMPLING_PENALTY_LAST_N = 64
 
+# Tensor types written as they are; the mixes below choose among them per tensor.
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
+                "Q4_K", "Q5_K", "Q6_K")
+# llama.cpp's mixes: (the base type, the type of the tensors it gives more bits)
+MIXES = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K")}
+TYPES = TENSOR_TYPES + tuple(MIXES)
+
 
 @dataclass(frozen=True)
 class SynthSpec:
@@ -78,6 +95,10 @@ class SynthSpec:
     tokenizer: str = "llama"  # "llama" (SentencePiece, byte fallback) or "gpt2" (BPE)
 
     def __post_init__(self) -> None:
+        for key in ("expert_type", "dense_type"):
+            if getattr(self, key) not in TYPES:
+                raise UsageError(f"{key} must be one of {', '.join(TYPES)} "
+                                 f"(got {getattr(self, key)!r})")
         if self.tokenizer not in TOKENIZERS:
             raise UsageError(f"tokenizer must be one of {', '.join(TOKENIZERS)} "
                              f"(got {self.tokenizer!r})")
@@ -106,6 +127,52 @@ PRESETS: dict[str, SynthSpec] = {
 }
 
 
+# Real models' geometries, written with `n_layer` chosen by the caller (`shape()`).
+SHAPES: dict[str, SynthSpec] = {
+    # Qwen3-30B-A3B: 48 layers of 128 experts (top-8) in the real model
+    "qwen3-30b-a3b": SynthSpec(n_layer=48, n_expert=128, n_expert_used=8, d_model=2048,
+                               n_head=32, n_head_kv=4, head_dim=128, expert_ff=768,
+                               context_length=4096, tokenizer="gpt2"),
+}
+
+
+def shape(name: str, n_layer: int, seed: int = 0) -> SynthSpec:
+    if name not in SHAPES:
+        raise UsageError(f"unknown model shape `{name}`", tip=f"shapes: {', '.join(SHAPES)}")
+    if n_layer < 1:
+        raise UsageError(f"`--layers` must be at least 1 (got {n_layer})")
+    return replace(SHAPES[name], n_layer=n_layer, seed=seed)
+
+
+def use_more_bits(layer: int, n_layer: int) -> bool:
+    """llama-quantize's choice of the layers whose attn_v and ffn_down get more bits."""
+    return (layer < n_layer // 8 or layer >= 7 * n_layer // 8
+            or (layer - n_layer // 8) % 3 == 2)
+
+
+# What llama-quantize writes instead of a K type whose 256-value blocks do not divide a
+# tensor's rows (small synthetic shapes have such rows).
+K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+def tensor_type(spec: SynthSpec, name: str, declared: str, cols: int) -> str:
+    """The storage type of tensor `name` (rows of `cols` values): `declared` (F32 for norms
+    and routers, else the spec's dense or expert type) unless that names a mix, which
+    decides per tensor; a K type that does not divide the rows falls back as
+    llama-quantize's does."""
+    chosen = declared
+    if declared in MIXES:
+        base, more = MIXES[declared]
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        more_bits = name == "output.weight" or (
+            (name.endswith("attn_v.weight") or "ffn_down" in name)
+            and use_more_bits(layer, spec.n_layer))
+        chosen = more if more_bits else base
+    if chosen in K_FALLBACK and cols % 256:
+        return K_FALLBACK[chosen]
+    return chosen
+
+
 def preset(name: str, seed: int = 0) -> SynthSpec:
     if name not in PRESETS:
         raise UsageError(
@@ -126,7 +193,11 @@ def _quantize(a: np.ndarray, type_name: str) -> tuple[np.ndarray, gguf.GGMLQuant
         return a.astype(np.float32, copy=False), None
     if qtype == gguf.GGMLQuantizationType.F16:
         return a.astype(np.float16), None
-    return gguf.quants.quantize(a.astype(np.float32), qtype), qtype
+    if qtype == gguf.GGMLQuantizationType.BF16:
+        return gguf.quants.quantize(a.astype(np.float32), qtype), qtype
+    from abbench.engine import ggml  # ggml's own quantizer, as llama-quantize runs it
+
+    return ggml.quantize(a, int(qtype)), qtype
 
 
 def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synthetic") -> None:
@@ -173,7 +244,8 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
 
         # One tensor in memory at a time: every tensor's info first (the header needs
         # them), then each one generated, converted and written in the file's order.
-        plan = list(_tensors(spec, rng, len(vocab.tokens)))
+        plan = [(n, sh, tensor_type(spec, n, t, sh[-1]), make)
+                for n, sh, t, make in _tensors(spec, rng, len(vocab.tokens))]
         for name_, shape, type_name, _ in plan:
             qtype = gguf.GGMLQuantizationType[type_name]
             if qtype == gguf.GGMLQuantizationType.F32:
@@ -205,9 +277,14 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
 
 Make = Callable[[], np.ndarray]
 
-# `general.file_type` (llama.cpp's `llama_ftype`) by the experts' tensor type.
-FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
-              "BF16": gguf.LlamaFileType.MOSTLY_BF16, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+# `general.file_type` (llama.cpp's `llama_ftype`) by the experts' type (a plain K type
+# is named as llama.cpp's mix of it that keeps most tensors in that type).
+_FT = gguf.LlamaFileType
+FILE_TYPES = {"F32": _FT.ALL_F32, "F16": _FT.MOSTLY_F16, "BF16": _FT.MOSTLY_BF16,
+              "Q8_0": _FT.MOSTLY_Q8_0, "Q4_0": _FT.MOSTLY_Q4_0, "Q4_1": _FT.MOSTLY_Q4_1,
+              "Q5_0": _FT.MOSTLY_Q5_0, "Q5_1": _FT.MOSTLY_Q5_1, "Q2_K": _FT.MOSTLY_Q2_K,
+              "Q3_K": _FT.MOSTLY_Q3_K_S, "Q4_K": _FT.MOSTLY_Q4_K_S, "Q5_K": _FT.MOSTLY_Q5_K_S,
+              "Q6_K": _FT.MOSTLY_Q6_K, "Q4_K_M": _FT.MOSTLY_Q4_K_M, "Q5_K_M": _FT.MOSTLY_Q5_K_M}
 
 
 def _umask() -> int:

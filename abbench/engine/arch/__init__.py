@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from abbench.engine.arch import qwen3moe
+from abbench.engine.arch import qwen3moe, qwen3moe_graph
 from abbench.errors import ModelFileError
 
 ARCHITECTURES: dict[str, ModuleType] = {qwen3moe.ARCH: qwen3moe}
+# The same architectures as llama.cpp's graphs, for files computed in their own types
+# (`--kernels ggml`): their `GraphModel` has the interface of the module's `Model`.
+GRAPHS: dict[str, ModuleType] = {qwen3moe.ARCH: qwen3moe_graph}
 
 
 def architecture(name: str, path: object) -> ModuleType:

@@ -3,9 +3,45 @@
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+from gguf import GGMLQuantizationType
+
+from abbench.engine.gguf_file import to_f32
+
+if TYPE_CHECKING:
+    from abbench.engine.gguf_file import ModelFile
+
+EMBEDDING_F32_MAX = 64 << 20  # a larger quantized embedding table stays in its type
+
+
+class QuantRows:
+    """A quantized embedding table kept as the file has it: the rows a token looks up are
+    converted to F32 when looked up (`table[ids]`), so a 150k-token vocabulary does not
+    take its F32 size (1.2 GB at d 2048) for the few rows a run reads."""
+
+    def __init__(self, raw: np.ndarray, ggml_type: GGMLQuantizationType,
+                 shape: tuple[int, int]) -> None:
+        self.rows = raw.reshape(shape[0], -1)  # (vocab, row bytes)
+        self.ggml_type, self.shape = ggml_type, shape
+
+    def __getitem__(self, ids: Any) -> np.ndarray:
+        rows = self.rows[ids]  # (row bytes,) or (n, row bytes)
+        return to_f32(rows.reshape(-1, rows.shape[-1]).copy(), self.ggml_type,
+                      (rows.size // rows.shape[-1], self.shape[1])).reshape(
+                          *rows.shape[:-1], self.shape[1])
+
+
+def embedding(mf: ModelFile, name: str, pinned: bool) -> np.ndarray | QuantRows:
+    """The token embedding (vocab, d): F32 (converted once, if not F32), or a quantized
+    table too large for that, its rows converted as they are looked up."""
+    info = mf.tensor(name)
+    f32_bytes = math.prod(info.shape) * 4
+    if info.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) \
+            or f32_bytes <= EMBEDDING_F32_MAX:
+        return mf.read_dense(name, pinned)
+    return QuantRows(mf.read_raw(name), info.ggml_type, info.shape)  # type: ignore[arg-type]
 
 
 class RoutingHook(Protocol):

@@ -1,0 +1,269 @@
+"""Qwen3-MoE as llama.cpp's graph: the model for files computed in their own types.
+
+A quantized GEMV first quantizes its input per block (Q8_K, Q8_0). Where two engines'
+inputs differ by one rounding, a block's int8 value can change — rarely, but once it does
+the next layers differ by a percent, and a greedy token where two logits were that close.
+So with `--kernels ggml` each layer's dense work is the graph llama.cpp builds for it
+(models/qwen3moe.cpp; `build_attn_mha` without flash attention; `build_moe_ffn`'s router),
+op for op with ggml's own ops: RMSNorm and its weight, the Q, K, V projections, per-head
+RMSNorm and NeoX RoPE, the KV cache (K by rows, V transposed, F32, attended over a
+multiple of 256 positions as llama.cpp pads it, the rest masked), KQ, the masked scaled
+softmax, KQV, the output projection and the residual add, then the FFN norm and the
+router's softmax and argsort. The experts run from the cache (`ExpertRunner`, on
+`qcompute.ExpertGraph`: llama.cpp's `mul_mat_id` graph), and the routing weights and the
+weighted sum are finished in numpy in llama.cpp's arithmetic (`qcompute.routing`,
+`qcompute.weighted_sum`). The same skeleton as `qwen3moe.py`: weights
+→ one layer's graph → the model, which `Engine` drives through the same interface
+(`forward`, `prefill`, `routing_hook`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from abbench.engine import ggml
+from abbench.engine.arch.common import RoutingHook, embedding
+from abbench.engine.arch.qwen3moe import ModelArgs
+from abbench.engine.qcompute import QuantTeam, routing, weighted_sum
+
+if TYPE_CHECKING:
+    from abbench.engine.experts import ExpertRunner
+    from abbench.engine.gguf_file import ModelFile
+
+KV_PAD = 256  # llama.cpp attends over a multiple of this many positions (get_n_kv)
+ROPE_NEOX = 2  # GGML_ROPE_TYPE_NEOX
+# llama.cpp's RoPE settings without scaling: freq_scale, ext_factor, attn_factor,
+# beta_fast, beta_slow (llama_hparams' defaults; ext_factor 0 turns YaRN off)
+ROPE_PLAIN = (1.0, 0.0, 1.0, 32.0, 1.0)
+Matrix = tuple[int, int, int, np.ndarray]  # (ggml type, rows, cols, the file's bytes)
+
+
+class LayerWeights:
+    """One layer's dense weights as the graph reads them: norms F32, matrices as the file
+    stores them."""
+
+    def __init__(self, mf: ModelFile, layer: int, team: QuantTeam, pinned: bool) -> None:
+        b = f"blk.{layer}."
+        self.attn_norm = mf.read_dense(b + "attn_norm.weight", True)  # (d,)
+        self.q_norm = mf.read_dense(b + "attn_q_norm.weight", True)  # (hd,)
+        self.k_norm = mf.read_dense(b + "attn_k_norm.weight", True)  # (hd,)
+        self.ffn_norm = mf.read_dense(b + "ffn_norm.weight", True)  # (d,)
+        self.wq, self.wk, self.wv, self.wo = (
+            team.matrix(mf, b + n, pinned) for n in ("attn_q.weight", "attn_k.weight",
+                                                     "attn_v.weight", "attn_output.weight"))
+        router = mf.read_dense(b + "ffn_gate_inp.weight", True)  # (n_expert, d) F32
+        self.router = np.ascontiguousarray(router, dtype=np.float32)
+
+
+class LayerGraph:
+    """One layer's graph for `t` tokens attending over `n_kv` cache positions: from the
+    residual stream `h` (t, d) to the FFN's input `ffn_inp` (t, d), the experts' input `x`
+    (t, d) and the router's probabilities and ranking (t, n_expert)."""
+
+    def __init__(self, model: GraphModel, w: LayerWeights, layer: int, t: int,
+                 n_kv: int) -> None:
+        a = model.args
+        d, hd, nq, nkv = a.embedding_length, a.key_length, a.head_count, a.head_count_kv
+        kv_size, n_expert = model.kv_size, a.expert_count
+        self.w = w
+        scratch = 4 * t * (12 * d + 8 * (nq + 2 * nkv) * hd + 3 * n_kv * nq + 4 * n_expert)
+        ctx = self.ctx = ggml.Context(model.team.g, 96, 128, scratch + (1 << 16))
+        op, f32 = ctx.op, ggml.F32
+        self.k_cache, self.v_cache = model.k_cache[layer], model.v_cache[layer]
+
+        def matrix(m: Matrix) -> int:
+            gtype, rows, cols, raw = m
+            return ctx.tensor(gtype, (cols, rows), raw.ctypes.data)
+
+        def vector(v: np.ndarray) -> int:
+            return ctx.tensor(f32, (v.shape[0],), v.ctypes.data)
+
+        def rms(x: int, weight: np.ndarray) -> int:  # build_norm(LLM_NORM_RMS)
+            return op("mul", op("rms_norm", x, a.layer_norm_rms_epsilon), vector(weight))
+
+        h_buf, pos_buf = model.inputs(t)
+        h = ctx.tensor(f32, (d, t), h_buf.ctypes.data)
+        pos = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
+        mask = ctx.tensor(f32, (n_kv, t), model.mask(t, n_kv).ctypes.data)
+        x = rms(h, w.attn_norm)  # (d, t)
+        q = op("reshape_3d", op("mul_mat", matrix(w.wq), x), hd, nq, t)  # (hd, nq, t)
+        k = op("reshape_3d", op("mul_mat", matrix(w.wk), x), hd, nkv, t)  # (hd, nkv, t)
+        v = op("mul_mat", matrix(w.wv), x)  # (nkv*hd, t)
+        rope = (hd, ROPE_NEOX, a.context_length, a.rope_freq_base, *ROPE_PLAIN)
+        q = op("rope_ext", rms(q, w.q_norm), pos, None, *rope)  # (hd, nq, t)
+        k = op("rope_ext", rms(k, w.k_norm), pos, None, *rope)  # (hd, nkv, t)
+        # This pass's keys and values into the cache (at `pos[0]`: `set_position`)
+        k_cache = ctx.tensor(f32, (nkv * hd, kv_size), self.k_cache.ctypes.data)
+        v_cache = ctx.tensor(f32, (kv_size, nkv * hd), self.v_cache.ctypes.data)
+        k_dst = op("view_2d", k_cache, nkv * hd, t, nkv * hd * 4, 0)  # (nkv*hd, t)
+        v_dst = op("view_2d", v_cache, t, nkv * hd, kv_size * 4, 0)  # (t, nkv*hd)
+        # A copy's result is a view of its destination, and the copy writes there: both
+        # move to the pass's position (`set_position`).
+        self.k_write = (k_dst, op("cpy", op("reshape_2d", k, nkv * hd, t), k_dst))
+        self.v_write = (v_dst, op("cpy", op("transpose", v), v_dst))
+        writes = [self.k_write[1], self.v_write[1]]
+        keys = op("permute", op("view_3d", k_cache, hd, nkv, n_kv, hd * 4, nkv * hd * 4, 0),
+                  0, 2, 1, 3)  # (hd, n_kv, nkv)
+        values = op("permute", op("view_3d", v_cache, n_kv, nkv, hd, kv_size * hd * 4,
+                                  kv_size * 4, 0), 0, 2, 1, 3)  # (n_kv, hd, nkv)
+        kq = op("mul_mat", keys, op("permute", q, 0, 2, 1, 3))  # (n_kv, t, nq)
+        kq = op("soft_max_ext", kq, mask, 1.0 / math.sqrt(hd), 0.0)
+        kqv = op("permute", op("mul_mat", values, kq), 0, 2, 1, 3)  # (hd, nq, t)
+        heads = op("reshape_2d", op("cont", kqv), hd * nq, t)  # (nq*hd, t)
+        ffn_inp = op("add", op("mul_mat", matrix(w.wo), heads), h)  # (d, t)
+        xf = rms(ffn_inp, w.ffn_norm)  # (d, t)
+        probs = op("soft_max", op("mul_mat", ctx.tensor(f32, (d, n_expert),
+                                                        w.router.ctypes.data), xf))
+        order = op("argsort", probs, ggml.SORT_DESC)  # (n_expert, t) I32
+        self.graph = ctx.graph([*writes, order], model.team.threads_pool)
+        self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
+        self.x = ctx.array(xf, (t, d), np.float32)
+        self.probs = ctx.array(probs, (t, n_expert), np.float32)
+        self.order = ctx.array(order, (t, n_expert), np.int32)
+
+    def set_position(self, pos: int) -> None:
+        """Where this pass's keys and values go: cache position `pos` on."""
+        k_at, v_at = self.k_cache[pos:].ctypes.data, self.v_cache[:, pos:].ctypes.data
+        for t in self.k_write:
+            self.ctx.set_data(t, k_at)
+        for t in self.v_write:
+            self.ctx.set_data(t, v_at)
+
+
+class OutputGraph:
+    """The final norm and the output projection for one token."""
+
+    def __init__(self, model: GraphModel, norm: np.ndarray, output: Matrix) -> None:
+        d = model.args.embedding_length
+        gtype, rows, cols, raw = output
+        self.norm, self.output = norm, output
+        ctx = self.ctx = ggml.Context(model.team.g, 8, 16, 4 * (3 * d + rows) + 4096)
+        h = ctx.tensor(ggml.F32, (d, 1), model.inputs(1)[0].ctypes.data)
+        x = ctx.op("mul", ctx.op("rms_norm", h, model.args.layer_norm_rms_epsilon),
+                   ctx.tensor(ggml.F32, (d,), norm.ctypes.data))
+        logits = ctx.op("mul_mat", ctx.tensor(gtype, (cols, rows), raw.ctypes.data), x)
+        self.graph = ctx.graph([logits], model.team.threads_pool)
+        self.logits = ctx.array(logits, (rows,), np.float32)
+
+
+class GraphModel:
+    """The whole decoder on ggml graphs; the interface of `qwen3moe.Model`."""
+
+    def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
+                 team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None
+                 ) -> None:
+        self.args, self.experts, self.team = args, experts, team
+        self.k = n_expert_used or args.expert_used_count
+        self.kv_size = -(-n_ctx // KV_PAD) * KV_PAD
+        kv_rows = args.head_count_kv * args.key_length
+        self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
+        self.weights = [LayerWeights(mf, i, team, pinned) for i in range(args.block_count)]
+        self.k_cache = [np.zeros((self.kv_size, kv_rows), np.float32)  # (T_max, nkv*hd)
+                        for _ in self.weights]
+        self.v_cache = [np.zeros((kv_rows, self.kv_size), np.float32)  # (nkv*hd, T_max)
+                        for _ in self.weights]
+        # Per pass size t: the residual stream (t, d) and the positions (t,) the graphs
+        # read, and the causal mask (t, n_kv) per cache length.
+        self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._masks: dict[tuple[int, int], np.ndarray] = {}
+        self._graphs: dict[tuple[int, int], list[LayerGraph]] = {}
+        name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
+        self._output = (mf.read_dense("output_norm.weight", True), team.matrix(mf, name, pinned))
+        self._output_graph: OutputGraph | None = None
+        self.routing_hook: RoutingHook | None = None
+        # What the session sets on a model; the graphs compute without them.
+        self.matvec: Any = None
+        self.matmul_t: Any = None
+        self.vector: Any = None
+
+    # -- the interface the engine and predictors use -------------------------------------
+
+    def router_matrix(self, layer: int) -> np.ndarray:
+        return self.weights[layer].router  # (n_expert, d)
+
+    def fuse_next_routers(self) -> None:
+        """Nothing to fuse: a predictor computes the next layer's routing itself."""
+
+    def gemv_matrices(self) -> list[Any]:
+        return []
+
+    def dense_types(self) -> list[str]:
+        from gguf import GGMLQuantizationType
+
+        mats = [m for w in self.weights for m in (w.wq, w.wk, w.wv, w.wo)]
+        return sorted({GGMLQuantizationType(m[0]).name for m in [*mats, self._output[1]]})
+
+    # -- passes -------------------------------------------------------------------------
+
+    def inputs(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The buffers a pass of `t` tokens reads: h (t, d) and its positions (t,)."""
+        if t not in self._inputs:
+            self._inputs[t] = (np.zeros((t, self.args.embedding_length), np.float32),
+                               np.zeros(t, np.int32))
+        return self._inputs[t]
+
+    def mask(self, t: int, n_kv: int) -> np.ndarray:
+        """(t, n_kv) the causal mask's buffer (0 where a token sees a position, else -inf),
+        filled per pass by `_begin`."""
+        return self._masks.setdefault((t, n_kv), np.zeros((t, n_kv), np.float32))
+
+    def _begin(self, tokens: list[int], pos: int) -> tuple[np.ndarray, list[LayerGraph]]:
+        """Set up a pass of `tokens` at positions pos..: its graphs (built when the pass
+        size or the attended length, a multiple of KV_PAD, is new) and their inputs;
+        → the residual stream (t, d) and the layers' graphs."""
+        t = len(tokens)
+        end = pos + t
+        if end > self.kv_size:
+            raise ValueError(f"position {end} past the context ({self.kv_size})")
+        n_kv = min(self.kv_size, max(KV_PAD, -(-end // KV_PAD) * KV_PAD))
+        graphs = self._graphs.get((t, n_kv))
+        if graphs is None:  # the graphs of a shorter attended length are done with
+            self._graphs = {k: v for k, v in self._graphs.items() if k[0] != t}
+            self.mask(t, n_kv)
+            graphs = self._graphs[(t, n_kv)] = [
+                LayerGraph(self, w, i, t, n_kv) for i, w in enumerate(self.weights)]
+        h, positions = self.inputs(t)
+        h[...] = self.token_embd[tokens]  # (t, d)
+        positions[...] = np.arange(pos, end, dtype=np.int32)
+        mask = self._masks[(t, n_kv)]
+        mask.fill(-np.inf)
+        for i in range(t):
+            mask[i, : pos + i + 1] = 0.0
+        for g in graphs:
+            g.set_position(pos)
+        return h, graphs
+
+    def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
+        """One token through every layer → the next-token logits (vocab,)."""
+        hook = self.routing_hook
+        h, graphs = self._begin([token], pos)
+        for layer, g in enumerate(graphs):
+            g.graph.compute()
+            ids, weights = routing(g.probs[0], g.order[0], self.k)  # (k,), (k,)
+            x = g.x[0]  # (d,)
+            if hook is not None:
+                hook(layer, x, ids, weights, phase)
+            kept, y = self.experts.run_routed(layer, x, ids, weights, phase)
+            np.add(weighted_sum(kept, y[: len(kept)]), g.ffn_inp[0], out=h[0])  # (d,)
+        if self._output_graph is None:
+            self._output_graph = OutputGraph(self, *self._output)
+        self._output_graph.graph.compute()
+        return self._output_graph.logits.copy()
+
+    def prefill(self, tokens: list[int], pos: int) -> None:
+        """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the
+        KV cache (their logits are not needed)."""
+        hook = self.routing_hook
+        h, graphs = self._begin(tokens, pos)
+        for layer, g in enumerate(graphs):
+            g.graph.compute()
+            top = [routing(p, o, self.k) for p, o in zip(g.probs, g.order)]
+            ids = np.stack([i for i, _ in top])  # (n, k)
+            weights = np.stack([w for _, w in top])  # (n, k)
+            if hook is not None:
+                hook(layer, g.x, ids, weights, 0)
+            moe = self.experts.prefill(layer, g.x, ids, weights)  # (n, d)
+            np.add(moe, g.ffn_inp, out=h)

@@ -1,0 +1,192 @@
+"""The experts computed in the file's own types, by ggml's CPU kernels.
+
+The numpy engine computes in F32: every quantized weight would be dequantized into a copy
+7x (Q4_K) or 3.8x (Q8_0) its size. Here the weights stay as the file stores them, and the
+GEMVs are ggml's own fused dequantize-and-dot kernels (`ggml.py`), with the input
+quantized per block as llama.cpp's CPU backend quantizes it (Q8_K for the K-quants, Q8_0
+for Q8_0 and Q4_0), so a result is llama.cpp's. Why ggml and not numba or numpy:
+docs/engine.md ("Kernels"), with the measurements.
+
+An MoE layer's experts are llama.cpp's graph for them (`build_moe_ffn`): `mul_mat_id` of
+the gate and of the up stack, SwiGLU, `mul_mat_id` of the down stack, over the cache's
+slots (`slots.py`: the expert ids a graph is given are slot indices). A graph is built
+once for its shapes and run again with new inputs: its tensors point at buffers owned
+here, which each call fills (x, ids) and reads (y). The routing weights and the weighted
+sum of the experts' outputs are finished in numpy in llama.cpp's arithmetic (`routing`,
+`weighted_sum`). The dense part of a layer is llama.cpp's graph too
+(`arch/qwen3moe_graph.py`), built from `QuantTeam.matrix`.
+
+`QuantTeam` has the compute team's interface (`run`, `input`, `close`, ...), so the
+expert runner uses it as it uses `ComputeTeam`; ggml's own threads split each GEMV
+(`--threads`), in place of the team's threads and the partner process.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from abbench.engine import ggml
+from abbench.engine.compute import Job, matmul_t, matvec, private_vectors
+from abbench.engine.slots import SlotPool
+from abbench.engine.streamer import BufferArena
+from abbench.errors import EngineError
+
+if TYPE_CHECKING:
+    from abbench.engine.gguf_file import ModelFile
+
+WEIGHT_SUM_MIN = 6.103515625e-5  # llama.cpp's clamp of the routing weights' sum
+
+
+def routing(probs: np.ndarray, order: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The top-k experts and their weights from a router's softmax over every expert
+    (probs, (n_expert,)) and its ranking (order, highest first), as llama.cpp's
+    `build_moe_ffn` takes them: the k probabilities renormalised to sum 1 (their sum in
+    double, rounded once to F32 as ggml's sum_rows does, clamped). A weight one rounding
+    apart is a different sum, which the next quantized GEMV can turn into another token.
+    → ids (k,), weights (k,)."""
+    ids = order[:k].astype(np.int64)  # (k,)
+    w = probs[ids]  # (k,)
+    total = np.float32(max(float(np.add.reduce(w, dtype=np.float64)), WEIGHT_SUM_MIN))
+    return ids, w / total
+
+
+def weighted_sum(w: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """w (k,), y (k, d) → (d,): each output times its weight, then added in routing order
+    — llama.cpp's `ggml_mul` and chain of `ggml_add`, so the same bits (a dot product
+    rounds in another order)."""
+    p = y * w[:, None]  # (k, d)
+    out = p[0].copy()
+    for row in p[1:]:
+        out += row
+    return out
+
+
+class ExpertGraph:
+    """`n_used` experts of one slot pool for each of `n_tokens` inputs: llama.cpp's MoE
+    graph. Fill `x` (n_tokens, d) and `ids` (n_tokens, n_used: slot indices), compute,
+    read `y` (n_tokens, n_used, d)."""
+
+    def __init__(self, team: QuantTeam, pool: SlotPool, n_used: int, n_tokens: int) -> None:
+        lay = pool.layout
+        gate, up, down = lay.gate, lay.up, lay.down
+        d, ff = gate.cols, gate.rows
+        if up.rows != ff or up.cols != d or down.rows != d or down.cols != ff:
+            raise EngineError("an expert's gate, up and down do not fit together")
+        t, n = n_tokens, n_used
+        self.x = np.zeros((t, d), np.float32)  # ggml (d, 1, t)
+        self.ids = np.zeros((t, n), np.int32)  # ggml (n, t)
+        self._gate = np.zeros((t, n, ff), np.float32)  # ggml (ff, n, t) each
+        self._up = np.zeros((t, n, ff), np.float32)
+        self._act = np.zeros((t, n, ff), np.float32)
+        self.y = np.zeros((t, n, d), np.float32)  # ggml (d, n, t)
+        g = team.g
+        self.ctx = ctx = ggml.Context(g, 12, 32)
+        stacks = []
+        for i, part in enumerate((gate, up, down)):
+            row = ggml.row_bytes(part.ggml_type, part.cols)
+            stride = lay.stride
+            stacks.append(ctx.tensor(
+                part.ggml_type, (part.cols, part.rows, pool.capacity), pool.part_address(i),
+                (g.base.ggml_type_size(part.ggml_type), row, stride, stride * pool.capacity)))
+        xt = ctx.tensor(ggml.F32, (d, 1, t), self.x.ctypes.data)
+        it = ctx.tensor(ggml.I32, (n, t), self.ids.ctypes.data)
+        gt = ctx.mul_mat_id(stacks[0], xt, it, self._gate.ctypes.data)  # (ff, n, t)
+        ut = ctx.mul_mat_id(stacks[1], xt, it, self._up.ctypes.data)  # (ff, n, t)
+        at = ctx.swiglu_split(gt, ut, self._act.ctypes.data)  # (ff, n, t)
+        yt = ctx.mul_mat_id(stacks[2], at, it, self.y.ctypes.data)  # (d, n, t)
+        self.graph = ctx.graph([yt], team.threads_pool)
+
+    def compute(self) -> None:
+        self.graph.compute()
+
+
+class QuantTeam:
+    """The compute team when experts (and quantized dense matrices) are computed in the
+    file's types: ggml with `threads` threads, the caller being one of them."""
+
+    backend = "ggml"
+
+    def __init__(self, threads: int) -> None:
+        self.g = ggml.lib()
+        self.threads = max(1, threads)
+        self.threads_pool = ggml.Threads(self.g, self.threads)
+        self.input = private_vectors()
+        self._graphs: dict[tuple[int, int, int], ExpertGraph] = {}
+        self._pools: dict[int, SlotPool] = {}
+        self._arena = BufferArena()  # pinned dense matrices' bytes
+
+    def experts(self, pool: SlotPool, n_used: int, n_tokens: int = 1) -> ExpertGraph:
+        key = (id(pool), n_used, n_tokens)
+        graph = self._graphs.get(key)
+        if graph is None:
+            self._pools[id(pool)] = pool  # alive as long as its graphs
+            graph = self._graphs[key] = ExpertGraph(self, pool, n_used, n_tokens)
+        return graph
+
+    def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> float:
+        """Compute every job into `out[slot]` (x: (d,), out: (k, d)); returns stall
+        seconds. Resident experts run first, in one graph; each one still being read runs
+        as it lands (the caller waits for it: that wait is the stall, ggml's threads are
+        idle then too)."""
+        if not jobs:
+            return 0.0
+        ready = [j for j in jobs if j.ticket is None]
+        late = [j for j in jobs if j.ticket is not None]
+        if ready:
+            self._compute(ready, x, out)
+        stall = 0.0
+        for job in late:
+            ticket = job.ticket
+            assert ticket is not None
+            if not ticket.event.is_set():
+                w0 = time.perf_counter()
+                ticket.event.wait()
+                stall += time.perf_counter() - w0
+            ticket.wait()  # raises if the read failed
+            self._compute([job], x, out)
+        return stall
+
+    def _compute(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> None:
+        pool = jobs[0].buffer.kind
+        graph = self.experts(pool, len(jobs))  # type: ignore[arg-type]
+        graph.ids[0] = [j.buffer.index for j in jobs]  # type: ignore[union-attr]
+        np.copyto(graph.x[0], x)
+        graph.compute()
+        out[[j.slot for j in jobs]] = graph.y[0]
+
+    def rows(self, pool: SlotPool, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """A prefill batch's experts: x (n, d), ids (n, k) slot indices → (n, k, d)."""
+        n, k = ids.shape
+        graph = self.experts(pool, k, n)
+        np.copyto(graph.x, x)
+        np.copyto(graph.ids, ids)
+        graph.compute()
+        return graph.y.copy()
+
+    # The F32 team's GEMVs, for what a model multiplies in numpy.
+    matvec = staticmethod(matvec)
+    matmul_t = staticmethod(matmul_t)
+
+    def matrix(self, mf: ModelFile, name: str, pinned: bool
+               ) -> tuple[int, int, int, np.ndarray]:
+        """A dense matrix as the file stores it: (ggml type, rows, cols, its bytes (rows,
+        row bytes)). pinned: read into huge-page arena memory (as pinned F32 matrices
+        are); else a view of the file's mapping (the page cache's)."""
+        info = mf.tensor(name)
+        if len(info.shape) != 2:
+            raise EngineError(f"`{info.name}` is not a matrix")
+        rows, cols = info.shape
+        if pinned:
+            mm, offset = self._arena.take(info.nbytes)
+            raw = mf.read_raw(info.name, np.frombuffer(mm, np.uint8, info.nbytes, offset))
+        else:
+            raw = mf.mapped(info.name)
+        return int(info.ggml_type), rows, cols, raw.reshape(rows, -1)
+
+    def close(self) -> None:
+        self._graphs.clear()
+        self.threads_pool.close()
+

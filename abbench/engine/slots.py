@@ -1,0 +1,126 @@
+"""Expert buffers that hold the file's own bytes: equal slots in one reserved mapping.
+
+With quantized experts the cache holds what the file holds — a Q4_K expert of the
+Qwen3-30B-A3B geometry is 2.53 MiB, not the 18 MiB it takes in F32 — and ggml computes
+from those bytes (`qcompute.py`). Its `mul_mat_id` reads matrix i of a stack at
+`base + i * stride`, so the experts a layer uses must sit at one stride from one base: a
+`SlotPool` is that stack. Each slot holds one expert as `[gate | up | down]`, each part
+starting on a 4 KiB boundary (an O_DIRECT read lands straight in it), and the slot's
+index is what the compute is given. Experts of one layout (the three parts' types and
+shapes) share a pool; a file whose layers differ (Q4_K_M keeps some layers' `down` in
+Q6_K) has one pool per layout.
+
+The mapping reserves address space for every slot the pool may ever hand out
+(`MAP_NORESERVE`: nothing is committed), and memory is used only as slots are written, so
+what the process holds follows the cache's contents. A slot leaving the cache for an
+expert of another layout gives its pages back (`trim`), so the bytes held never exceed
+the budget by more than the slots in use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from dataclasses import dataclass
+
+import numpy as np
+
+from abbench.errors import EngineError
+
+ALIGN = 4096  # O_DIRECT's alignment, and a page
+HUGE_PAGE = 2 << 20
+_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+
+
+def _up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Part:
+    """One projection of an expert as the file stores it."""
+
+    ggml_type: int  # enum ggml_type
+    rows: int
+    cols: int  # values per row (ggml's ne[0])
+    nbytes: int  # in the file
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """The three parts of an expert (gate, up, down) and where each sits in a slot."""
+
+    gate: Part
+    up: Part
+    down: Part
+
+    @property
+    def offsets(self) -> tuple[int, int, int]:
+        g = 0
+        u = _up(self.gate.nbytes)
+        d = u + _up(self.up.nbytes)
+        return g, u, d
+
+    @property
+    def stride(self) -> int:
+        return self.offsets[2] + _up(self.down.nbytes)
+
+    @property
+    def file_bytes(self) -> int:
+        return self.gate.nbytes + self.up.nbytes + self.down.nbytes
+
+
+class RawSlot:
+    """One expert's bytes as in the file, in slot `index` of `kind` (its pool)."""
+
+    __slots__ = ("kind", "index", "mm", "offset", "nbytes", "data")
+
+    def __init__(self, pool: SlotPool, index: int) -> None:
+        self.kind = pool
+        self.index = index
+        self.mm = pool.mm
+        self.offset = pool.base + index * pool.layout.stride
+        self.nbytes = pool.layout.file_bytes  # what the cache's budget counts
+        self.data = np.frombuffer(pool.mm, np.uint8, pool.layout.stride, self.offset)
+
+    def trim(self) -> None:
+        """Give the slot's pages back (its contents are gone; written again on reuse)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.mm.madvise(mmap.MADV_DONTNEED, self.offset, self.kind.layout.stride)
+
+
+class SlotPool:
+    """Up to `capacity` slots of one layout, handed out once each (the cache keeps the
+    ones it frees and hands them out again)."""
+
+    def __init__(self, layout: SlotLayout, capacity: int) -> None:
+        self.layout = layout
+        self.capacity = max(1, capacity)
+        length = self.capacity * layout.stride
+        try:
+            self.mm = mmap.mmap(-1, length + HUGE_PAGE, flags=_FLAGS)
+        except OSError as e:
+            raise EngineError(f"cannot reserve {length / 2**20:.0f} MiB of address space "
+                              f"for expert slots: {e}") from e
+        with contextlib.suppress(AttributeError, OSError):  # no THP here: plain pages
+            self.mm.madvise(mmap.MADV_HUGEPAGE)
+        probe = np.frombuffer(self.mm, np.uint8, 1)
+        self.base = -probe.ctypes.data % HUGE_PAGE  # slot 0 starts a huge page
+        self.address = probe.ctypes.data + self.base  # of slot 0, for ggml
+        del probe
+        self._next = 0
+
+    @property
+    def nbytes(self) -> int:
+        """What one slot counts against a cache budget: the expert's bytes in the file."""
+        return self.layout.file_bytes
+
+    def new(self) -> RawSlot:
+        if self._next >= self.capacity:
+            raise EngineError(f"expert slot pool exhausted ({self.capacity} slots)")
+        self._next += 1
+        return RawSlot(self, self._next - 1)
+
+    def part_address(self, part: int) -> int:
+        """Where part 0 (gate), 1 (up) or 2 (down) of slot 0 is; slot i's is i strides on."""
+        return self.address + self.layout.offsets[part]
