@@ -121,3 +121,13 @@ def test_a_penalised_token_is_drawn_less_often() -> None:
     expected = softmax(np.array([1.0, 1.0, 1.0, 1.0]))[0]  # 2 / 2 = 1: token 0 like the rest
     assert free == pytest.approx(softmax(logits)[0], abs=0.03)
     assert counts / n == pytest.approx(expected, abs=0.03)
+
+
+def test_banned_tokens_are_never_chosen_and_the_callers_logits_stay() -> None:
+    logits = np.array([0.5, 3.0, 1.0, 2.9])
+    assert Sampler(0.0, 0)(logits) == 1
+    greedy = Sampler(0.0, 0, banned=[1])
+    assert greedy(logits) == 3  # the best token left
+    assert logits[1] == 3.0
+    hot = Sampler(2.0, 5, banned=[1, 3, 99])  # an id past the vocabulary is no error
+    assert {hot(logits) for _ in range(300)} == {0, 2}

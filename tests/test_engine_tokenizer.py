@@ -21,6 +21,7 @@ from abbench.engine.tokenizer import (
     SpmTokenizer,
     Vocab,
     byte_alphabet,
+    end_of_generation,
     read_vocab,
     tokenizer_for,
 )
@@ -180,3 +181,14 @@ def test_an_unsupported_pre_tokenizer_names_the_key(tiny_bpe: Path, tmp_path: Pa
     bare = rewrite_gguf(tiny_bpe, tmp_path / "bare.gguf", drop_keys={"tokenizer.ggml.merges"})
     with pytest.raises(ModelFileError, match="tokenizer.ggml.merges"):
         tokenizer_for(ModelFile(bare))
+
+
+def test_end_of_generation_is_eos_and_llama_cpps_named_tokens(tmp_path: Path) -> None:
+    """The BPE synthetic vocabulary: <|endoftext|> is EOS (0) and <|im_end|> (2) ends
+    generation too, as llama.cpp's vocabulary loader marks it; <|im_start|> does not."""
+    path = tmp_path / "bpe.gguf"
+    synth.write_model(replace(synth.preset("tiny"), tokenizer="gpt2"), path)
+    assert end_of_generation(ModelFile(path)) == {0, 2}
+    spm = tmp_path / "spm.gguf"
+    synth.write_model(synth.preset("tiny"), spm)
+    assert end_of_generation(ModelFile(spm)) == {synth.EOS_ID}

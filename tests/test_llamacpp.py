@@ -17,9 +17,11 @@ the first run builds them, about 5 minutes on 2 cores, then they are cached).
   (`--kernels ggml`, llama.cpp's own graph): the text is llama-completion's, and the
   logits at every one of the 64 positions are llama.cpp's to the bit (max abs difference
   printed; against llama.cpp in this process, through llama-cpp-python). llama.cpp runs
-  them with `--no-repack`: by default it re-lays some quantized weights for other kernels
-  at load (8-row interleaved, or AMX tiles), which sum in another order — and on this
-  project's VM its AMX path dies of SIGILL in llama-completion.
+  them with `--no-repack` (by default it re-lays some quantized weights for other kernels
+  at load — 8-row interleaved, or AMX tiles — which sum in another order; on this
+  project's VM its AMX path dies of SIGILL in llama-completion) and with the engine's
+  passes (`-b`/`-ub`: the prompt but its last token, then that token; a pass's size
+  changes the bits in both engines alike).
 
 Skipped, with the reason, only where no C++ toolchain exists.
 """
@@ -194,7 +196,13 @@ def test_a_quantized_file_decodes_as_llama_cpp_decodes_it(
     folder.mkdir(exist_ok=True)
     model = _quantized(quantized_models, folder, geometry, qtype)
     ours = _abbench_text(model)
-    theirs = _llama_completion(llama_bin, model, "--no-repack")
+    # llama.cpp's passes as the engine makes them: the prompt but its last token in one
+    # batch, then that token alone (a pass's token count picks ggml's kernels, and a GEMM
+    # over several tokens sums in another order than a GEMV: both engines' bits depend on
+    # it), then the decode steps.
+    n = len(tokenizer_for(ModelFile(model)).encode(PROMPT))
+    theirs = _llama_completion(llama_bin, model, "--no-repack", "-b", str(n - 1), "-ub",
+                               str(n - 1))
     assert theirs == ours, (ours, theirs)
     assert ours
     diff = _max_logit_difference(model, N_TOKENS)

@@ -77,9 +77,9 @@ class EngineConfig:
         "(default: the model's general.sampling.penalty_last_n, else 64)", MODEL, metavar="N")
     n_expert_used: int | None = option(None, "override the model's top-k", MODEL, metavar="K")
     n_ctx: int | None = option(None, "KV cache length (default: prompt + N)", MODEL)
-    ignore_eos: bool = option(False, "decode all N tokens, past the end-of-sequence token "
-                              "(default: stop there, as llama.cpp does; campaign cells "
-                              "default to it)", MODEL)
+    ignore_eos: bool = option(False, "decode all N tokens: never sample an end-of-generation "
+                              "token, as llama.cpp's --ignore-eos (default: stop at one, as "
+                              "llama.cpp does; campaign cells default to it)", MODEL)
     # streaming
     dense: str = option("pinned", "dense weights read into anonymous memory at load (pinned, "
                         "default) or left to the page cache (mmap)", STREAMING,

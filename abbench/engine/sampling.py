@@ -4,22 +4,26 @@ given seed.
 The repetition penalty is llama.cpp's: the logit of every token among the last `last_n`
 tokens of the context (prompt included) is divided by the penalty when positive and
 multiplied by it when negative, before greedy choice or sampling. 1.0 turns it off.
+Banned tokens are never chosen (llama.cpp's `--ignore-eos`: a logit bias of -inf on every
+end-of-generation token).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 import numpy as np
 
 
 class Sampler:
     def __init__(self, temp: float, seed: int, repeat_penalty: float = 1.0,
-                 last_n: int = 0) -> None:
+                 last_n: int = 0, banned: Iterable[int] = ()) -> None:
         self.temp = temp
         self.rng = np.random.default_rng(seed)
         self.repeat_penalty = repeat_penalty
         self.recent: deque[int] = deque(maxlen=last_n if repeat_penalty != 1.0 else 0)
+        self.banned = np.fromiter(sorted(set(banned)), np.int64)  # never chosen
 
     def accept(self, token: int) -> None:
         """A token entered the context (a prompt token, or one this sampler chose)."""
@@ -28,13 +32,16 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         """logits: (vocab,) → token id. One uniform draw per token whatever the logits."""
-        if self.recent:
+        if self.recent or self.banned.size:
             logits = logits.astype(np.float64)  # (vocab,) a copy: the caller's stays intact
+        if self.recent:
             distinct = set(self.recent)  # each penalised once, in any order (np.unique sorts)
             ids = np.fromiter(distinct, np.int64, len(distinct))
             seen = logits[ids]
             logits[ids] = np.where(seen > 0, seen / self.repeat_penalty,
                                    seen * self.repeat_penalty)
+        if self.banned.size:
+            logits[self.banned[self.banned < logits.size]] = -np.inf
         token = self._choose(logits)
         self.accept(token)
         return token

@@ -32,7 +32,7 @@ from abbench.engine.predictor import RoutePredictor
 from abbench.engine.qcompute import QuantTeam
 from abbench.engine.sampling import Sampler
 from abbench.engine.streamer import LayerExperts, expert_layout
-from abbench.engine.tokenizer import Tokenizer, tokenizer_for
+from abbench.engine.tokenizer import Tokenizer, end_of_generation, tokenizer_for
 from abbench.errors import ConfigError
 from abbench.records.route_trace import RouteTraceWriter
 
@@ -199,8 +199,7 @@ class Engine:
                                else float(config.repeat_penalty))
         self.repeat_last_n = (stored_last_n if config.repeat_last_n is None
                               else int(config.repeat_last_n))
-        eos = self.mf.get("tokenizer.ggml.eos_token_id")
-        self.eos_id = eos if isinstance(eos, int) else None
+        self.end_ids = end_of_generation(self.mf)  # EOS and llama.cpp's other EOG tokens
         layout = expert_layout(self.mf, args.block_count, args.expert_count)
         self.dense_bytes = int(self.info["dense_bytes"])
         self.kernels = choose_kernels(config.kernels, layout)
@@ -290,7 +289,9 @@ class Engine:
 
     def _run(self, on_token: Callable[[TokenRecord], None] | None) -> RunResult:
         cfg = self.config
-        sampler = Sampler(self.temp, cfg.seed, self.repeat_penalty, self.repeat_last_n)
+        # --ignore-eos as llama.cpp's: the end-of-generation tokens are never sampled
+        sampler = Sampler(self.temp, cfg.seed, self.repeat_penalty, self.repeat_last_n,
+                          self.end_ids if cfg.ignore_eos else ())
         records: list[TokenRecord] = []
         prompt = self.prompt_ids
         for tok in prompt:
@@ -314,7 +315,7 @@ class Engine:
             current = holder[0]
             output.append(current)
             pos += 1
-            if not cfg.ignore_eos and self.eos_id is not None and current == self.eos_id:
+            if current in self.end_ids:  # never sampled with --ignore-eos
                 break
         self.runner.finish()
         extra: dict[str, Any] = {

@@ -48,6 +48,28 @@ PRE_TOKENIZERS = {"qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT,
                   "gpt2": GPT2_SPLIT, "mpt": GPT2_SPLIT, "olmo": GPT2_SPLIT}
 
 
+# Tokens that end generation besides `tokenizer.ggml.eos_token_id`, by their text, as
+# llama.cpp's vocabulary loader marks them (src/llama-vocab.cpp, its EOG list).
+EOG_NAMES = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
+    "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
+    "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+})
+
+
+def end_of_generation(mf: ModelFile) -> frozenset[int]:
+    """The ids that end generation, as llama.cpp finds them: the file's EOS and every token
+    named in EOG_NAMES (`--ignore-eos` never samples them, as llama.cpp's doesn't)."""
+    ids: set[int] = set()
+    eos = mf.get("tokenizer.ggml.eos_token_id")
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        ids.add(eos)
+    tokens = mf.array("tokenizer.ggml.tokens") or []
+    ids.update(i for i, t in enumerate(tokens) if isinstance(t, str) and t in EOG_NAMES)
+    return frozenset(ids)
+
+
 @dataclass(frozen=True)
 class Vocab:
     tokens: tuple[str, ...]
