@@ -81,13 +81,31 @@ def test_logits_match_the_reference_to_the_inputs_quantization(
 def test_streaming_and_resident_give_the_same_bits(q4km_model: Path) -> None:
     """A miss computed as its read lands (one expert a graph) and a resident expert (a
     layer's experts in one graph) give the same bits: routing sums do not depend on what
-    was resident."""
+    was resident (with the weights as the file has them: `--repack` re-lays resident ones
+    for other kernels, which round in their own order)."""
     tokens = [int(t) for t in np.random.default_rng(4).integers(0, 259, N_POSITIONS)]
-    resident = logits_of(q4km_model, tokens, kernels="ggml", resident=True)
+    resident = logits_of(q4km_model, tokens, kernels="ggml", resident=True, repack=False)
     info = model_info(ModelFile(q4km_model))
     budget = 6 * max(info["expert_resident_bytes"]) / MIB  # a few experts: misses every layer
-    streamed = logits_of(q4km_model, tokens, kernels="ggml", cache_mib=budget, overlap=True)
+    streamed = logits_of(q4km_model, tokens, kernels="ggml", cache_mib=budget, overlap=True,
+                         repack=False)
     np.testing.assert_array_equal(streamed, resident)
+
+
+def test_repacked_weights_give_the_same_results_to_rounding(q4km_model: Path) -> None:
+    """--repack (the default) lays resident Q4_K weights out for ggml's repacked kernels
+    where this CPU has them, as llama.cpp does: other kernels, the same products."""
+    tokens = [int(t) for t in np.random.default_rng(6).integers(0, 259, N_POSITIONS)]
+    plain = logits_of(q4km_model, tokens, kernels="ggml", resident=True, repack=False)
+    cfg = EngineConfig(model=str(q4km_model), prompt_tokens=tuple(tokens), n_tokens=1,
+                       n_ctx=N_POSITIONS + 1, ignore_eos=True, kernels="ggml", resident=True)
+    with Engine(cfg, q4km_model) as engine:
+        repacked = np.stack([engine.model.forward(t, pos, 1) for pos, t in enumerate(tokens)])
+        info = engine.kernel_info()
+    assert np.abs(repacked - plain).max() < 0.03 * np.abs(plain).max()
+    if info["repacked"]["experts"] or info["repacked"]["dense"]:  # this CPU has layouts
+        assert not np.array_equal(repacked, plain)
+    assert set(info["repacked"]["dense"]) <= {"Q4_K", "Q6_K", "Q4_0", "Q8_0"}
 
 
 def test_the_cache_holds_the_files_bytes(q4km_model: Path, tmp_path: Path,

@@ -13,7 +13,7 @@ from gguf.quants import dequantize
 from abbench.engine import ggml
 from abbench.engine.compute import Job, expert_down, expert_up
 from abbench.engine.qcompute import QuantTeam, routing, weighted_sum
-from abbench.engine.slots import ALIGN, Part, SlotLayout, SlotPool
+from abbench.engine.slots import ALIGN, Part, RawSlot, SlotLayout, SlotPool
 from abbench.engine.streamer import ExpertBuffer, ReadTicket, Slice
 
 D, FF = 256, 512
@@ -191,3 +191,27 @@ def test_trim_gives_a_slots_pages_back() -> None:
     slot.trim()
     assert not slot.data.any()  # anonymous memory reads back as zeros once given back
 
+
+
+def test_a_repacked_pool_computes_the_plain_pools_products() -> None:
+    """Slots re-laid for ggml's repacked kernels (where this CPU has a layout for a part)
+    give the plain slots' results to rounding; a part without a layout stays plain."""
+    rng = np.random.default_rng(9)
+    plain_pool = SlotPool(layout_of(ggml.Q4_K, ggml.Q6_K), 6)
+    experts = fill(plain_pool, rng, 5)
+    team = QuantTeam(2, repack=True)
+    pool = SlotPool(layout_of(ggml.Q4_K, ggml.Q6_K), 6)
+    team.repack_pool(pool)
+    for slot, _ in experts:
+        mine = pool.new()
+        mine.data[:] = slot.data
+        team.repack_slot(mine)
+    x = rng.standard_normal(D).astype(np.float32)
+    want = np.zeros((5, D), np.float32)
+    got = np.zeros((5, D), np.float32)
+    QuantTeam(2).run([Job(j, experts[j][0], None) for j in range(5)], x, want)
+    team.run([Job(j, RawSlot(pool, j), None) for j in range(5)], x, got)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    if pool.repack[0]:  # re-laid: other bytes in the slot
+        assert not np.array_equal(RawSlot(pool, 0).data, experts[0][0].data)
+    team.close()

@@ -16,10 +16,11 @@ the first run builds them, about 5 minutes on 2 cores, then they are cached).
   Qwen3-30B-A3B geometry at 2 layers), which the engine computes with ggml
   (`--kernels ggml`, llama.cpp's own graph): the text is llama-completion's, and the
   logits at every one of the 64 positions are llama.cpp's to the bit (max abs difference
-  printed; against llama.cpp in this process, through llama-cpp-python). llama.cpp runs
-  them with `--no-repack` (by default it re-lays some quantized weights for other kernels
-  at load — 8-row interleaved, or AMX tiles — which sum in another order; on this
-  project's VM its AMX path dies of SIGILL in llama-completion) and with the engine's
+  printed; against llama.cpp in this process, through llama-cpp-python). Both engines run
+  them with `--no-repack` (by default each re-lays resident quantized weights for other
+  kernels at load — llama.cpp to 8-row interleaved or AMX layouts, the engine to the
+  former — which sum in another order; on this project's VM llama.cpp's AMX path dies of
+  SIGILL in llama-completion) and llama.cpp with the engine's
   passes (`-b`/`-ub`: the prompt but its last token, then that token; a pass's size
   changes the bits in both engines alike).
 
@@ -109,7 +110,7 @@ def _abbench_text(model: Path) -> bytes:
     out = subprocess.run(
         [sys.executable, "-m", "abbench", "engine", "run", "-m", str(model), "-p", PROMPT,
          "-n", str(N_TOKENS), *GREEDY, "--ignore-eos", "--threads", str(THREADS),
-         "--show-text", "-q"],
+         "--no-repack", "--show-text", "-q"],
         capture_output=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.removesuffix(b"\n")
@@ -182,7 +183,8 @@ def _max_logit_difference(model: Path, n: int) -> float:
         llm.eval(seq[-1:])
     llm.close()
     cfg = EngineConfig(model=str(model), prompt_tokens=tuple(seq), n_tokens=1,
-                       n_ctx=len(seq) + 1, ignore_eos=True, threads=THREADS, kernels="ggml")
+                       n_ctx=len(seq) + 1, ignore_eos=True, threads=THREADS, kernels="ggml",
+                       repack=False)
     with Engine(cfg, model) as engine:
         ours = [engine.model.forward(t, pos, 1) for pos, t in enumerate(seq[:-1])]
     return float(np.abs(np.array(ours[len(prompt) - 1 :]) - np.array(theirs)).max())

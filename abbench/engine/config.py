@@ -102,6 +102,10 @@ class EngineConfig:
                           "file's bytes), numpy (converted to F32 when read: the reference), "
                           "auto (ggml where the experts are not F32, else numpy; default)",
                           STREAMING, choices=KERNELS)
+    repack: bool = option(True, "with ggml kernels, lay resident quantized weights out for "
+                          "ggml's repacked kernels where this CPU has them, as llama.cpp does "
+                          "by default (--no-repack: as the file has them; the bits differ "
+                          "in the last place)", STREAMING, toggle=True)
     # policies (all off by default)
     drop_cold_experts: float | None = option(  # F: skip non-resident experts below F/k
         None, "in decode, skip a routed expert that is not resident and whose weight is "

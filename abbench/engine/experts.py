@@ -183,6 +183,9 @@ class ExpertRunner:
                 RuntimeWarning, stacklevel=2,
             )
         if resident:
+            if isinstance(self.team, QuantTeam):  # re-laid at load, as llama.cpp's --repack
+                for pool in dict.fromkeys(self.kinds):
+                    self.team.repack_pool(pool)  # type: ignore[arg-type]
             self._preload()
             self.cache.complete = True
 
@@ -199,6 +202,13 @@ class ExpertRunner:
         pools = {lay: SlotPool(lay, layouts.count(lay) * self.n_expert + self.n_expert
                                + 2 * max_k) for lay in dict.fromkeys(layouts)}
         return [pools[lay] for lay in layouts]
+
+    @property
+    def repacked(self) -> list[str]:
+        """The expert projections held re-laid for ggml's repacked kernels (any layer's)."""
+        parts = ("gate", "up", "down")
+        return [p for i, p in enumerate(parts)
+                if any(getattr(k, "repack", (False,) * 3)[i] for k in self.kinds)]
 
     @property
     def kernel_types(self) -> dict[str, list[str]]:
@@ -258,6 +268,8 @@ class ExpertRunner:
             for e, buf, t in tickets:
                 t.wait()
                 self.load_read_bytes += t.nbytes
+                if isinstance(self.team, QuantTeam):
+                    self.team.repack_slot(buf)  # type: ignore[arg-type]
                 self.cache.insert((layer, e), buf)
 
     def begin_pass(self, phase: int, step: int) -> None:
@@ -502,14 +514,26 @@ class ExpertRunner:
         kept_ids = ids[keep]  # (kept,)
         _, first = np.unique(kept_ids, return_index=True)
         union = kept_ids[np.sort(first)].tolist()
-        evictions_before = self.cache.counters.evictions
-        load = self._load(layer, union)
-        self.tok.evictions += self.cache.counters.evictions - evictions_before
-        if self.trace is not None:
-            self._trace_prefill(self.trace, layer, ids, weights, keep, union, load.residency)
-        self.tok.mgmt_s += time.perf_counter() - t0
         y = np.zeros((n, k, x.shape[1]), np.float32)  # (n, k, d) per routed slot
-        self._run_batch(layer, x, ids, keep, union, load, y)
+        # As many experts at a time as the budget holds, so that a union larger than the
+        # cache is not held all at once (memory stays at the budget): each group is
+        # looked up, read and computed, then the next one may evict it.
+        group = max(1, self.cache.budget_bytes // self.kinds[layer].nbytes)
+        residency: list[int] = []
+        self.tok.mgmt_s += time.perf_counter() - t0
+        for lo in range(0, len(union), group):
+            chunk = union[lo : lo + group]
+            t1 = time.perf_counter()
+            evictions_before = self.cache.counters.evictions
+            load = self._load(layer, chunk)
+            self.tok.evictions += self.cache.counters.evictions - evictions_before
+            residency += load.residency
+            self.tok.mgmt_s += time.perf_counter() - t1
+            self._run_batch(layer, x, ids, keep, chunk, load, y)
+        if self.trace is not None:
+            t1 = time.perf_counter()
+            self._trace_prefill(self.trace, layer, ids, weights, keep, union, residency)
+            self.tok.mgmt_s += time.perf_counter() - t1
         # Each token's slots summed in routing order, as the decode path sums them.
         out = np.zeros_like(x)  # (n, d)
         for j in range(k):
@@ -577,20 +601,19 @@ class ExpertRunner:
             for t in load.tickets:
                 t.wait()  # raises if the read failed
             stall = time.perf_counter() - w0
-            slot = dict.fromkeys(union, 0)  # expert id → its slot index
+            slot = {}  # expert id → its slot index, for this group of the union
             for job in load.resident:
                 slot[union[job.slot]] = job.buffer.index  # type: ignore[union-attr]
             for _, e, buf, _ in load.missing:
                 slot[e] = buf.index  # type: ignore[union-attr]
-            # A dropped expert has no slot: any loaded one stands in, its output zeroed.
-            stand_in = slot[union[0]]
-            ids_slots = np.array([[slot.get(e, stand_in) if kept else stand_in
-                                   for e, kept in zip(row, krow)]
-                                  for row, krow in zip(ids.tolist(), keep.tolist())],
-                                 np.int32)  # (n, k)
+            # The (token, routing slot) pairs this group's experts serve, token by token:
+            # each one row of `rows`' batch (an expert's rows in token order, as ggml
+            # groups them in llama.cpp's batch, so the same bits).
+            mine = np.vectorize(slot.__contains__, otypes=[bool])(ids) & keep  # (n, k)
+            tok, j = np.nonzero(mine)  # (m,), (m,)
             pool = self.kinds[layer]
-            y[...] = team.rows(pool, x, ids_slots)  # type: ignore[arg-type]
-            y[~keep] = 0.0
+            slots = np.array([slot[e] for e in ids[tok, j].tolist()], np.int32)[:, None]
+            y[tok, j] = team.rows(pool, x[tok], slots)[:, 0]  # type: ignore[arg-type]
             return stall
 
         self._compute(layer, load, run)

@@ -22,6 +22,7 @@ import ctypes
 import functools
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from ctypes import (
@@ -189,6 +190,18 @@ class Lib:
             _declare(b, "ggml_quantize_requires_imatrix", c_bool, c_int)
             _declare(b, "ggml_validate_row_data", c_bool, c_int, vp, c_size_t)
             _declare(b, "ggml_threadpool_params_init", None, POINTER(ThreadpoolParams), c_int)
+            # the backend registry, for the CPU backend's "extra" buffer types (repack)
+            _declare(c, "ggml_backend_cpu_reg", vp)
+            _declare(b, "ggml_backend_reg_dev_get", vp, vp, c_size_t)
+            _declare(b, "ggml_backend_reg_get_proc_address", vp, vp, c_char_p)
+            _declare(b, "ggml_backend_buft_name", c_char_p, vp)
+            _declare(b, "ggml_backend_buft_alloc_buffer", vp, vp, c_size_t)
+            _declare(b, "ggml_backend_buffer_init_tensor", c_int, vp, t)
+            # void ggml_backend_tensor_set(tensor, const void * data, size_t offset,
+            #                              size_t size);
+            _declare(b, "ggml_backend_tensor_set", None, t, vp, c_size_t, c_size_t)
+            # void ggml_log_set(ggml_log_callback log_callback, void * user_data);
+            _declare(b, "ggml_log_set", None, vp, vp)
             _declare(c, "ggml_cpu_init", None)
             _declare(c, "ggml_threadpool_new", vp, POINTER(ThreadpoolParams))
             _declare(c, "ggml_threadpool_free", None, vp)
@@ -202,6 +215,25 @@ class Lib:
             raise GgmlUnavailable(f"ggml's library in {folder} lacks a function: {e}") from e
         c.ggml_cpu_init()
         self._check_layout()
+        # ggml's informational lines (one per repacked tensor, ...) would interleave with
+        # abbench's output: only its warnings and errors reach stderr.
+        self._log = LOG_CALLBACK(_log_warnings)
+        b.ggml_log_set(ctypes.cast(self._log, c_void_p), None)
+
+    def extra_buffer_type(self, name: str) -> int | None:
+        """The CPU backend's extra buffer type called `name` (CPU_REPACK, AMX), or None."""
+        reg = self.cpu.ggml_backend_cpu_reg()
+        dev = self.base.ggml_backend_reg_dev_get(reg, 0)
+        fn = self.base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+        if not dev or not fn:
+            return None
+        types = ctypes.CFUNCTYPE(POINTER(c_void_p), c_void_p)(fn)(dev)
+        i = 0
+        while types and types[i]:
+            if self.base.ggml_backend_buft_name(types[i]) == name.encode():
+                return int(types[i])
+            i += 1
+        return None
 
     def _check_layout(self) -> None:
         """Refuse a library whose `struct ggml_tensor` is not the mirror's."""
@@ -228,6 +260,50 @@ class Lib:
                                ("neon", c.ggml_cpu_has_neon), ("dotprod", c.ggml_cpu_has_dotprod))
                 if f()]
         return "+".join(have) or "generic"
+
+
+# typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text,
+#                                   void * user_data);
+LOG_CALLBACK = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+LOG_WARN = 3  # enum ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT
+
+
+def _log_warnings(level: int, text: bytes | None, _: object) -> None:
+    if level >= LOG_WARN and level != 5 and text:
+        sys.stderr.write("ggml: " + text.decode(errors="replace"))
+
+
+class Repacker:
+    """ggml's CPU_REPACK buffer type: a quantized matrix re-laid at load (rows interleaved
+    for this CPU's SIMD kernels, the same size), which ggml's matrix products then read
+    with other kernels — llama.cpp's default (`--repack`). A tensor is marked repacked by
+    pointing it at a token buffer of that type (its memory stays ours); only types and
+    shapes the CPU has a layout for take it (`attach`)."""
+
+    def __init__(self, g: Lib) -> None:
+        self.g = g
+        buft = g.extra_buffer_type("CPU_REPACK")
+        if buft is None:
+            raise EngineError("this ggml has no CPU_REPACK buffer type")
+        self.buffer = g.base.ggml_backend_buft_alloc_buffer(buft, 4096)
+        if not self.buffer:
+            raise EngineError("ggml: cannot allocate a CPU_REPACK buffer")
+
+    def attach(self, t: int) -> bool:
+        """Mark `t` (its data already ours) as repacked, if its type and shape have a
+        layout here; → whether they do."""
+        s = TensorStruct.from_address(t)
+        s.buffer = self.buffer
+        self.g.base.ggml_backend_buffer_init_tensor(self.buffer, t)
+        if not s.extra:
+            s.buffer = None
+            return False
+        return True
+
+    def write(self, t: int, src: int) -> None:
+        """Lay `t`'s plain bytes, read from address `src`, into `t`'s memory (an attached
+        tensor; `src` elsewhere)."""
+        self.g.base.ggml_backend_tensor_set(t, src, 0, self.g.base.ggml_nbytes(t))
 
 
 @functools.cache

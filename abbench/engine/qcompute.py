@@ -24,18 +24,38 @@ expert runner uses it as it uses `ComputeTeam`; ggml's own threads split each GE
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from abbench.engine import ggml
 from abbench.engine.compute import Job, matmul_t, matvec, private_vectors
-from abbench.engine.slots import SlotPool
+from abbench.engine.slots import RawSlot, SlotPool
 from abbench.engine.streamer import BufferArena
 from abbench.errors import EngineError
 
 if TYPE_CHECKING:
     from abbench.engine.gguf_file import ModelFile
+
+@dataclass(frozen=True)
+class Weight:
+    """A dense matrix for ggml: its type, numpy shape, bytes, and whether they are laid
+    out for the repacked kernels (`QuantTeam.matrix`)."""
+
+    ggml_type: int
+    rows: int
+    cols: int
+    raw: np.ndarray  # (rows, row bytes) uint8
+    repacked: bool
+
+    def tensor(self, ctx: ggml.Context, repacker: ggml.Repacker | None) -> int:
+        """This matrix as a tensor of `ctx` (ggml's ne: cols, rows)."""
+        t = ctx.tensor(self.ggml_type, (self.cols, self.rows), self.raw.ctypes.data)
+        if self.repacked and not (repacker and repacker.attach(t)):
+            raise EngineError("a repacked matrix has no repacked kernel")
+        return t
+
 
 WEIGHT_SUM_MIN = 6.103515625e-5  # llama.cpp's clamp of the routing weights' sum
 
@@ -88,9 +108,12 @@ class ExpertGraph:
         for i, part in enumerate((gate, up, down)):
             row = ggml.row_bytes(part.ggml_type, part.cols)
             stride = lay.stride
-            stacks.append(ctx.tensor(
+            stack = ctx.tensor(
                 part.ggml_type, (part.cols, part.rows, pool.capacity), pool.part_address(i),
-                (g.base.ggml_type_size(part.ggml_type), row, stride, stride * pool.capacity)))
+                (g.base.ggml_type_size(part.ggml_type), row, stride, stride * pool.capacity))
+            if pool.repack[i] and not (team.repacker and team.repacker.attach(stack)):
+                raise EngineError("a repacked expert part has no repacked kernel")
+            stacks.append(stack)
         xt = ctx.tensor(ggml.F32, (d, 1, t), self.x.ctypes.data)
         it = ctx.tensor(ggml.I32, (n, t), self.ids.ctypes.data)
         gt = ctx.mul_mat_id(stacks[0], xt, it, self._gate.ctypes.data)  # (ff, n, t)
@@ -109,10 +132,14 @@ class QuantTeam:
 
     backend = "ggml"
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, repack: bool = False) -> None:
+        """repack: lay resident weights out for ggml's repacked kernels where this CPU
+        has them (`ggml.Repacker`; llama.cpp's default)."""
         self.g = ggml.lib()
         self.threads = max(1, threads)
         self.threads_pool = ggml.Threads(self.g, self.threads)
+        self.repacker = ggml.Repacker(self.g) if repack else None
+        self._writers: dict[int, tuple[ggml.Context, list[int | None], np.ndarray]] = {}
         self.input = private_vectors()
         self._graphs: dict[tuple[int, int, int], ExpertGraph] = {}
         self._pools: dict[int, SlotPool] = {}
@@ -158,33 +185,76 @@ class QuantTeam:
         out[[j.slot for j in jobs]] = graph.y[0]
 
     def rows(self, pool: SlotPool, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """A prefill batch's experts: x (n, d), ids (n, k) slot indices → (n, k, d)."""
+        """A prefill batch's experts: x (n, d), ids (n, k) slot indices → (n, k, d). Its
+        graph is built for the call and let go (a batch's shape rarely comes again, and
+        its buffers are the batch's size)."""
         n, k = ids.shape
-        graph = self.experts(pool, k, n)
+        graph = ExpertGraph(self, pool, k, n)
         np.copyto(graph.x, x)
         np.copyto(graph.ids, ids)
         graph.compute()
-        return graph.y.copy()
+        return graph.y
 
     # The F32 team's GEMVs, for what a model multiplies in numpy.
     matvec = staticmethod(matvec)
     matmul_t = staticmethod(matmul_t)
 
-    def matrix(self, mf: ModelFile, name: str, pinned: bool
-               ) -> tuple[int, int, int, np.ndarray]:
-        """A dense matrix as the file stores it: (ggml type, rows, cols, its bytes (rows,
-        row bytes)). pinned: read into huge-page arena memory (as pinned F32 matrices
-        are); else a view of the file's mapping (the page cache's)."""
+    # -- repacked weights -------------------------------------------------------------
+
+    def repack_pool(self, pool: SlotPool) -> None:
+        """Hold `pool`'s slots re-laid for the repacked kernels, part by part where this
+        CPU has a layout for the part's type and shape (write them with `repack_slot`)."""
+        if self.repacker is None:
+            return
+        ctx = ggml.Context(self.g, 4)
+        heads: list[int | None] = []
+        for i, part in enumerate((pool.layout.gate, pool.layout.up, pool.layout.down)):
+            t = ctx.tensor(part.ggml_type, (part.cols, part.rows), pool.part_address(i))
+            heads.append(t if self.repacker.attach(t) else None)
+        pool.repack = tuple(h is not None for h in heads)  # type: ignore[assignment]
+        scratch = np.empty(max(p.nbytes for p in (pool.layout.gate, pool.layout.up,
+                                                  pool.layout.down)), np.uint8)
+        self._writers[id(pool)] = (ctx, heads, scratch)
+
+    def repack_slot(self, slot: RawSlot) -> None:
+        """Re-lay a slot just read as the file has it (parts its pool repacks)."""
+        entry = self._writers.get(id(slot.kind))
+        if entry is None or self.repacker is None:
+            return
+        ctx, heads, scratch = entry
+        lay = slot.kind.layout
+        for head, part, offset in zip(heads, (lay.gate, lay.up, lay.down), lay.offsets):
+            if head is None:
+                continue
+            where = slot.data[offset : offset + part.nbytes]
+            np.copyto(scratch[: part.nbytes], where)
+            ctx.set_data(head, where.ctypes.data)
+            self.repacker.write(head, scratch.ctypes.data)
+
+    def matrix(self, mf: ModelFile, name: str, pinned: bool) -> Weight:
+        """A dense matrix as the file stores it, or re-laid for the repacked kernels (when
+        repacking, pinned and its type has a layout here). pinned: read into huge-page
+        arena memory (as pinned F32 matrices are); else a view of the file's mapping."""
         info = mf.tensor(name)
         if len(info.shape) != 2:
             raise EngineError(f"`{info.name}` is not a matrix")
         rows, cols = info.shape
-        if pinned:
-            mm, offset = self._arena.take(info.nbytes)
-            raw = mf.read_raw(info.name, np.frombuffer(mm, np.uint8, info.nbytes, offset))
-        else:
-            raw = mf.mapped(info.name)
-        return int(info.ggml_type), rows, cols, raw.reshape(rows, -1)
+        gtype = int(info.ggml_type)
+        if not pinned:
+            return Weight(gtype, rows, cols, mf.mapped(info.name).reshape(rows, -1), False)
+        mm, offset = self._arena.take(info.nbytes)
+        raw = np.frombuffer(mm, np.uint8, info.nbytes, offset)
+        repacked = False
+        if self.repacker is not None:
+            ctx = ggml.Context(self.g, 1)
+            head = ctx.tensor(gtype, (cols, rows), raw.ctypes.data)
+            if self.repacker.attach(head):
+                plain = mf.read_raw(info.name)  # held while ggml reads it
+                self.repacker.write(head, plain.ctypes.data)
+                repacked = True
+        if not repacked:
+            mf.read_raw(info.name, raw)
+        return Weight(gtype, rows, cols, raw.reshape(rows, -1), repacked)
 
     def close(self) -> None:
         self._graphs.clear()

@@ -203,7 +203,8 @@ class Engine:
         layout = expert_layout(self.mf, args.block_count, args.expert_count)
         self.dense_bytes = int(self.info["dense_bytes"])
         self.kernels = choose_kernels(config.kernels, layout)
-        team = QuantTeam(config.compute_threads) if self.kernels == "ggml" else None
+        team = (QuantTeam(config.compute_threads, config.repack) if self.kernels == "ggml"
+                else None)
         self.runner = ExpertRunner(
             self.mf,
             layout,
@@ -365,6 +366,12 @@ class Engine:
         if self.kernels == "ggml":
             lib = ggml.lib()
             info["ggml"] = {"library": str(lib.folder), "cpu": lib.cpu_features()}
+            dense = getattr(self.model, "dense_matrices", list)()
+            info["repacked"] = {
+                "experts": self.runner.repacked,
+                "dense": sorted({GGMLQuantizationType(m.ggml_type).name for m in dense
+                                 if m.repacked}),
+            }
         return info
 
     def _prefill(self, tokens: list[int], pos: int, step: int) -> TokenRecord:

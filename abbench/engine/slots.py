@@ -109,6 +109,9 @@ class SlotPool:
         self.address = probe.ctypes.data + self.base  # of slot 0, for ggml
         del probe
         self._next = 0
+        # Per part: whether slots hold it re-laid for ggml's repacked kernels (the team
+        # decides: `QuantTeam.repack_pool`), else as the file has it.
+        self.repack = (False, False, False)
 
     @property
     def nbytes(self) -> int:

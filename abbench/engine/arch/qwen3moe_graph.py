@@ -27,7 +27,7 @@ import numpy as np
 from abbench.engine import ggml
 from abbench.engine.arch.common import RoutingHook, embedding
 from abbench.engine.arch.qwen3moe import ModelArgs
-from abbench.engine.qcompute import QuantTeam, routing, weighted_sum
+from abbench.engine.qcompute import QuantTeam, Weight, routing, weighted_sum
 
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
@@ -38,7 +38,6 @@ ROPE_NEOX = 2  # GGML_ROPE_TYPE_NEOX
 # llama.cpp's RoPE settings without scaling: freq_scale, ext_factor, attn_factor,
 # beta_fast, beta_slow (llama_hparams' defaults; ext_factor 0 turns YaRN off)
 ROPE_PLAIN = (1.0, 0.0, 1.0, 32.0, 1.0)
-Matrix = tuple[int, int, int, np.ndarray]  # (ggml type, rows, cols, the file's bytes)
 
 
 class LayerWeights:
@@ -74,9 +73,8 @@ class LayerGraph:
         op, f32 = ctx.op, ggml.F32
         self.k_cache, self.v_cache = model.k_cache[layer], model.v_cache[layer]
 
-        def matrix(m: Matrix) -> int:
-            gtype, rows, cols, raw = m
-            return ctx.tensor(gtype, (cols, rows), raw.ctypes.data)
+        def matrix(m: Weight) -> int:
+            return m.tensor(ctx, model.team.repacker)
 
         def vector(v: np.ndarray) -> int:
             return ctx.tensor(f32, (v.shape[0],), v.ctypes.data)
@@ -136,15 +134,15 @@ class LayerGraph:
 class OutputGraph:
     """The final norm and the output projection for one token."""
 
-    def __init__(self, model: GraphModel, norm: np.ndarray, output: Matrix) -> None:
+    def __init__(self, model: GraphModel, norm: np.ndarray, output: Weight) -> None:
         d = model.args.embedding_length
-        gtype, rows, cols, raw = output
+        rows = output.rows
         self.norm, self.output = norm, output
         ctx = self.ctx = ggml.Context(model.team.g, 8, 16, 4 * (3 * d + rows) + 4096)
         h = ctx.tensor(ggml.F32, (d, 1), model.inputs(1)[0].ctypes.data)
         x = ctx.op("mul", ctx.op("rms_norm", h, model.args.layer_norm_rms_epsilon),
                    ctx.tensor(ggml.F32, (d,), norm.ctypes.data))
-        logits = ctx.op("mul_mat", ctx.tensor(gtype, (cols, rows), raw.ctypes.data), x)
+        logits = ctx.op("mul_mat", output.tensor(ctx, model.team.repacker), x)
         self.graph = ctx.graph([logits], model.team.threads_pool)
         self.logits = ctx.array(logits, (rows,), np.float32)
 
@@ -169,7 +167,7 @@ class GraphModel:
         # read, and the causal mask (t, n_kv) per cache length.
         self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._masks: dict[tuple[int, int], np.ndarray] = {}
-        self._graphs: dict[tuple[int, int], list[LayerGraph]] = {}
+        self._graphs: dict[int, list[LayerGraph]] = {}  # decode's, by attended length
         name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self._output = (mf.read_dense("output_norm.weight", True), team.matrix(mf, name, pinned))
         self._output_graph: OutputGraph | None = None
@@ -190,11 +188,13 @@ class GraphModel:
     def gemv_matrices(self) -> list[Any]:
         return []
 
+    def dense_matrices(self) -> list[Weight]:
+        return [*(m for w in self.weights for m in (w.wq, w.wk, w.wv, w.wo)), self._output[1]]
+
     def dense_types(self) -> list[str]:
         from gguf import GGMLQuantizationType
 
-        mats = [m for w in self.weights for m in (w.wq, w.wk, w.wv, w.wo)]
-        return sorted({GGMLQuantizationType(m[0]).name for m in [*mats, self._output[1]]})
+        return sorted({GGMLQuantizationType(m.ggml_type).name for m in self.dense_matrices()})
 
     # -- passes -------------------------------------------------------------------------
 
@@ -210,37 +210,39 @@ class GraphModel:
         filled per pass by `_begin`."""
         return self._masks.setdefault((t, n_kv), np.zeros((t, n_kv), np.float32))
 
-    def _begin(self, tokens: list[int], pos: int) -> tuple[np.ndarray, list[LayerGraph]]:
-        """Set up a pass of `tokens` at positions pos..: its graphs (built when the pass
-        size or the attended length, a multiple of KV_PAD, is new) and their inputs;
-        → the residual stream (t, d) and the layers' graphs."""
+    def _begin(self, tokens: list[int], pos: int) -> tuple[np.ndarray, int]:
+        """Fill the inputs of a pass of `tokens` at positions pos..: the residual stream
+        (t, d), the positions, the causal mask; → the stream and the attended length (a
+        multiple of KV_PAD, as llama.cpp pads it)."""
         t = len(tokens)
         end = pos + t
         if end > self.kv_size:
             raise ValueError(f"position {end} past the context ({self.kv_size})")
         n_kv = min(self.kv_size, max(KV_PAD, -(-end // KV_PAD) * KV_PAD))
-        graphs = self._graphs.get((t, n_kv))
-        if graphs is None:  # the graphs of a shorter attended length are done with
-            self._graphs = {k: v for k, v in self._graphs.items() if k[0] != t}
-            self.mask(t, n_kv)
-            graphs = self._graphs[(t, n_kv)] = [
-                LayerGraph(self, w, i, t, n_kv) for i, w in enumerate(self.weights)]
         h, positions = self.inputs(t)
         h[...] = self.token_embd[tokens]  # (t, d)
         positions[...] = np.arange(pos, end, dtype=np.int32)
-        mask = self._masks[(t, n_kv)]
+        mask = self.mask(t, n_kv)
         mask.fill(-np.inf)
         for i in range(t):
             mask[i, : pos + i + 1] = 0.0
+        return h, n_kv
+
+    def _decode_graphs(self, pos: int, n_kv: int) -> list[LayerGraph]:
+        """The layers' graphs for one token, built once per attended length."""
+        graphs = self._graphs.get(n_kv)
+        if graphs is None:  # the graphs of a shorter attended length are done with
+            graphs = [LayerGraph(self, w, i, 1, n_kv) for i, w in enumerate(self.weights)]
+            self._graphs = {n_kv: graphs}
         for g in graphs:
             g.set_position(pos)
-        return h, graphs
+        return graphs
 
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""
         hook = self.routing_hook
-        h, graphs = self._begin([token], pos)
-        for layer, g in enumerate(graphs):
+        h, n_kv = self._begin([token], pos)
+        for layer, g in enumerate(self._decode_graphs(pos, n_kv)):
             g.graph.compute()
             ids, weights = routing(g.probs[0], g.order[0], self.k)  # (k,), (k,)
             x = g.x[0]  # (d,)
@@ -257,8 +259,11 @@ class GraphModel:
         """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the
         KV cache (their logits are not needed)."""
         hook = self.routing_hook
-        h, graphs = self._begin(tokens, pos)
-        for layer, g in enumerate(graphs):
+        h, n_kv = self._begin(tokens, pos)
+        for layer, w in enumerate(self.weights):
+            # one layer's graph at a time: its scratch is the batch's size
+            g = LayerGraph(self, w, layer, len(tokens), n_kv)
+            g.set_position(pos)
             g.graph.compute()
             top = [routing(p, o, self.k) for p, o in zip(g.probs, g.order)]
             ids = np.stack([i for i, _ in top])  # (n, k)
@@ -267,3 +272,4 @@ class GraphModel:
                 hook(layer, g.x, ids, weights, 0)
             moe = self.experts.prefill(layer, g.x, ids, weights)  # (n, d)
             np.add(moe, g.ffn_inp, out=h)
+            del g
