@@ -37,10 +37,12 @@ SKIP_AFTER_ROOFLINE = 6  # the roofline GEMV flushes the caches the decode had w
 
 
 def touched_bytes(info: dict) -> int:
-    """Weight bytes one decode token reads: routed experts (F32) + dense (embedding: one row)."""
+    """Weight bytes one decode token reads, as the engine holds them: the routed experts
+    (F32, or the file's bytes where ggml computes them in the file's types: the roofline
+    is per type) + dense (embedding: one row)."""
     embd_bytes = info["vocab_size"] * info["d_model"] * 4
     dense = info["dense_bytes"] - embd_bytes + info["d_model"] * 4
-    experts = info["n_layer"] * info["n_expert_used"] * info["expert_f32_bytes"]
+    experts = info["n_expert_used"] * sum(info["expert_resident_bytes"])
     return dense + experts
 
 
@@ -106,10 +108,11 @@ def main() -> None:
     team = "the caller + a partner process" if partnered else f"{result.threads} compute threads"
     print(f"model: {a.model}, {team} (BLAS 1 in the engine, {blas} for the roofline), "
           f"{len(ratios)} blocks of {a.block} tokens")
-    experts = info["n_layer"] * info["n_expert_used"] * info["expert_f32_bytes"]
+    per_expert = sum(info["expert_resident_bytes"]) / info["n_layer"]
+    experts = info["n_expert_used"] * sum(info["expert_resident_bytes"])
     print(f"bytes touched per token: {nbytes / MIB:.1f} MiB (experts {info['n_layer']}x"
-          f"{info['n_expert_used']}x{info['expert_f32_bytes'] / MIB:.2f} MiB + dense "
-          f"{(nbytes - experts) / MIB:.1f})")
+          f"{info['n_expert_used']}x{per_expert / MIB:.2f} MiB as held ({info['kernels']}) "
+          f"+ dense {(nbytes - experts) / MIB:.1f})")
     med_roof, med_tok = statistics.median(roofs), statistics.median(medians)
     print(f"roofline GEMV: median {med_roof * 1e3:.2f} ms ({nbytes / med_roof / 1e9:.1f} GB/s)")
     print(f"decode token:  median {med_tok * 1e3:.2f} ms ({nbytes / med_tok / 1e9:.1f} GB/s)")

@@ -458,7 +458,7 @@ def _model(value: str, at: Key, folder: Path) -> str:
         if not _SYNTHETIC.match(value):
             fail(at, f"{show(value)} is not a synthetic model",
                  tip="`synthetic:PRESET` or `synthetic:PRESET@SEED` (presets: tiny, small, "
-                 "default)")
+                 "default; or a real shape, e.g. qwen3-30b-a3b-4L-Q4_K_M)")
         return value
     try:
         path = Path(value).expanduser()

@@ -29,7 +29,7 @@ def parse_synthetic(spec: str) -> tuple[str, int]:
     name, _, seed = body.partition("@")
     if seed and not seed.isdigit():
         raise UsageError(f"`{spec}`: the seed after `@` must be a whole number")
-    synth.preset(name)  # raises with the list of presets
+    synth.named(name)  # raises with the list of presets and shapes
     return name, int(seed or 0)
 
 
@@ -49,10 +49,12 @@ def resolve_model(spec: str, quiet: bool = False) -> Path:
     with open(folder / (path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
-            spec_ = synth.preset(name, seed)
+            spec_ = synth.named(name, seed)
             if not quiet:
                 size = spec_.expert_bytes * spec_.n_expert * spec_.n_layer / 2**20
-                print(f"building {spec} (~{size:.0f} MiB of experts) into {path} (once)",
+                what = (f"~{size:.0f} MiB of experts" if spec_.expert_type == "F32"
+                        else f"{spec_.n_layer} layers, quantized by ggml: minutes")
+                print(f"building {spec} ({what}) into {path} (once)",
                       file=sys.stderr, flush=True)
             try:
                 synth.write_model(spec_, path, name=f"abbench-synthetic-{name}")
@@ -75,7 +77,7 @@ def context_length(spec: str) -> int | None:
     as on a remote device, or a file the engine would reject with its own message)."""
     if spec.startswith(PREFIX):
         name, seed = parse_synthetic(spec)
-        return synth.preset(name, seed).context_length
+        return synth.named(name, seed).context_length
     if not Path(spec).is_file():
         return None
     from abbench.engine.arch import architecture  # the model code only where a file is read

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -173,11 +174,28 @@ def tensor_type(spec: SynthSpec, name: str, declared: str, cols: int) -> str:
     return chosen
 
 
+_SHAPED = re.compile(r"(?P<shape>.+)-(?P<layers>[0-9]+)L-(?P<type>[A-Z0-9_]+)\Z")
+
+
+def named(name: str, seed: int = 0) -> SynthSpec:
+    """A preset (`default`), or a shape at a layer count in a type, every matrix in it
+    (`qwen3-30b-a3b-4L-Q4_K_M`: as llama-quantize writes a Q4_K_M file)."""
+    m = _SHAPED.match(name)
+    if name in PRESETS or m is None or m["shape"] not in SHAPES:
+        return preset(name, seed)
+    if m["type"] not in TYPES:
+        raise UsageError(f"unknown type `{m['type']}` in `{name}`",
+                         tip=f"types: {', '.join(TYPES)}")
+    return replace(shape(m["shape"], int(m["layers"]), seed), expert_type=m["type"],
+                   dense_type=m["type"])
+
+
 def preset(name: str, seed: int = 0) -> SynthSpec:
     if name not in PRESETS:
         raise UsageError(
-            f"unknown synthetic preset `{name}`", tip=f"presets: {', '.join(PRESETS)}"
-        )
+            f"unknown synthetic preset `{name}`",
+            tip=f"presets: {', '.join(PRESETS)}; or a real shape as SHAPE-NL-TYPE, e.g. "
+            f"qwen3-30b-a3b-4L-Q4_K_M (shapes: {', '.join(SHAPES)})")
     return replace(PRESETS[name], seed=seed)
 
 

@@ -116,7 +116,8 @@ def summary_lines(result: RunResult, s: dict[str, Any] | None = None) -> list[st
     s = s or summarize(result)
     lines = [
         generation_line(s["tokens"], s["s/tok"], s["tok/s"]),
-        f"compute: {s['threads']} threads, cpu {s['cpu_s/tok']:.3f} s/token "
+        f"compute: {s['threads']} threads, {kernels_text(result.extra.get('kernels'))}"
+        f"cpu {s['cpu_s/tok']:.3f} s/token "
         f"({100 * s['cpu_occupancy']:.0f}% occupancy), majflt {s['majflt/tok']:.2f}/token, "
         f"peak RSS {s['peak_rss_MiB']:.0f} MiB, load {s['load_s']:.2f} s, "
         f"prefill {s['n_prompt']} tokens {s['prefill_tok/s']:.1f} tok/s, TTFT "
@@ -149,6 +150,16 @@ def summary_lines(result: RunResult, s: dict[str, Any] | None = None) -> list[st
     if "predict" in result.extra:
         lines += predict_lines_from_dict(result.extra["predict"])
     return lines
+
+
+def kernels_text(k: dict[str, Any] | None) -> str:
+    """What computed the experts, for the `compute:` line (nothing for numpy's F32)."""
+    if not k or k.get("backend") != "ggml":
+        return ""
+    types = sorted({t for ts in k.get("experts", {}).values() for t in ts})
+    repacked = k.get("repacked", {}).get("experts") or []
+    return (f"ggml kernels on {'/'.join(types)}"
+            + (f" ({'/'.join(repacked)} repacked)" if repacked else "") + ", ")
 
 
 def _num(x: Any) -> Any:
