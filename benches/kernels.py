@@ -9,7 +9,9 @@ the median of each is printed with its speed over ggml's plain kernel in the sam
 - numpy reference: each expert's three matrices dequantized by `gguf.quants` after the
   read, then F32 GEMVs (what the engine did before it computed in the file's types);
 - numpy F32: the same GEMVs on weights dequantized once (an F32 copy 7x, Q8_0 3.8x, the
-  file's size: the memory a cache would need);
+  file's size: the memory a cache would need), one BLAS thread a GEMV as the numpy engine
+  runs them (its own threads split the experts; here they run one after another, so
+  this way uses one core where ggml's use two);
 - ggml plain: llama.cpp's `mul_mat_id` graph over the file's bytes (`--no-repack`);
 - ggml repacked: the same over weights re-laid for the repacked kernels (`--repack`),
   where this CPU has a layout for the type.
@@ -109,7 +111,10 @@ def main() -> None:
     rng = np.random.default_rng(1)
     print(f"ggml {ggml.lib().cpu_features()}, {a.threads} threads; one layer: {K} of "
           f"{N_EXPERT} experts (gate, up {FF}x{D}; down {D}x{FF}), {a.rounds} rounds")
-    with threadpool_limits(limits=a.threads, user_api="blas"):
+    # One BLAS thread, as in the engine; and a pause before each way, so that no thread
+    # pool of the way before is still spinning on the cores (OpenBLAS's and ggml's spin
+    # after their work: two at once double each other's time on 2 cores).
+    with threadpool_limits(limits=1, user_api="blas"):
         for name in a.types:
             gtype = int(GGMLQuantizationType[name])
             fns = ways(gtype, a.threads, rng)
@@ -118,6 +123,7 @@ def main() -> None:
             x = rng.standard_normal(D).astype(np.float32)
             for _ in range(a.rounds):
                 for way, fn in fns.items():
+                    time.sleep(0.3)
                     calls = 2 if way == "numpy reference" else a.calls
                     t0 = time.perf_counter()
                     for _ in range(calls):

@@ -1,9 +1,10 @@
-"""P10, P11, P12 — the engine on a quantized file of a real model's geometry (issue 27).
+"""P10, P11, P12 — the engine on a quantized file of a real model's geometry .
 
-The file: `abbench model synth --shape qwen3-30b-a3b --layers 4 --expert-type Q4_K_M`
-(and Q8_0), written once into `$ABBENCH_CACHE/quantized/`. Every run is a child process
-(`python -m abbench engine run ... --json`), as a campaign cell runs it, with THREADS
-compute threads; llama.cpp is the build tests/llamacpp.py makes from the pinned source.
+The file: `synthetic:qwen3-30b-a3b-4L-Q4_K_M` (and Q8_0), what `abbench model synth --shape
+qwen3-30b-a3b --layers 4 --expert-type Q4_K_M` writes, built once into `$ABBENCH_CACHE`.
+Every run is a child process (`python -m abbench engine run ... --json`), as a campaign
+cell runs it, with THREADS compute threads; llama.cpp is the build tests/llamacpp.py
+makes from the pinned source.
 
 - P10: resident decode (`--resident`, `-n N`), decode tok/s of the engine over
   `llama-bench -p 0 -n N -t THREADS -r 1` (its defaults otherwise: a warm-up run first).
@@ -35,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from p1_io_bound import RawLanes  # noqa: E402  (P1's raw O_DIRECT reader)
 
 from abbench.engine import synth  # noqa: E402
 from abbench.engine.gguf_file import ModelFile  # noqa: E402
-from abbench.engine.models import cache_dir  # noqa: E402
+from abbench.engine.models import resolve_model  # noqa: E402
 from abbench.engine.session import model_info  # noqa: E402
 from abbench.engine.streamer import expert_layout  # noqa: E402
 
@@ -56,17 +56,9 @@ LANES = 4
 
 
 def model_file(shape: str, layers: int, expert_type: str) -> Path:
-    """The quantized file, written once (a few minutes for 4 layers of Q4_K_M)."""
-    folder = cache_dir() / "quantized"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{shape}-{layers}L-{expert_type}-v{synth.FORMAT_VERSION}.gguf"
-    if not path.exists():
-        print(f"writing {path} (once) ...", flush=True)
-        # every matrix in the type (a mix by its rules), as llama-quantize writes a file
-        spec = replace(synth.shape(shape, layers), expert_type=expert_type,
-                       dense_type=expert_type)
-        synth.write_model(spec, path, name=f"abbench-synthetic-{shape}")
-    return path
+    """The quantized file, `synthetic:SHAPE-NL-TYPE` (built once into the model cache; a
+    few minutes for 4 layers of Q4_K_M)."""
+    return resolve_model(f"synthetic:{shape}-{layers}L-{expert_type}")
 
 
 def engine(model: Path, threads: int, tokens: int, *flags: str) -> dict[str, Any]:

@@ -198,3 +198,19 @@ def test_model_synth_cli_refuses_mixed_geometry_flags(tmp_path: Path,
     rc, _, err = run_main(["model", "synth", "--layers", "2", "-o", out], capsys)
     assert rc == 2 and "--shape" in err
     assert not Path(out).exists()
+
+
+def test_a_real_shape_is_named_like_a_preset() -> None:
+    from abbench.engine.models import context_length, parse_synthetic
+
+    spec = synth.named("qwen3-30b-a3b-4L-Q4_K_M", 3)
+    assert (spec.n_layer, spec.n_expert, spec.d_model, spec.seed) == (4, 128, 2048, 3)
+    assert spec.expert_type == spec.dense_type == "Q4_K_M"
+    assert synth.named("default") == synth.preset("default")
+    assert parse_synthetic("synthetic:qwen3-30b-a3b-2L-Q8_0@5") == ("qwen3-30b-a3b-2L-Q8_0", 5)
+    assert context_length("synthetic:qwen3-30b-a3b-2L-Q8_0") == 4096
+    with pytest.raises(synth.UsageError, match="unknown type"):
+        synth.named("qwen3-30b-a3b-2L-Q9_9")
+    with pytest.raises(synth.UsageError, match="unknown synthetic preset") as e:
+        synth.named("qwen9-2L-Q8_0")
+    assert "SHAPE-NL-TYPE" in str(e.value.tip)
