@@ -2,9 +2,12 @@
 
 Every expert resident (`--resident`), so a token does no I/O. The roofline of a token is the
 weight bytes it touches — its routed experts plus the dense weights (the embedding counts as
-one row) — streamed through one large F32 GEMV in the same process, with every BLAS thread
-(the engine itself runs BLAS single-threaded, and with every expert resident splits each
-layer's GEMVs and experts between the caller and a partner process: see engine/partner.py).
+one row), as the engine holds them — streamed through one large GEMV in the same process,
+in the type the engine computes in: an F32 file's through BLAS on every thread (the engine
+itself runs BLAS single-threaded, and with every expert resident splits each layer's GEMVs
+and experts between the caller and a partner process: see engine/partner.py); a quantized
+file's through ggml's kernel for its experts' type on the engine's threads, repacked where
+the engine repacks (the roofline is per type: a Q4_K GEMV dequantizes as it streams).
 
 The two are measured side by side: decode runs in blocks of `--block` tokens, and between
 blocks the roofline GEMV is timed (best of 3). Each block's ratio is the mean of the
@@ -22,13 +25,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from abbench.engine import ggml
 from abbench.engine.config import EngineConfig
 from abbench.engine.models import resolve_model
 from abbench.engine.partner import Partner
+from abbench.engine.qcompute import QuantTeam, Weight
 from abbench.engine.session import Engine, TokenRecord
 
 MIB = 2**20
@@ -44,6 +51,45 @@ def touched_bytes(info: dict) -> int:
     dense = info["dense_bytes"] - embd_bytes + info["d_model"] * 4
     experts = info["n_expert_used"] * sum(info["expert_resident_bytes"])
     return dense + experts
+
+
+def roofline_gemv(engine: Engine, nbytes: int, d: int, blas: int) -> Callable[[], None]:
+    """One GEMV over `nbytes` of weights, the fastest way this machine multiplies the type
+    the engine computes in: F32 by BLAS on every thread, or — where ggml computes the
+    experts in the file's type — ggml's kernel for that type on the engine's threads,
+    repacked as the engine's resident experts are (the roofline is per type)."""
+    if engine.kernels != "ggml":
+        big = np.full((nbytes // 4 // d, d), 0.01, np.float32)  # (rows, d)
+        x = np.ones(d, np.float32)
+
+        def f32() -> None:
+            with threadpool_limits(limits=blas, user_api="blas"):
+                big @ x
+
+        return f32
+    team = engine.runner.team
+    assert isinstance(team, QuantTeam)
+    gtype = int(GGMLQuantizationType[engine.runner.kernel_types["gate"][0]])
+    block = ggml.quantize(np.random.default_rng(0).standard_normal((256, d)).astype(
+        np.float32), gtype)  # (256, row bytes): tiled, its bytes fill the matrix
+    rows = nbytes // block.shape[1] // 256 * 256
+    w = np.tile(block, (rows // 256, 1))  # (rows, row bytes)
+    weight = Weight(gtype, rows, d, w, False)
+    if team.repacker is not None and engine.runner.repacked:
+        packed = np.empty_like(w)
+        probe = ggml.Context(team.g, 1)
+        head = probe.tensor(gtype, (d, rows), packed.ctypes.data)
+        if team.repacker.attach(head):
+            team.repacker.write(head, w.ctypes.data)
+            weight = Weight(gtype, rows, d, packed, True)
+    ctx = ggml.Context(team.g, 4, 16)
+    x = np.ones((1, d), np.float32)
+    y = np.zeros((1, rows), np.float32)
+    out = ctx.mul_mat(weight.tensor(ctx, team.repacker),
+                      ctx.tensor(ggml.F32, (d, 1), x.ctypes.data), y.ctypes.data)
+    graph = ctx.graph([out], team.threads_pool)
+    keep = (ctx, weight, x, y)
+    return lambda: graph.compute() if keep else None
 
 
 def main() -> None:
@@ -63,19 +109,17 @@ def main() -> None:
         partnered = isinstance(engine.runner.team, Partner)
         nbytes = touched_bytes(info)
         d = info["d_model"]
-        big = np.full((nbytes // 4 // d, d), 0.01, np.float32)  # (rows, d) the roofline GEMV
-        x = np.ones(d, np.float32)
+        gemv = roofline_gemv(engine, nbytes, d, blas)
         roofs: list[float] = []
         blocks: list[list[float]] = []
         seen = [0]
 
         def roofline() -> None:
-            with threadpool_limits(limits=blas, user_api="blas"):
-                best = float("inf")
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    big @ x
-                    best = min(best, time.perf_counter() - t0)
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                gemv()
+                best = min(best, time.perf_counter() - t0)
             roofs.append(best)
             until = time.perf_counter() + SETTLE_S
             while time.perf_counter() < until:
@@ -114,7 +158,11 @@ def main() -> None:
           f"{info['n_expert_used']}x{per_expert / MIB:.2f} MiB as held ({info['kernels']}) "
           f"+ dense {(nbytes - experts) / MIB:.1f})")
     med_roof, med_tok = statistics.median(roofs), statistics.median(medians)
-    print(f"roofline GEMV: median {med_roof * 1e3:.2f} ms ({nbytes / med_roof / 1e9:.1f} GB/s)")
+    kind = ("F32 by BLAS" if engine.kernels != "ggml" else
+            f"{engine.runner.kernel_types['gate'][0]} by ggml"
+            + (" (repacked)" if engine.runner.repacked else ""))
+    print(f"roofline GEMV ({kind}): median {med_roof * 1e3:.2f} ms "
+          f"({nbytes / med_roof / 1e9:.1f} GB/s)")
     print(f"decode token:  median {med_tok * 1e3:.2f} ms ({nbytes / med_tok / 1e9:.1f} GB/s)")
     print(f"block ratios: {' '.join(f'{r:.3f}' for r in ratios)}")
     print(f"P2 ratio (roofline / measured), median over blocks: "
