@@ -38,6 +38,7 @@ from abbench.errors import EngineError
 if TYPE_CHECKING:
     from abbench.engine.gguf_file import ModelFile
 
+
 @dataclass(frozen=True)
 class Weight:
     """A dense matrix for ggml: its type, numpy shape, bytes, and whether they are laid
