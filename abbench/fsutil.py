@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import tempfile
 import threading
 import warnings
@@ -71,8 +72,26 @@ def _write_fully(fd: int, part: memoryview) -> None:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` to a temp file beside `path`, fsync it and rename it over `path`: a
-    reader sees the old file or the new one, never half of one."""
+    reader sees the old file or the new one, never half of one.
+
+    What a user names is written as a shell's `>` writes it: a path that is a device, a
+    fifo or a socket is written through, never renamed over (`--json /dev/null` stays
+    `/dev/null`); a symbolic link stays a link and the file it names gets the text
+    (written atomically beside that file); a folder is refused."""
     path = Path(path)
+    try:
+        st: os.stat_result | None = os.stat(path)  # what a link names
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        _write_through(path, text.encode("utf-8"))
+        return
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp",
                                dir=path.parent or ".")
     try:
@@ -88,6 +107,21 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_through(path: Path, data: bytes) -> None:
+    """Write into a device, fifo or socket in place (non-blocking: a fifo nobody reads is
+    refused, not waited on)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    try:
+        _write_fully(fd, memoryview(data))
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    finally:
+        os.close(fd)
 
 
 def append_line(path: str | os.PathLike[str], line: str, fsync: bool = True) -> None:

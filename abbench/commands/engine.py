@@ -15,7 +15,7 @@ from abbench.engine.models import resolve_model
 from abbench.engine.predictor import control_warning
 from abbench.engine.session import Engine
 from abbench.engine.telemetry import summarize, summary_lines, write_csv, write_json
-from abbench.errors import UsageError
+from abbench.errors import UsageError, WriteError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -58,10 +58,15 @@ def run_engine(a: argparse.Namespace) -> int:
     path = resolve_model(cfg.model)
     with Engine(cfg, path) as engine:
         result = engine.run()
-    if a.csv:
-        write_csv(a.csv, result)
-    if a.json:
-        write_json(a.json, result)
+    # A destination that refuses the file (a full disk or device, a fifo nobody reads)
+    # is one error after the run's own lines: what was measured is still printed.
+    refused: OSError | None = None
+    for where, write in ((a.csv, write_csv), (a.json, write_json)):
+        if where:
+            try:
+                write(where, result)
+            except OSError as e:
+                refused = refused or e
     if a.show_text:  # the bytes as they are, as llama.cpp prints them
         sys.stdout.flush()
         sys.stdout.buffer.write(result.text_bytes + b"\n")
@@ -73,6 +78,8 @@ def run_engine(a: argparse.Namespace) -> int:
         problem = control_warning(engine.predictor.scores)
         if problem:
             print(f"WARNING: {problem}", file=sys.stderr)
+    if refused is not None:
+        raise WriteError.from_os(refused, "give another path")
     return 0
 
 

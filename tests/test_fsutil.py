@@ -1,0 +1,101 @@
+"""fsutil.atomic_write_text on paths that are not plain files (issue 33, class 1 and 2):
+devices and fifos are written through, never renamed over; links stay links.
+
+The device nodes are made in a temporary folder (`mknod`, as root), copies of /dev/null
+and /dev/full: the machine's own are never at risk from a regression here.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_main
+
+from abbench.fsutil import atomic_write_text
+
+
+def device(tmp_path: Path, name: str, minor: int) -> Path:
+    """A character device of the memory driver (1, minor): 3 null, 7 full."""
+    path = tmp_path / name
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    return path
+
+
+def is_char_device(path: Path) -> bool:
+    return stat.S_ISCHR(os.lstat(path).st_mode)
+
+
+def test_a_device_is_written_through_not_replaced(tmp_path: Path) -> None:
+    null = device(tmp_path, "null", 3)
+    atomic_write_text(null, "discarded\n")
+    assert is_char_device(null)
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]  # no temp file left
+
+
+def test_a_full_device_fails_naming_it_and_stays_a_device(tmp_path: Path) -> None:
+    full = device(tmp_path, "full", 7)
+    with pytest.raises(OSError) as e:
+        atomic_write_text(full, "x" * 100)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(full)
+    assert is_char_device(full)
+
+
+def test_a_fifo_nobody_reads_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError) as e:
+        atomic_write_text(fifo, "x\n")
+    assert e.value.errno == errno.ENXIO and e.value.filename == str(fifo)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_link_stays_a_link_and_its_file_gets_the_text(tmp_path: Path) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    atomic_write_text(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == "new\n"
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "made.json")
+    atomic_write_text(dangling, "made\n")
+    assert dangling.is_symlink() and (tmp_path / "made.json").read_text() == "made\n"
+
+
+def test_a_folder_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError):
+        atomic_write_text(tmp_path, "x")
+
+
+def test_engine_outputs_onto_a_device_keep_the_device(tiny_model: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """`abbench engine run --csv DEV --json DEV` through the real CLI: the run succeeds and
+    the nodes are still devices; onto a full device, one ERROR line naming it, exit 2."""
+    null = device(tmp_path, "null", 3)
+    rc, _, err = run_main(["engine", "run", "-m", str(tiny_model), "-n", "2", "-q",
+                           "--csv", str(null), "--json", str(null)], capsys)
+    assert rc == 0, err
+    assert is_char_device(null)
+    full = device(tmp_path, "full", 7)
+    rc, _, err = run_main(["engine", "run", "-m", str(tiny_model), "-n", "2", "-q",
+                           "--json", str(full)], capsys)
+    assert rc == 2 and err.count("ERROR:") == 1 and str(full) in err
+    assert "Traceback" not in err and is_char_device(full)
+    out = tmp_path / "run.json"
+    link = tmp_path / "run-link.json"
+    link.symlink_to(out)
+    rc, _, err = run_main(["engine", "run", "-m", str(tiny_model), "-n", "2", "-q",
+                           "--json", str(link)], capsys)
+    assert rc == 0 and link.is_symlink() and json.loads(out.read_text())["format"]
+    assert sys.platform != "win32"  # the nodes above exist only where mknod does
