@@ -99,3 +99,13 @@ def test_engine_outputs_onto_a_device_keep_the_device(tiny_model: Path, tmp_path
                            "--json", str(link)], capsys)
     assert rc == 0 and link.is_symlink() and json.loads(out.read_text())["format"]
     assert sys.platform != "win32"  # the nodes above exist only where mknod does
+
+
+def test_model_synth_into_a_folder_that_takes_no_files_is_one_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Class 3: /proc exists but takes no new files: one ERROR naming the file asked for,
+    exit 2, no traceback (before: `FileNotFoundError` from the temp file beside it)."""
+    rc, _, err = run_main(["model", "synth", "-o", "/proc/abbench-x.gguf"], capsys)
+    assert rc == 2
+    assert err.count("ERROR:") == 1 and "/proc/abbench-x.gguf:" in err
+    assert "Traceback" not in err and ".part" not in err

@@ -13,7 +13,7 @@ from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.models import resolve_model
 from abbench.engine.session import model_info
-from abbench.errors import UsageError
+from abbench.errors import UsageError, WriteError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -85,7 +85,10 @@ def cmd_model_synth(a: argparse.Namespace) -> int:
         raise UsageError(f"`-o`: folder {out.resolve().parent} does not exist")
     print(f"writing {what} (seed {a.seed}, experts {spec.expert_type}) to {out} ...",
           file=sys.stderr, flush=True)
-    synth.write_model(spec, out, name=f"abbench-synthetic-{(a.shape or what)}")
+    try:
+        synth.write_model(spec, out, name=f"abbench-synthetic-{(a.shape or what)}")
+    except OSError as e:  # a folder that takes no files (/proc), a full disk
+        raise WriteError.from_os(e, "give `-o` a writable folder") from e
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return 0
 

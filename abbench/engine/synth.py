@@ -223,7 +223,11 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
     path = Path(path)
     rng = np.random.default_rng(spec.seed)
     d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
-    tmp_fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    try:
+        tmp_fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".part",
+                                            dir=path.parent)
+    except OSError as e:  # named as the file asked for, not the temp file beside it
+        raise OSError(e.errno, e.strerror, str(path)) from e
     os.close(tmp_fd)
     try:
         w = gguf.GGUFWriter(tmp_name, "qwen3moe")
