@@ -128,10 +128,9 @@ class ExpertGraph:
 
 
 class QuantTeam:
-    """The compute team when experts (and quantized dense matrices) are computed in the
-    file's types: ggml with `threads` threads, the caller being one of them."""
-
-    backend = "ggml"
+    """The compute team when experts are computed in the file's types: ggml with
+    `threads` threads, the caller being one of them. It also loads the dense matrices the
+    graph model multiplies (`matrix`) and re-lays resident weights (`repack_pool`)."""
 
     def __init__(self, threads: int, repack: bool = False) -> None:
         """repack: lay resident weights out for ggml's repacked kernels where this CPU
@@ -140,18 +139,18 @@ class QuantTeam:
         self.threads = max(1, threads)
         self.threads_pool = ggml.Threads(self.g, self.threads)
         self.repacker = ggml.Repacker(self.g) if repack else None
-        self._writers: dict[int, tuple[ggml.Context, list[int | None], np.ndarray]] = {}
+        # per pool (which its graphs and writers keep alive): decode's graphs by the
+        # number of experts, and the headers and scratch that re-lay its slots
+        self._writers: dict[SlotPool, tuple[ggml.Context, list[int | None], np.ndarray]] = {}
         self.input = private_vectors()
-        self._graphs: dict[tuple[int, int, int], ExpertGraph] = {}
-        self._pools: dict[int, SlotPool] = {}
+        self._graphs: dict[tuple[SlotPool, int], ExpertGraph] = {}
         self._arena = BufferArena()  # pinned dense matrices' bytes
 
-    def experts(self, pool: SlotPool, n_used: int, n_tokens: int = 1) -> ExpertGraph:
-        key = (id(pool), n_used, n_tokens)
-        graph = self._graphs.get(key)
+    def experts(self, pool: SlotPool, n_used: int) -> ExpertGraph:
+        """The decode graph of `n_used` experts of `pool`, built once."""
+        graph = self._graphs.get((pool, n_used))
         if graph is None:
-            self._pools[id(pool)] = pool  # alive as long as its graphs
-            graph = self._graphs[key] = ExpertGraph(self, pool, n_used, n_tokens)
+            graph = self._graphs[(pool, n_used)] = ExpertGraph(self, pool, n_used, 1)
         return graph
 
     def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> float:
@@ -215,11 +214,11 @@ class QuantTeam:
         pool.repack = tuple(h is not None for h in heads)  # type: ignore[assignment]
         scratch = np.empty(max(p.nbytes for p in (pool.layout.gate, pool.layout.up,
                                                   pool.layout.down)), np.uint8)
-        self._writers[id(pool)] = (ctx, heads, scratch)
+        self._writers[pool] = (ctx, heads, scratch)
 
     def repack_slot(self, slot: RawSlot) -> None:
         """Re-lay a slot just read as the file has it (parts its pool repacks)."""
-        entry = self._writers.get(id(slot.kind))
+        entry = self._writers.get(slot.kind)
         if entry is None or self.repacker is None:
             return
         ctx, heads, scratch = entry
