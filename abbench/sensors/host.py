@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -114,7 +115,9 @@ THROTTLE_REASONS = (
     (0x10, "sync_boost"), (0x20, "sw_thermal"), (0x40, "hw_thermal"),
     (0x80, "hw_power_brake"), (0x100, "display_clocks"),
 )
-_nvml_initialised: dict[int, bool] = {}
+# keyed by the module itself, weakly: an id() key outlives its object, and a new object at
+# the same address would inherit another's init result
+_nvml_initialised: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def throttle_names(mask: int) -> str:
@@ -148,13 +151,13 @@ def collect_nvml(module: Any = None) -> dict[str, Any]:
     nvml = module if module is not None else import_pynvml()
     if nvml is None:
         return {}
-    if id(nvml) not in _nvml_initialised:
+    if nvml not in _nvml_initialised:
         try:
             nvml.nvmlInit()
-            _nvml_initialised[id(nvml)] = True
+            _nvml_initialised[nvml] = True
         except Exception:
-            _nvml_initialised[id(nvml)] = False
-    if not _nvml_initialised[id(nvml)]:
+            _nvml_initialised[nvml] = False
+    if not _nvml_initialised[nvml]:
         return {}
     reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
         nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
