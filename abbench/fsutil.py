@@ -124,6 +124,43 @@ def _write_through(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def check_own_file(path: str | os.PathLike[str]) -> None:
+    """Refuse a file abbench appends to or truncates (a device history, a journal) when it
+    is not abbench's to write: a symbolic link (it would write into whatever the link names,
+    a user's notes file) or anything but a regular file. A missing file is fine: abbench
+    creates it. Raises `OSError` naming the path."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    if stat.S_ISLNK(st.st_mode):
+        raise OSError(errno.ELOOP, _LINK_REFUSED, str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, _NOT_REGULAR, str(path))
+
+
+_LINK_REFUSED = ("is a symbolic link; abbench appends only to a file of its own there "
+                 "(remove the link)")
+_NOT_REGULAR = "is not a regular file; abbench appends only to a file of its own there"
+
+
+def _open_own(path: Path, flags: int) -> int:
+    """os.open for a file abbench owns: never through a link (O_NOFOLLOW, so a link made
+    after any check is refused too), never a device or fifo (checked on the open file)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, _LINK_REFUSED, str(path)) from e
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, _NOT_REGULAR, str(path))
+    return fd
+
+
 def append_line(path: str | os.PathLike[str], line: str, fsync: bool = True) -> None:
     """Append one line (`line` ends with a newline) as a single locked `write()`.
 
@@ -135,10 +172,7 @@ def append_line(path: str | os.PathLike[str], line: str, fsync: bool = True) -> 
     """
     path = Path(path)
     data = line.encode("utf-8")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, str(path)) from e
+    fd = _open_own(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size, dropped = _cut_torn_tail(fd)
@@ -161,7 +195,7 @@ def cut_torn_tail(path: str | os.PathLike[str]) -> int:
     """Cut a half-written last line (no newline after it) off a lines file, under the same
     lock appenders take; the bytes dropped (0: none, or no file)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = _open_own(Path(path), os.O_RDWR)
     except FileNotFoundError:
         return 0
     try:

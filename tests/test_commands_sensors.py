@@ -61,8 +61,22 @@ def test_sensors_errors(argv: list[str], message: str,
     assert message in capsys.readouterr().err
 
 
-def test_sensors_bad_sample_count(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("count", ["0", "7201", "1000000000"])
+def test_sensors_bad_sample_count(count: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # a billion readings was once taken at its word: hours of silence, then nothing printed
     with pytest.raises(SystemExit) as e:
-        main(["sensors", "--samples", "0"])
+        main(["sensors", "--samples", count])
     assert e.value.code == 2
-    assert "ERROR: argument --samples: the count must be >= 1, got 0" in capsys.readouterr().err
+    assert (f"ERROR: argument --samples: the count must be in [1, 7200], got {count}"
+            in capsys.readouterr().err)
+
+
+def test_sensors_prints_each_reading_as_it_is_taken(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from abbench.commands import sensors
+
+    seen: list[str] = []  # what was printed before each sleep between readings
+    monkeypatch.setattr(sensors.time, "sleep", lambda s: seen.append(capsys.readouterr().out))
+    assert main(["sensors", "--root", str(FIXTURES / "android-qwen"), "--samples", "3"]) == 0
+    assert ["reading 1/3" in seen[0], "reading 2/3" in seen[1]] == [True, True]
+    assert "reading 3/3" in capsys.readouterr().out

@@ -197,7 +197,12 @@ def test_model_synth_cli_refuses_mixed_geometry_flags(tmp_path: Path,
     assert rc == 2 and "exclusive" in err
     rc, _, err = run_main(["model", "synth", "--layers", "2", "-o", out], capsys)
     assert rc == 2 and "--shape" in err
-    assert not Path(out).exists()
+    # more layers than the real model has: once taken at its word, writing until the disk
+    # filled (issue 33, class 9)
+    rc, _, err = run_main(["model", "synth", "--shape", "qwen3-30b-a3b", "--layers",
+                           "100000000", "-o", out], capsys)
+    assert rc == 2 and "must be in 1 .. 48" in err
+    assert not Path(out).exists() and not list(tmp_path.iterdir())
 
 
 def test_a_real_shape_is_named_like_a_preset() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import run_main
 
-from abbench.fsutil import atomic_write_text
+from abbench.fsutil import append_line, atomic_write_text, check_own_file, cut_torn_tail
 
 
 def device(tmp_path: Path, name: str, minor: int) -> Path:
@@ -109,3 +109,55 @@ def test_model_synth_into_a_folder_that_takes_no_files_is_one_error(
     assert rc == 2
     assert err.count("ERROR:") == 1 and "/proc/abbench-x.gguf:" in err
     assert "Traceback" not in err and ".part" not in err
+
+
+# --- files abbench appends to or owns: never through a link, never onto a device ---------
+
+def test_appending_through_a_link_is_refused_and_its_file_untouched(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    link = tmp_path / "history.jsonl"
+    link.symlink_to(notes)
+    with pytest.raises(OSError) as e:
+        append_line(link, '{"kind": "repeat"}\n')
+    assert e.value.filename == str(link) and "symbolic link" in e.value.strerror
+    with pytest.raises(OSError):
+        cut_torn_tail(link)  # it truncates: the worst thing to do through a link
+    assert notes.read_text() == "my notes\n" and link.is_symlink()
+
+
+def test_appending_onto_a_device_or_fifo_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "journal.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError) as e:
+        append_line(fifo, "{}\n")
+    assert e.value.filename == str(fifo) and "not a regular file" in e.value.strerror
+    with pytest.raises(OSError):
+        check_own_file(fifo)
+    check_own_file(tmp_path / "missing.jsonl")  # abbench creates it: fine
+
+
+def test_a_device_history_that_is_a_link_stops_the_campaign_before_its_first_cell(
+        tiny_model: Path, tmp_path: Path) -> None:
+    import socket
+
+    from test_campaign_run import abbench, write_campaign
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    history = tmp_path / "s" / f"{socket.gethostname()}.jsonl"
+    history.parent.mkdir()
+    history.symlink_to(notes)
+    cells = write_campaign(tmp_path, tiny_model, """
+        [cells.B]
+        overlap = true
+        """, head='order = ["B", "B"]')
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    assert p.returncode == 2, p.stdout + p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("ERROR:")]
+    assert errors == [f"ERROR: cannot write {history}: is a symbolic link; abbench appends "
+                      "only to a file of its own there (remove the link)"], p.stderr
+    assert "Traceback" not in p.stderr
+    assert notes.read_text() == "my notes\n"
+    assert not list((tmp_path / "r").iterdir())  # no run folder: nothing ran

@@ -11,6 +11,7 @@ says whether the campaign is running, complete, interrupted or failed (and why).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -61,7 +62,9 @@ def create_run_folder(root: Path, plan: Plan, resolved_toml: str, device: Device
         if prepare is not None:
             prepare(folder, device)
     except OSError as e:
-        raise WriteError.from_os(e) from None
+        # nothing ran: a folder that is not a run would only be in the user's way
+        shutil.rmtree(folder, ignore_errors=True)
+        raise WriteError.from_os(e, "run the campaign again") from None
     return folder
 
 

@@ -28,7 +28,7 @@ from abbench.errors import (
     UsageError,
     WriteError,
 )
-from abbench.fsutil import atomic_write_text
+from abbench.fsutil import atomic_write_text, check_own_file
 from abbench.records import (
     NOISE_FLOOR_FILE,
     Look,
@@ -76,6 +76,7 @@ def snapshot_floor(sentinels: Path) -> Callable[[Path, Device], None]:
 
     def prepare(folder: Path, device: Device) -> None:
         path = history_file(sentinels, device.name)
+        check_own_file(path)  # a link or a device there is refused before the first cell
         try:
             floor = history_floor(read_repeats(path), str(path), time.time())
         except RecordError as e:

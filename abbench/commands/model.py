@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     sy.add_argument("--shape", choices=list(synth.SHAPES),
                     help="a real model's geometry instead of a preset, at --layers layers")
     sy.add_argument("--layers", type=int, metavar="N",
-                    help="layers of --shape (default 4; the real model has more)")
+                    help="layers of --shape, at most the real model's (default 4)")
     sy.add_argument("--seed", type=int, default=0)
     sy.add_argument("-o", "--output", required=True, metavar="FILE")
     for knob, default, text in (

@@ -16,13 +16,15 @@ import sys
 import time
 from typing import Any, TextIO
 
-from abbench.commands.args import positive_int
+from abbench.commands.args import number
 from abbench.sensors.device import Device, thermal_gaps
 from abbench.sensors.probe import speed_probe
 from abbench.sim import open_device
 
 SAMPLE_SPACING_S = 0.5
 PROBE_REPS = 5
+MAX_SAMPLES = 7200  # an hour of readings: what a look at a device needs
+sample_count = number("the count", 1, MAX_SAMPLES, whole=True)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,8 +39,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="where the device is (default: local)")
     p.add_argument("--root", default="/", metavar="PATH",
                    help="read sysfs and /proc under PATH instead of / (local only; fixtures)")
-    p.add_argument("--samples", type=positive_int, default=1, metavar="N",
-                   help=f"readings to print, {SAMPLE_SPACING_S:g} s apart (default 1)")
+    p.add_argument("--samples", type=sample_count, default=1, metavar="N",
+                   help=f"readings to print, {SAMPLE_SPACING_S:g} s apart, each as it is "
+                   f"taken (default 1, at most {MAX_SAMPLES}: an hour; a campaign records "
+                   "longer)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document (exposes, samples, probe) instead")
     p.set_defaults(func=run)
@@ -47,13 +51,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def run(args: argparse.Namespace) -> int:
     device = open_device(args.transport, args.root)
     rows = device.describe()
+    out = None if args.json else sys.stdout
+    if out is not None:
+        render_exposes(rows, out)
     samples: list[dict[str, Any]] = []
     for i in range(args.samples):
         if i:
             time.sleep(SAMPLE_SPACING_S)
         samples.append({"t_wall": time.time(), "values": device.sample()})
+        if out is not None:  # each reading as it comes: a long --samples shows progress
+            render_reading(device, samples[-1], i + 1, args.samples, out)
+            out.flush()
     probe = speed_probe(PROBE_REPS) if device.kind == "local" else None
-    if args.json:
+    if out is None:
         doc = {"device": device.name, "transport": device.transport,
                "simulated": device.simulated, "exposes": dict(rows), "samples": samples,
                "thermal_gaps": thermal_gaps(samples[-1]["values"]),
@@ -61,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        render(device, rows, samples, probe, sys.stdout)
+        render_summary(device, samples[-1], probe, out)
     return 0
 
 
@@ -69,22 +79,28 @@ def _fmt(value: Any) -> str:
     return str(round(value, 3)) if isinstance(value, float) else str(value)
 
 
-def render(device: Device, rows: list[tuple[str, str]], samples: list[dict[str, Any]],
-           probe: float | None, out: TextIO) -> None:
+def render_exposes(rows: list[tuple[str, str]], out: TextIO) -> None:
     width = max(len(name) for name, _ in rows)
     for name, what in rows:
         out.write(f"{name:<{width}}  {what}\n")
-    for i, sample in enumerate(samples, 1):
-        values = sample["values"]
-        stamp = time.strftime("%H:%M:%S", time.localtime(sample["t_wall"]))
-        out.write(f"\nreading {i}/{len(samples)} at {stamp}: {len(values)} values\n")
-        if not values:
-            why = f": {device.last_error}" if device.last_error else ""
-            out.write(f"  (nothing could be read{why})\n")
-        key_width = max((len(k) for k in values), default=0)
-        for key in sorted(values):
-            out.write(f"  {key:<{key_width}}  {_fmt(values[key])}\n")
-    gaps = thermal_gaps(samples[-1]["values"]) if samples else []
+
+
+def render_reading(device: Device, sample: dict[str, Any], i: int, n: int,
+                   out: TextIO) -> None:
+    values = sample["values"]
+    stamp = time.strftime("%H:%M:%S", time.localtime(sample["t_wall"]))
+    out.write(f"\nreading {i}/{n} at {stamp}: {len(values)} values\n")
+    if not values:
+        why = f": {device.last_error}" if device.last_error else ""
+        out.write(f"  (nothing could be read{why})\n")
+    key_width = max((len(k) for k in values), default=0)
+    for key in sorted(values):
+        out.write(f"  {key:<{key_width}}  {_fmt(values[key])}\n")
+
+
+def render_summary(device: Device, last: dict[str, Any], probe: float | None,
+                   out: TextIO) -> None:
+    gaps = thermal_gaps(last["values"])
     if gaps:
         out.write(f"\nmissing: {' and '.join(gaps)}. A campaign on this device cannot see "
                   "frequency caps or heat directly; the speed probe is the only thermal "

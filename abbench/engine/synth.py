@@ -140,8 +140,10 @@ SHAPES: dict[str, SynthSpec] = {
 def shape(name: str, n_layer: int, seed: int = 0) -> SynthSpec:
     if name not in SHAPES:
         raise UsageError(f"unknown model shape `{name}`", tip=f"shapes: {', '.join(SHAPES)}")
-    if n_layer < 1:
-        raise UsageError(f"`--layers` must be at least 1 (got {n_layer})")
+    real = SHAPES[name].n_layer  # more layers than the model has is no model, only disk
+    if not 1 <= n_layer <= real:
+        raise UsageError(f"`--layers` must be in 1 .. {real}, the layers {name} has "
+                         f"(got {n_layer})")
     return replace(SHAPES[name], n_layer=n_layer, seed=seed)
 
 
