@@ -109,6 +109,26 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         raise
 
 
+def whole_file_target(path: str | os.PathLike[str]) -> Path:
+    """Where a writer that builds a whole file beside its destination (a model, a route
+    trace) renames it to: the file a symbolic link names (the link stays a link), else
+    `path`. A folder, device, fifo or socket is refused with an `OSError` naming `path`:
+    such a file is never renamed over, and these files are not streamed through one."""
+    path = Path(path)
+    try:
+        st = os.stat(path)  # what a link names
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, "is not a regular file (a device, fifo or socket); "
+                      "this file is written whole, to a regular file", str(path))
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def _write_through(path: Path, data: bytes) -> None:
     """Write into a device, fifo or socket in place (non-blocking: a fifo nobody reads is
     refused, not waited on)."""

@@ -111,6 +111,30 @@ def test_model_synth_into_a_folder_that_takes_no_files_is_one_error(
     assert "Traceback" not in err and ".part" not in err
 
 
+def test_whole_files_built_beside_their_path_never_replace_a_device_or_a_link(
+        tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model (`model synth -o`) and a route trace (`engine run --route-trace`) are built
+    in a temp file and renamed into place: onto a device that rename replaced the device
+    (as root, /dev/null itself). Now a device or fifo is one ERROR before anything is
+    written, and a link stays a link while its file gets the model."""
+    null = device(tmp_path, "null", 3)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for argv in (["model", "synth", "-o", str(null)],
+                 ["engine", "run", "-m", str(tiny_model), "-n", "2", "-q",
+                  "--route-trace", str(fifo)]):
+        rc, _, err = run_main(argv, capsys)
+        assert rc == 2 and err.count("ERROR:") == 1 and "not a regular file" in err, err
+    assert is_char_device(null) and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    model, link = tmp_path / "m.gguf", tmp_path / "link.gguf"
+    link.symlink_to(model)
+    rc, _, err = run_main(["model", "synth", "-o", str(link)], capsys)
+    assert rc == 0, err
+    assert link.is_symlink() and model.read_bytes()[:4] == b"GGUF"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.gguf", "m.gguf",
+                                                          "null"]
+
+
 # --- files abbench appends to or owns: never through a link, never onto a device ---------
 
 def test_appending_through_a_link_is_refused_and_its_file_untouched(tmp_path: Path) -> None:

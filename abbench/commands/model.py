@@ -4,6 +4,7 @@ holds."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from abbench.engine.gguf_file import ModelFile
 from abbench.engine.models import resolve_model
 from abbench.engine.session import model_info
 from abbench.errors import UsageError, WriteError
+from abbench.textsafe import shown
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -88,7 +90,9 @@ def cmd_model_synth(a: argparse.Namespace) -> int:
     try:
         synth.write_model(spec, out, name=f"abbench-synthetic-{(a.shape or what)}")
     except OSError as e:  # a folder that takes no files (/proc), a full disk
-        raise WriteError.from_os(e, "give `-o` a writable folder") from e
+        then = ("give `-o` a regular file's path" if e.errno == errno.EINVAL
+                else "give `-o` a writable folder")
+        raise WriteError.from_os(e, then) from e
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return 0
 
@@ -155,6 +159,6 @@ def cmd_model_info(a: argparse.Namespace) -> int:
     if info["synthetic"]:
         rows.append(("synthetic", ", ".join(f"{k}={v}" for k, v in info["synthetic"].items())))
     width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
+    for k, v in rows:  # the name, architecture and types are the file's words, not ours
+        print(f"{k:<{width}}  {shown(v)}")
     return 0

@@ -53,6 +53,7 @@ import gguf
 import numpy as np
 
 from abbench.errors import UsageError
+from abbench.fsutil import whole_file_target
 
 TOKENIZERS = ("llama", "gpt2")
 VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
@@ -222,14 +223,15 @@ def _quantize(a: np.ndarray, type_name: str) -> tuple[np.ndarray, gguf.GGMLQuant
 
 def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synthetic") -> None:
     """Write the model to `path` atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
+    asked = Path(path)
+    path = whole_file_target(asked)  # a link's file; never a device renamed over
     rng = np.random.default_rng(spec.seed)
     d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
     try:
         tmp_fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".part",
                                             dir=path.parent)
     except OSError as e:  # named as the file asked for, not the temp file beside it
-        raise OSError(e.errno, e.strerror, str(path)) from e
+        raise OSError(e.errno, e.strerror, str(asked)) from e
     os.close(tmp_fd)
     try:
         w = gguf.GGUFWriter(tmp_name, "qwen3moe")

@@ -30,7 +30,8 @@ from typing import TextIO
 
 import numpy as np
 
-from abbench.errors import TraceError
+from abbench.errors import TraceError, WriteError
+from abbench.fsutil import whole_file_target
 
 MAGIC = "# route_trace v1"
 REQUIRED = ("turn", "phase", "step", "layer", "slot", "expert", "weight", "residency",
@@ -320,9 +321,13 @@ class RouteTraceWriter:
     def __init__(self, path: str | os.PathLike[str], model: str, arch: str, n_layer: int,
                  n_expert: int, n_expert_used: int,
                  layer_bytes: list[tuple[int, int]]) -> None:
-        self.path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix="." + self.path.name + ".", suffix=".tmp",
-                                   dir=self.path.parent)
+        try:
+            self.path = whole_file_target(path)  # a link's file; never a device renamed over
+            fd, tmp = tempfile.mkstemp(prefix="." + self.path.name + ".", suffix=".tmp",
+                                       dir=self.path.parent)
+        except OSError as e:  # named as the file asked for, not a temp file beside it
+            raise WriteError.from_os(OSError(e.errno, e.strerror, str(path)),
+                                     "give another path") from None
         self._tmp = Path(tmp)
         self._f: TextIO = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
         self._f.write("# route_trace v1\n")
