@@ -3,6 +3,7 @@ into runs by its file name stem (the file kinds are listed in `importers.folder`
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,16 @@ def discover(src: Path, notes: list[str]) -> tuple[dict[str, Run], DriverLogs]:
     a folder that leaves no run is a ForeignRunError."""
     if not src.is_dir():
         raise ForeignRunError(src, "not a folder")
+    root = src.resolve()  # DIR itself may be a link: the user named it
     found = _Found(notes)
     for path in sorted(src.iterdir()):
-        if path.name.startswith(".") or not path.is_file():
-            continue
         stem, ext = path.name.rsplit(".", 1) if "." in path.name else (path.name, "")
-        if ext not in EXTENSIONS:
+        if path.name.startswith(".") or ext not in EXTENSIONS:
+            continue
+        if (away := _outside(path, root)) is not None:
+            found.skip(path, ForeignRunError(path, away))
+            continue
+        if not path.is_file():
             continue
         try:
             found.take(path, stem, ext, _read(path, notes))
@@ -69,6 +74,19 @@ def discover(src: Path, notes: list[str]) -> tuple[dict[str, Run], DriverLogs]:
                               tip="abbench import reads bmoe_metrics CSVs, .metrics, .state "
                               "and driver logs; see docs/import.md")
     return found.runs, found.drivers
+
+
+def _outside(path: Path, root: Path) -> str | None:
+    """Why `path` is not read when it is a link (or a chain of links) that ends outside
+    `root`, the folder being imported; None when it is no link or stays inside. The one
+    place this is checked: only what `discover` takes is ever read or copied."""
+    if not path.is_symlink():
+        return None
+    target = Path(os.path.realpath(path))
+    if target.is_relative_to(root):
+        return None
+    kind = "folder" if target.is_dir() else "file" if target.exists() else "path"
+    return f"a link to a {kind} outside the imported folder"
 
 
 def _read(path: Path, notes: list[str]) -> str:

@@ -32,6 +32,8 @@ checks the destination, builds the plan and replaces the destination atomically.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
@@ -41,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import OrderWarning, UsageError
+from abbench.errors import OrderWarning, UsageError, WriteError
 from abbench.importers.discover import discover
 from abbench.importers.identity import configuration, decision_specs, group_arms
 from abbench.importers.order import execution_order
@@ -65,7 +67,10 @@ def import_folder(src: Path, dest: Path, order: list[str] | None = None,
     """Write `dest` as a run folder holding every run in `src`; returns `dest`. What the
     import could not read is in `import.json` (and warned about)."""
     src, dest = Path(src), Path(dest)
-    _check_dest(dest, force)
+    # `--out LINK` writes the folder the link names and the link stays a link, as a file
+    # written through a link does (`fsutil.atomic_write_text`)
+    target = Path(os.path.realpath(dest)) if dest.is_symlink() else dest
+    _check_dest(target, force)
     if warmup < 0:
         raise UsageError(f"--warmup {warmup}: expected a number of tokens >= 0")
     notes: list[str] = []
@@ -78,14 +83,22 @@ def import_folder(src: Path, dest: Path, order: list[str] | None = None,
     plan = _plan(src, names, arm_of, arms, specs, warmup, order_info.known)
     for note in notes:
         warnings.warn(note, OrderWarning, stacklevel=2)
-    _replace(dest, lambda out: write_run_folder(out, plan, runs, order_info, identities,
-                                                notes, src))
+    _replace(target, lambda out: write_run_folder(out, plan, runs, order_info, identities,
+                                                  notes, src))
     return dest
 
 
 def _check_dest(dest: Path, force: bool) -> None:
-    """`dest` may be written: absent, empty, or (with `force`) an earlier import."""
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+    """`dest` may be written: absent, empty, or (with `force`) an earlier import; and no
+    file stands where it or a folder above it must be."""
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"{dest} is not a folder: --out names the run folder to write",
+                         tip="choose another --out")
+    above = next((p for p in dest.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UsageError(f"cannot write {dest}: {above} is not a folder",
+                         tip="choose another --out")
+    if dest.exists() and any(dest.iterdir()):
         if not force:
             raise UsageError(f"{dest} exists and is not empty",
                              tip="--force replaces an earlier import there; or choose "
@@ -116,21 +129,59 @@ def _plan(src: Path, names: list[str], arm_of: dict[str, str],
 
 def _replace(dest: Path, write: Callable[[Path], None]) -> None:
     """`write` into a fresh folder beside `dest`, then put it in `dest`'s place: a failed
-    import leaves `dest` as it was."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    import leaves `dest` as it was, and no folder it made. A destination that cannot be
+    written (a folder that takes no new entries such as /proc, a full disk) is one
+    WriteError naming it."""
+    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    tmp: Path | None = None
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
         write(tmp)
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old")
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _swap(tmp, dest)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for folder in made:  # innermost first; rmdir: only if still empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(e, OSError):
+            raise _write_error(e, dest, tmp) from None
         raise
+
+
+def _swap(tmp: Path, dest: Path) -> None:
+    """Put the written folder `tmp` in `dest`'s place; an earlier import there goes only
+    once the new one is in."""
+    if not dest.exists():
+        os.replace(tmp, dest)
+        return
+    # an empty folder of our own to rename onto: a stale `.old` name cannot be in the way
+    old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent))
+    try:
+        os.replace(dest, old)
+    except OSError:
+        old.rmdir()
+        raise
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        os.replace(old, dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_error(e: OSError, dest: Path, tmp: Path | None) -> WriteError:
+    """`e` as one message naming what the user asked for: `dest`, or the file inside it that
+    failed, never the temp folder (a name the user never saw)."""
+    failed = Path(os.fsdecode(e.filename)) if isinstance(e.filename, (str, bytes)) else dest
+    where = dest
+    if tmp is not None and failed.is_relative_to(tmp):
+        where = dest / failed.relative_to(tmp)
+    # a full disk or a read-only folder can be fixed where it is; /proc cannot
+    fixable = e.errno in (errno.ENOSPC, errno.EACCES, errno.EPERM, errno.EROFS)
+    return WriteError.from_os(OSError(e.errno, e.strerror, str(where)),
+                              "run the import again" if fixable else "choose another --out")
 
 
 __all__ = ["FORMAT", "OrderWarning", "import_folder", "is_import"]

@@ -22,12 +22,40 @@ def clip(text: str, n: int = 40) -> str:
     return shown if len(shown) <= n else shown[: n - 3] + "..."
 
 
-def read_text(path: Path) -> str:
-    """A foreign file's text (UTF-8, a leading BOM dropped); unreadable → ForeignRunError."""
+# The longest line a foreign file may hold. Real lines are short (the reference folders'
+# longest is 453 bytes); a longer one is a broken or hostile file, and reading it whole
+# would cost memory in proportion to it (a 200 MB one-line CSV took 1.9 GiB to parse).
+MAX_LINE_BYTES = 1 << 20
+
+
+def _read_bounded(path: Path) -> bytearray:
+    """A foreign file's bytes, read line by line so that no line costs more than
+    `MAX_LINE_BYTES` (its newline counted): a longer line stops the read there, a
+    ForeignRunError naming the file and the line. Unreadable → ForeignRunError."""
+    data = bytearray()  # grown in place: no second copy of the file
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            number = 0
+            while line := f.readline(MAX_LINE_BYTES + 1):
+                number += 1
+                if len(line) > MAX_LINE_BYTES:
+                    raise ForeignRunError(path, f"this line is longer than "
+                                          f"{_size(MAX_LINE_BYTES)}, the longest abbench "
+                                          "reads", number)
+                data += line
     except OSError as e:
         raise ForeignRunError(path, f"cannot read ({e.strerror or e})") from None
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n} bytes"
+
+
+def read_text(path: Path) -> str:
+    """A foreign file's text (UTF-8, a leading BOM dropped); unreadable, or a line over
+    `MAX_LINE_BYTES` → ForeignRunError."""
+    data = _read_bounded(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -38,11 +66,9 @@ def read_text(path: Path) -> str:
 def read_text_lossy(path: Path) -> tuple[str, str | None]:
     """A foreign file's text and, when it is not UTF-8, what was done about it: the bytes
     that do not decode become U+FFFD and the rest of the file is read (an engine log that
-    printed a token cut mid-character is still a log). An unreadable file is an error."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ForeignRunError(path, f"cannot read ({e.strerror or e})") from None
+    printed a token cut mid-character is still a log). An unreadable file, or one with a
+    line over `MAX_LINE_BYTES`, is an error."""
+    data = _read_bounded(path)
     try:
         return data.decode("utf-8").removeprefix("\ufeff"), None
     except UnicodeDecodeError as e:
