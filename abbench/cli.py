@@ -2,7 +2,10 @@
 boundary.
 
 A user's mistake (an `AbbenchError`) prints `ERROR: ...` and, where one helps, `TIP: ...`
-on stderr and exits with the error's status (2); it never prints a traceback.
+on stderr and exits with the error's status (2); it never prints a traceback. Messages and
+warnings quote file names, keys and values from files abbench did not write, so every
+`ERROR:`, `TIP:` and `WARNING:` line goes through `textsafe.shown`: one line each, control
+characters shown as escapes.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 from abbench import __version__
 from abbench.commands import COMMANDS
 from abbench.errors import AbbenchError
+from abbench.textsafe import shown
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         self.print_usage(sys.stderr)
-        print(f"ERROR: {message}", file=sys.stderr)
+        print(f"ERROR: {shown(message)}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -42,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                   file: Any = None, line: str | None = None) -> None:
-    print(f"WARNING: {message}", file=sys.stderr, flush=True)
+    print(f"WARNING: {shown(message)}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,9 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except AbbenchError as e:
-        print(f"ERROR: {e.message}", file=sys.stderr)
+        print(f"ERROR: {shown(e.message)}", file=sys.stderr)
         if e.tip:
-            print(f"TIP: {e.tip}", file=sys.stderr)
+            print(f"TIP: {shown(e.tip)}", file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:
         print("ERROR: interrupted", file=sys.stderr)

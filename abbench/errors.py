@@ -15,7 +15,8 @@ AbbenchError                 exit status 2 unless the class says otherwise
 ├── FitError                 a timeline the simulated device cannot be fitted to
 ├── WriteError               a file abbench writes could not be written
 ├── SnapshotError            one remote sensor snapshot failed: that sample is a gap
-└── Interrupted              the user stopped the campaign (exit status 4)
+├── Interrupted              the user stopped the campaign (exit status 4)
+└── NoMeasurement            a campaign ran but measured nothing a verdict could use (5)
 OrderWarning (UserWarning)   what an import also says in its report
 BadField (ValueError)        a value the validator (records.schema) rejects; never shown
                              as is: each reader turns it into its file's error above
@@ -47,6 +48,9 @@ def format_key(key: Key) -> str:
     return out
 
 EXIT_OK, EXIT_NO_GO, EXIT_BAD, EXIT_UNDECIDED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+# A run with no valid cell, or a decision with an arm that has none: not 0 (a pipeline
+# would read success), not 3 (more cells would not settle it: the cells fail).
+EXIT_NO_MEASUREMENT = 5
 
 
 class AbbenchError(Exception):
@@ -148,6 +152,13 @@ class Interrupted(AbbenchError):
     def __init__(self, message: str, tip: str | None = None, folder: Path | None = None):
         super().__init__(message, tip)
         self.folder = folder
+
+
+class NoMeasurement(AbbenchError):
+    """A campaign ran to its end but no cell (or no cell of a decision's arm) is a valid
+    measurement; its report says why each failed."""
+
+    exit_status = EXIT_NO_MEASUREMENT
 
 
 class OrderWarning(UserWarning):

@@ -138,7 +138,7 @@ def test_an_option_the_binary_rejects_fails_its_cell_and_the_campaign_goes_on(
         head='order = ["t1", "t2", "t1"]')
     p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
                 "--no-live")
-    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.returncode == 5, p.stdout + p.stderr  # no valid cell of t2, the candidate
     r = _report(tmp_path / "r")
     assert [c["status"] for c in r["cells"]] == ["ok", "failed", "ok"]
     assert r["cells"][1]["error"] == "exited with status 1"
@@ -156,7 +156,7 @@ def test_a_binary_that_prints_nothing_is_a_failed_cell(tiny_model: Path, fake_bi
                            head='order = ["t1", "t2"]')
     p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
                 "--no-live")
-    assert p.returncode == 3, p.stdout + p.stderr
+    assert p.returncode == 5, p.stdout + p.stderr  # no cell is a measurement
     r = _report(tmp_path / "r")
     assert [c["status"] for c in r["cells"]] == ["failed", "failed"]
     assert "no generation test" in r["cells"][0]["error"]

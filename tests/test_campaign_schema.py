@@ -450,12 +450,16 @@ def test_gate_needs_a_condition(tmp_path: Path) -> None:
     assert spec.gate is not None and spec.gate.conditions() == ["caps_at_max"]
 
 
-def test_model_paths(tmp_path: Path) -> None:
+def test_model_paths(tmp_path: Path, tiny_model: Path) -> None:
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "models" / "m.gguf").write_bytes(tiny_model.read_bytes())
     spec = load_campaign(write(tmp_path, '[workload]\nmodel = "models/m.gguf"\n[cells.A]\n'))
     cfg = spec.cells["A"].config
     assert cfg is not None and cfg.model == str(tmp_path / "models" / "m.gguf")
+    # A file the engine cannot read fails the campaign file, not every cell in turn.
+    (tmp_path / "models" / "bad.gguf").write_bytes(b"GGUF")
+    e = problem(tmp_path, '[workload]\nmodel = "models/bad.gguf"\n[cells.A]\n')
+    assert f":2: `workload.model`: {tmp_path / 'models' / 'bad.gguf'}: " in e.message
     e = problem(tmp_path, '[workload]\nmodel = "models/missing.gguf"\n[cells.A]\n')
     assert ":2: `workload.model`: no model file at" in e.message
     e = problem(tmp_path, '[cells.A]\nmodel = "synthetic:tiny@x"\n')
@@ -565,8 +569,9 @@ def test_resolved_toml_reads_back_to_the_same_plan(tmp_path: Path, text: str) ->
     assert resolved_toml(again).split("\n")[2:] == resolved.split("\n")[2:]
 
 
-def test_resolved_toml_keeps_a_relative_model_absolute(tmp_path: Path) -> None:
-    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+def test_resolved_toml_keeps_a_relative_model_absolute(tmp_path: Path,
+                                                       tiny_model: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(tiny_model.read_bytes())
     spec = load_campaign(write(tmp_path, '[workload]\nmodel = "m.gguf"\n[cells.A]\n'))
     (tmp_path / "run").mkdir()
     again = load_campaign(write(tmp_path / "run", resolved_toml(spec), "campaign.toml"))

@@ -251,7 +251,8 @@ def test_failing_cells_are_recorded_with_their_stderr_and_leave_their_pairs_owed
     order = ["A", *FAILING, "A"]
     decisions = "".join(f'[[decision]]\ncandidate = "{n}"\nbaseline = "A"\n' for n in FAILING)
     p = campaign(write_campaign(tmp_path, cells, order, decisions), tmp_path)
-    assert p.returncode == 3, p.stderr  # every decision OWED
+    # Every decision OWED, and none has a valid cell of its candidate: no measurement.
+    assert p.returncode == 5, p.stderr
     assert "Traceback" not in p.stderr
     (run,) = run_folders(tmp_path / "r")
     records = read_journal(run)
@@ -328,6 +329,11 @@ def test_full_disk_fails_with_one_clear_error_and_leaves_the_journal_readable(
     p = campaign(aba_campaign(tmp_path), tmp_path, "enospc:" + point)
     assert p.returncode in (status if isinstance(status, tuple) else (status,)), p.stderr
     assert "Traceback" not in p.stderr
+    errors = [x for x in p.stderr.splitlines() if x.startswith("ERROR:")]
+    if file == "plan.json":  # nothing ran: the half-made run folder is not left behind
+        assert list(run_folders(tmp_path / "r")) == []
+        assert len(errors) == 1 and file in errors[0] and "no space left" in errors[0]
+        return
     (run,) = run_folders(tmp_path / "r")
     for line in journal_lines(run):
         json.loads(line)  # whole lines only
@@ -337,7 +343,6 @@ def test_full_disk_fails_with_one_clear_error_and_leaves_the_journal_readable(
     if file is None:
         assert [r.status for r in read_journal(run)] == ["ok"] * 3
         return
-    errors = [x for x in p.stderr.splitlines() if x.startswith("ERROR:")]
     assert len(errors) == 1 and file in errors[0] and "no space left on device" in errors[0]
     assert "TIP: free some space on that disk" in p.stderr
     if file == "journal.jsonl":

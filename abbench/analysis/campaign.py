@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from abbench.analysis.matching import PairMatch, device_state_recorded, match_pa
 from abbench.analysis.noise import campaign_noise, comparable, noise_for, repeat_groups
 from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
-from abbench.errors import RecordError
+from abbench.errors import EXIT_NO_GO, EXIT_NO_MEASUREMENT, RecordError
 from abbench.records import (
     CellRecord,
     ImportInfo,
@@ -123,12 +124,40 @@ def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
         drift=drift,
         tells=tuple(contamination_tells(cells, by_index, plan.match, plan.order_known)),
         caps_timeline=tuple(_capped_from(cells, last)),
-        decisions=decisions, exit_status=exit_status(list(decisions)),
+        decisions=decisions, exit_status=run_exit_status(decisions, cells),
         unverified_ratios=tuple(unverified), noise=noise,
         own_noise=noise_for(groups, None), floor=floor,
         groups=tuple(tuple(c.index for c in g) for g in groups), looks=looks,
         pending=pending, matches=matches, imported=read_import_info(run),
     )
+
+
+def _possible(cells: Sequence[CellStats]) -> set[str]:
+    """The cell names with a valid measurement, or with a planned cell not run yet (an
+    interrupted run's rest may still give one)."""
+    return {c.name for c in cells if c.ok or c.status == "not run"}
+
+
+def measured_nothing(cells: Sequence[CellStats]) -> bool:
+    """No cell is a valid measurement, and none is left to run."""
+    return not _possible(cells)
+
+
+def unmeasured_arms(decisions: Sequence[Decision], cells: Sequence[CellStats]) -> list[str]:
+    """The candidates and baselines of decisions that have no valid cell (each failed)."""
+    possible = _possible(cells)
+    return list(dict.fromkeys(name for d in decisions for name in (d.candidate, d.baseline)
+                              if name not in possible))
+
+
+def run_exit_status(decisions: Sequence[Decision], cells: Sequence[CellStats]) -> int:
+    """The decisions' exit status (`decide.exit_status`), except that a run which measured
+    nothing, or nothing for an arm of a decision, is EXIT_NO_MEASUREMENT, asked a decision
+    or not; only a NO-GO, a definite answer that blocks a release, wins over it."""
+    status = exit_status(list(decisions))
+    if status != EXIT_NO_GO and (measured_nothing(cells) or unmeasured_arms(decisions, cells)):
+        return EXIT_NO_MEASUREMENT
+    return status
 
 
 def decisions_at(plan: Plan, cells: list[CellStats], matches: dict[tuple[int, int], PairMatch],

@@ -123,6 +123,19 @@ def exit_reason(code: int) -> str:
         return f"killed by signal {-code}"
 
 
+def stated_reason(error: str, tail: str) -> str:
+    """`error` (`exited with status 2`) with the reason the child gave: the last `ERROR:`
+    line of its stderr tail (abbench's own form), so that the journal and the report say
+    why a cell failed, not only that it did. Control characters are shown as escapes and
+    the reason is kept to one short line."""
+    said = [line[len("ERROR:"):].strip() for line in tail.splitlines()
+            if line.startswith("ERROR:")]
+    if not said or not said[-1]:
+        return error
+    reason = "".join(c if c.isprintable() else repr(c)[1:-1] for c in said[-1])
+    return f"{error}: {reason if len(reason) <= 300 else reason[:297] + '...'}"
+
+
 def stderr_tail(path: Path, size: int = STDERR_TAIL) -> str:
     """The last `size` bytes of a cell's stderr, decoded leniently ("" if unreadable)."""
     try:

@@ -30,6 +30,7 @@ from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError
 from abbench.records import DecisionSpec, MatchSpec, Plan, PlannedCell, Sequential
 from abbench.sim.profile import load_profile
+from abbench.textsafe import shown
 
 # The duration estimate: a rough speed of the embedded engine on the synthetic `default`
 # preset (measured 12.6-21.7 tok/s decode with a 256 MiB cache on 2 threads), prompt tokens
@@ -224,7 +225,7 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
                      f"(gives up after {plan.gate['timeout_s']:g} s"
                      + (" simulated" if scale != 1.0 else "") + ")")
     lines.append(_duration_line(plan, estimates, scale, tok_per_s))
-    return lines
+    return [shown(x) for x in lines]  # a transport, a command, a name from a plan.json
 
 
 def _cell_lines(plan: Plan, estimates: list[float | None]) -> list[str]:

@@ -6,7 +6,7 @@ Each finished cell is appended to `journal.jsonl` (flushed and fsync'd) before t
 starts, so an interrupted campaign loses at most the cell in flight: `--resume RUN` reads
 the plan and the journal and runs only what the journal lacks. A cell that crashes, exits
 non-zero, writes garbage or outlives its timeout is recorded as failed with its stderr tail
-and the campaign goes on.
+(and the reason its last `ERROR:` line gives) and the campaign goes on.
 
 Resuming first repairs what a crash left (`recovery.repair`) and appends the sentinel
 history lines a kill kept from being written (`sentinels`). A file that cannot be written
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abbench.campaign.child import CellChild, ChildExit, cell_argv, stderr_tail
+from abbench.campaign.child import CellChild, ChildExit, cell_argv, stated_reason, stderr_tail
 from abbench.campaign.entry import SpeedIndex, entry_state
 from abbench.campaign.gate import GateSpec, wait_for_gate
 from abbench.campaign.output import CellResult, read_result
@@ -260,12 +260,15 @@ class CampaignRun:
         result = read_result(cfg, out, self.device) if ended.status == "ok" else CellResult()
         status, error = ((ended.status, ended.error) if result.error is None
                          else ("failed", result.error))
+        tail = stderr_tail(out / "stderr.txt")
+        if ended.status == "failed" and ended.exit_code is not None and error is not None:
+            error = stated_reason(error, tail)
         return CellRecord(
             index=cell.index, name=cell.name, label=cell.label, status=status,
             t_start_wall=t0w, t_end_wall=t1w, t_start_mono=t0m, t_end_mono=t1m,
             entry=entry, gate=gate, summary=result.summary, fingerprint=result.fingerprint,
             tokens_per_s=result.tokens_per_s, exit_code=ended.exit_code, error=error,
-            stderr_tail=stderr_tail(out / "stderr.txt"),
+            stderr_tail=tail,
         )
 
 

@@ -29,6 +29,7 @@ from abbench.campaign._check import (
 )
 from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
 from abbench.campaign.llamacpp import LlamaCell, find_binary
+from abbench.campaign.model_check import ModelHeaders, cell_problems
 from abbench.campaign.tables import (
     CELL_DEFAULTS,
     CELL_HINTS,
@@ -36,6 +37,7 @@ from abbench.campaign.tables import (
     ENGINES,
     ENGINES_TEXT,
     LLAMA_KEYS,
+    MAX_CELLS,
     NAME_MAX,
     TOML_KEY,
     WORKLOAD_KEYS,
@@ -51,8 +53,7 @@ from abbench.campaign.tables import (
     check_name,
 )
 from abbench.engine.config import EngineConfig
-from abbench.engine.models import context_length
-from abbench.errors import CampaignFileError, ConfigError, Key, UsageError, format_key
+from abbench.errors import AbbenchError, CampaignFileError, ConfigError, Key, format_key
 from abbench.records.schema import describe, did_you_mean, show
 from abbench.records.toml import (
     KeyLines,
@@ -227,9 +228,10 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
     workload = _workload(as_table(("workload",), doc.get("workload", {})))
     layers = _cell_layers(doc.get("cells"))
     declared = list(layers)
-    sweeps = []
-    for i, raw in enumerate(as_array_of_tables(("sweep",), doc.get("sweep", []))):
-        sweep = build(Sweep, raw, ("sweep", i))
+    raw_sweeps = as_array_of_tables(("sweep",), doc.get("sweep", []))
+    _check_size(campaign, len(declared), raw_sweeps)
+    sweeps = [build(Sweep, raw, ("sweep", i)) for i, raw in enumerate(raw_sweeps)]
+    for i, sweep in enumerate(sweeps):
         if sweep.cell not in declared:
             fail(("sweep", i, "cell"), f"no cell `{sweep.cell}`",
                  tip=did_you_mean(sweep.cell, declared, "cells"))
@@ -241,16 +243,32 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
             check_name(at, name, "generated cell name")
             layers[name] = {"base": (sweep.cell, ("sweep", i, "cell")),
                             sweep.key: (coerce(at, value, CELL_HINTS[sweep.key]), at)}
-        sweeps.append(sweep)
     decisions = tuple(build(Decision, raw, ("decision", i)) for i, raw in
                       enumerate(as_array_of_tables(("decision",), doc.get("decision", []))))
     folder = Path(os.path.abspath(path)).parent
     generated = {name: i for i, s in enumerate(sweeps) for name in map(s.cell_name, s.values)}
+    headers = ModelHeaders()  # each model's header read once, whatever the cells using it
     cells = {name: _resolve(name, layers, workload, folder, generated.get(name),
-                            device.transport) for name in layers}
+                            headers, device.transport) for name in layers}
     return CampaignSpec(path=path, source_text=text, campaign=campaign, device=device,
                         gate=gate, match=match, workload=workload, cells=cells,
                         decisions=decisions, sweeps=tuple(sweeps), fleet=fleet)
+
+
+def _check_size(campaign: CampaignTable, declared: int, sweeps: list[dict[str, Any]]) -> None:
+    """Refuse sweeps that make more cells than a campaign may run before their values are
+    read (each cell costs its configuration's checks): with no `order`, every cell runs
+    `repeat` times at least. A `values` that is no array is left to `Sweep` to name."""
+    runs = 1 if isinstance(campaign.order, tuple) else campaign.repeat
+    cells = declared
+    for i, raw in enumerate(sweeps):
+        values = raw.get("values")
+        cells += len(values) if isinstance(values, list) else 0
+        if cells * runs > MAX_CELLS:
+            times = f", run {runs} times (`repeat`)" if runs > 1 else ""
+            fail(("sweep", i, "values"), f"{len(values or ())} values make the campaign "
+                 f"{cells} cells{times}: more than the {MAX_CELLS} a campaign may run",
+                 tip="sweep fewer values, or split the campaign")
 
 
 def _workload(raw: dict[str, Any]) -> WorkloadTable:
@@ -296,7 +314,7 @@ def _chain(name: str, layers: dict[str, Layer]) -> list[str]:
 
 
 def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folder: Path,
-             sweep: int | None, transport: str = "local") -> CellSpec:
+             sweep: int | None, headers: ModelHeaders, transport: str = "local") -> CellSpec:
     home: Key = ("cells", name)
     at_home = ("sweep", sweep) if sweep is not None else home
     merged: Layer = {}
@@ -345,7 +363,8 @@ def _resolve(name: str, layers: dict[str, Layer], workload: WorkloadTable, folde
             fail(merged[k][1], f"cell `{name}` is both embedded (`engine = \"embedded\"`) "
                  f"and external (`{k}`)", tip="drop `engine = \"embedded\"` to run the "
                  "command, or drop `command`/`output` to run the engine")
-    return cell(config=_engine_config(name, merged, workload, folder, home, at_home))
+    return cell(config=_engine_config(name, merged, workload, folder, home, at_home,
+                                      headers))
 
 
 def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, folder: Path,
@@ -396,10 +415,12 @@ def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, fo
 
 
 def _engine_config(name: str, merged: Layer, workload: WorkloadTable, folder: Path,
-                   home: Key, at_home: Key) -> EngineConfig:
+                   home: Key, at_home: Key, headers: ModelHeaders) -> EngineConfig:
     """An embedded cell's configuration: `[workload]` under the cell's own keys, checked by
-    the engine's own rules and against what it would reject only in the cell (a context the
-    model does not have); every problem names the key that set the value."""
+    the engine's own rules and against what it would reject only in the cell, once it read
+    the model (`model_check`: a model it cannot read, a prompt id outside the vocabulary, a
+    context or top-k the model does not have); every problem names the key that set the
+    value."""
     values: Layer = {"model": (workload.model, ("workload", "model"))}
     values.update({k: (v, ("workload", k)) for k, v in CELL_DEFAULTS.items()})
     values.update({k: (v, ("workload", k)) for k, v in workload.settings.items()})
@@ -411,21 +432,21 @@ def _engine_config(name: str, merged: Layer, workload: WorkloadTable, folder: Pa
         config = EngineConfig(**kwargs)
     except ConfigError as e:
         _engine_problem(e, name, values, home, at_home)
-    # What the engine would reject in the cell, found now: more tokens than the model holds.
-    try:
-        ctx = context_length(config.model)
-    except UsageError as e:  # an unknown synthetic preset or seed
-        fail(values["model"][1], e.message, e.tip)
-    if ctx is not None and config.n_tokens + 1 > ctx:
-        where = values["tokens"][1] if "tokens" in values else (*home, "tokens")
-        fail(where, f"{config.n_tokens} tokens and a prompt do not fit the model's context "
-             f"({ctx} tokens: {config.model})", tip=f"at most {ctx - 1} tokens on this model")
     for k, ok, must in (("seed", config.seed >= 0, ">= 0"),
                         ("prompt_tokens", min(config.prompt_tokens or (0,)) >= 0,
                          "token ids >= 0")):
         if not ok:
             where = values[k][1] if k in values else (*home, k)
             fail(where, f"must be {must} (got {show(values[k][0])})")
+    # What the engine would reject in the cell, found now.
+    try:
+        facts = headers.facts(config.model)
+    except AbbenchError as e:  # an unknown synthetic preset, a file the engine cannot read
+        fail(values["model"][1], e.message, e.tip)
+    for key, problem, tip in cell_problems(config, facts):
+        where = values[key][1] if key in values else (*home, key)
+        fail(where, problem + (f" (resolving cell `{name}`)" if where[:2] != home else ""),
+             tip)
     return config
 
 

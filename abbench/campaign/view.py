@@ -2,7 +2,9 @@
 
 On a terminal, a rich live panel refreshed a few times a second; elsewhere (CI, a pipe),
 one plain line per event on stderr. Either way the data files are the record: the view
-only shows.
+only shows. Cell names, the transport and a cell's failure reason can come from elsewhere (a
+run folder resumed, what an external cell wrote): every line and table cell goes through
+`textsafe.shown`, and none is read as rich markup.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from abbench.records import CellRecord, Plan, PlannedCell, keys
 from abbench.sensors import Device
+from abbench.textsafe import shown
 
 PLAIN_GATE_EVERY_S = 10.0  # wall seconds between repeated plain-text gate lines
 
@@ -83,30 +87,31 @@ class CampaignView:
         line = (f"cell {cell.index + 1}/{len(self.plan.cells)} {cell.name}: {record.status}, "
                 f"{tps}{gate}{why}")
         if self.live:
-            self.console.print(line)
+            self.console.print(shown(line), markup=False)
         else:
             self._say(line)
 
     def note(self, line: str) -> None:
         """A line of what the campaign decided on the way (a sequential look, a round)."""
         if self.live:
-            self.console.print(line, markup=False)
+            self.console.print(shown(line), markup=False)
         else:
             self._say(line)
 
     def _say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self._t0:7.1f}s] {text}", file=sys.stderr, flush=True)
+        print(f"[{time.monotonic() - self._t0:7.1f}s] {shown(text)}", file=sys.stderr,
+              flush=True)
 
     def _render(self) -> Table:
-        table = Table(title=f"{self.plan.campaign} — {self.now}", expand=False)
+        table = Table(title=Text(shown(f"{self.plan.campaign} — {self.now}")), expand=False)
         for col in ("#", "cell", "status", "tok/s"):
             table.add_column(col)
         for c in self.plan.cells:
             r = self.results.get(c.index)
             tps = f"{r.tokens_per_s:.3f}" if r and r.tokens_per_s else ""
-            table.add_row(str(c.index + 1), c.name + (" (sentinel)" if c.sentinel_of is not None
-                                                       else ""),
-                          self.status.get(c.index, "planned"), tps)
+            name = c.name + (" (sentinel)" if c.sentinel_of is not None else "")
+            table.add_row(str(c.index + 1), Text(shown(name)),
+                          Text(shown(self.status.get(c.index, "planned"))), tps)
         latest = getattr(self.sampler, "latest", None) or {}
         temps = ", ".join(f"{k[len(keys.ZONE_PREFIX):-2]} {v:.1f} C"
                           for k, v in sorted(latest.items())

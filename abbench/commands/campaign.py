@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from abbench.analysis.campaign import CampaignAnalysis, analyze
+from abbench.analysis.campaign import CampaignAnalysis, analyze, measured_nothing, unmeasured_arms
 from abbench.analysis.noise import history_floor, repeat_records
 from abbench.analysis.sequential import look_alpha
 from abbench.campaign.gate import GateSpec
@@ -22,8 +22,10 @@ from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
 from abbench.campaign.sequential import LookOutcome
 from abbench.errors import (
     EXIT_INTERRUPTED,
+    EXIT_NO_MEASUREMENT,
     AbbenchError,
     Interrupted,
+    NoMeasurement,
     RecordError,
     UsageError,
     WriteError,
@@ -42,6 +44,7 @@ from abbench.records import (
 from abbench.report import print_report, write_reports
 from abbench.report.text import interval_text
 from abbench.sensors import Device
+from abbench.textsafe import shown
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -80,7 +83,7 @@ def snapshot_floor(sentinels: Path) -> Callable[[Path, Device], None]:
         try:
             floor = history_floor(read_repeats(path), str(path), time.time())
         except RecordError as e:
-            print(f"WARNING: the device history cannot be read ({e.message}): no noise "
+            print(f"WARNING: the device history cannot be read ({shown(e.message)}): no noise "
                   "floor from it", file=sys.stderr)
             floor = NoiseFloor(history=str(path), t_wall=time.time())
         floor = dataclasses.replace(floor, device=device.name, simulated=device.simulated)
@@ -124,7 +127,8 @@ def record_repeats(folder: Path, a: CampaignAnalysis | None = None) -> int:
         return append_repeats(Path(floor.history), records)
     except (OSError, AbbenchError) as e:
         where = floor.history if floor is not None else "the device history"
-        print(f"WARNING: the run's repeats could not be added to {where} ({e})",
+        print(f"WARNING: the run's repeats could not be added to {shown(where)} "
+              f"({shown(e)})",
               file=sys.stderr)
         return 0
 
@@ -149,7 +153,8 @@ def _write_reports(folder: Path, interrupted: bool) -> int:
                           "is whole", tip=f"write it with: {retry}", folder=folder) from None
     if not interrupted:
         raise error
-    print(f"WARNING: the report could not be written ({error.message}); retry with: {retry}",
+    print(f"WARNING: the report could not be written ({shown(error.message)}); retry with: "
+          f"{shown(retry)}",
           file=sys.stderr)
     return EXIT_INTERRUPTED
 
@@ -181,7 +186,26 @@ def run(a: argparse.Namespace) -> int:
         folder = run_new(spec, opts, a.dry_run)
         if folder is None:
             return 0
-    return finish(folder, "rich" if a.no_live is False else "plain")[0]
+    rc, analysis = finish(folder, "rich" if a.no_live is False else "plain")
+    if rc == EXIT_NO_MEASUREMENT and analysis is not None:
+        raise nothing_measured(analysis)
+    return rc
+
+
+def nothing_measured(a: CampaignAnalysis) -> NoMeasurement:
+    """The error after the report of a run that measured nothing a decision could rest on:
+    what could not be measured, and the first failed cell's reason (the report has each)."""
+    arms = [] if measured_nothing(a.cells) else unmeasured_arms(a.decisions, a.cells)
+    failed = [c for c in a.cells if (not arms or c.name in arms) and not c.ok
+              and c.status != "not run"]
+    why = ""
+    if failed:
+        c = failed[0]
+        why = f"; cell {c.index + 1} ({c.name}): " + (
+            c.error or (c.notes[-1] if c.notes else c.status))
+    subject = "no cell of " + ", ".join(f"`{n}`" for n in arms) if arms else "no cell"
+    return NoMeasurement(f"{subject} produced a valid measurement ({len(failed)} failed{why})",
+                         tip=f"{a.run / 'report.md'} says why each cell failed")
 
 
 def run_new(spec: CampaignSpec, opts: RunOptions, dry_run: bool = False) -> Path | None:

@@ -16,6 +16,7 @@ from abbench.engine.predictor import control_warning
 from abbench.engine.session import Engine
 from abbench.engine.telemetry import summarize, summary_lines, write_csv, write_json
 from abbench.errors import UsageError, WriteError
+from abbench.textsafe import shown
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -77,7 +78,7 @@ def run_engine(a: argparse.Namespace) -> int:
     if engine.predictor is not None and cfg.predict_log:
         problem = control_warning(engine.predictor.scores)
         if problem:
-            print(f"WARNING: {problem}", file=sys.stderr)
+            print(f"WARNING: {shown(problem)}", file=sys.stderr)
     if refused is not None:
         raise WriteError.from_os(refused, "give another path")
     return 0

@@ -31,6 +31,7 @@ from abbench.records.fleet import (
     read_fleet_plan,
 )
 from abbench.report.fleet import text_lines, write_fleet_reports
+from abbench.textsafe import shown
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -212,4 +213,5 @@ def _check_local(devices: list[str]) -> None:
 
 
 def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    # lines carry what other machines sent (device names, their errors)
+    print(shown(line), file=sys.stderr, flush=True)

@@ -12,10 +12,13 @@ from typing import Any
 
 from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
+from abbench.engine.gguf_header import show
 from abbench.engine.models import resolve_model
 from abbench.engine.session import model_info
 from abbench.errors import UsageError, WriteError
 from abbench.textsafe import shown
+
+UNREAD_SHOWN = 5  # unread metadata arrays named in `model info`'s text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -101,13 +104,13 @@ def _expert_bytes(info: dict[str, Any]) -> str:
     """One expert in the file and in the cache, as the default kernels hold it."""
     mib = 2**20
     held = set(info["expert_resident_bytes"])
-    shown = " / ".join(f"{b / mib:.3f}" for b in sorted(held))
+    sizes = " / ".join(f"{b / mib:.3f}" for b in sorted(held))
     if info["kernels"] == "ggml":
         how = "the file's types, computed by ggml"
     else:
         how = "F32, converted by numpy" if info["expert_bytes"] != info["expert_f32_bytes"] \
             else "F32"
-    return f"{info['expert_bytes'] / mib:.3f} MiB in the file, {shown} MiB resident ({how})"
+    return f"{info['expert_bytes'] / mib:.3f} MiB in the file, {sizes} MiB resident ({how})"
 
 
 def _held(resident: list[int], n_expert: int, budget_mib: int) -> int:
@@ -119,6 +122,8 @@ def _held(resident: list[int], n_expert: int, budget_mib: int) -> int:
 def cmd_model_info(a: argparse.Namespace) -> int:
     mf = ModelFile(resolve_model(a.model))
     info = model_info(mf)
+    # Metadata arrays past what abbench reads are walked over, never decoded: say so.
+    info["unread_arrays"] = mf.unread_arrays()
     if a.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -156,6 +161,12 @@ def cmd_model_info(a: argparse.Namespace) -> int:
                       + (f" over the last {last_n} tokens" if isinstance(last_n, int) else ""))
     if stored:
         rows.append(("sampling defaults", ", ".join(stored)))
+    unread = info["unread_arrays"]
+    if unread:
+        listed = [f"`{show(k)}` ({v})" for k, v in list(unread.items())[:UNREAD_SHOWN]]
+        more = len(unread) - len(listed)
+        rows.append(("metadata not read", ", ".join(listed) + (f" and {more} more" if more
+                                                                else "")))
     if info["synthetic"]:
         rows.append(("synthetic", ", ".join(f"{k}={v}" for k, v in info["synthetic"].items())))
     width = max(len(k) for k, _ in rows)

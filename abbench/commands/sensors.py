@@ -20,6 +20,7 @@ from abbench.commands.args import number
 from abbench.sensors.device import Device, thermal_gaps
 from abbench.sensors.probe import speed_probe
 from abbench.sim import open_device
+from abbench.textsafe import shown
 
 SAMPLE_SPACING_S = 0.5
 PROBE_REPS = 5
@@ -82,7 +83,7 @@ def _fmt(value: Any) -> str:
 def render_exposes(rows: list[tuple[str, str]], out: TextIO) -> None:
     width = max(len(name) for name, _ in rows)
     for name, what in rows:
-        out.write(f"{name:<{width}}  {what}\n")
+        out.write(f"{shown(name):<{width}}  {shown(what)}\n")  # a remote device's words
 
 
 def render_reading(device: Device, sample: dict[str, Any], i: int, n: int,
@@ -92,10 +93,10 @@ def render_reading(device: Device, sample: dict[str, Any], i: int, n: int,
     out.write(f"\nreading {i}/{n} at {stamp}: {len(values)} values\n")
     if not values:
         why = f": {device.last_error}" if device.last_error else ""
-        out.write(f"  (nothing could be read{why})\n")
-    key_width = max((len(k) for k in values), default=0)
-    for key in sorted(values):
-        out.write(f"  {key:<{key_width}}  {_fmt(values[key])}\n")
+        out.write(f"  (nothing could be read{shown(why)})\n")
+    key_width = max((len(shown(k)) for k in values), default=0)
+    for key in sorted(values):  # keys and values a remote device named
+        out.write(f"  {shown(key):<{key_width}}  {shown(_fmt(values[key]))}\n")
 
 
 def render_summary(device: Device, last: dict[str, Any], probe: float | None,

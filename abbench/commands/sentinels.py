@@ -29,6 +29,7 @@ from abbench.analysis.noise import HISTORY_MAX_DF, history_floor
 from abbench.errors import RecordError, UsageError
 from abbench.records import RepeatRecord, read_jsonl, read_repeats
 from abbench.report.text import describe_configs
+from abbench.textsafe import shown
 
 
 @dataclass(frozen=True)
@@ -184,5 +185,5 @@ def run(args: argparse.Namespace) -> int:
             continue
         device = runs[0].device if runs else repeats[0].device
         out.extend(render(device, runs, args.threshold, repeats))
-    print("\n".join(out))
+    print("\n".join(map(shown, out)))  # a history holds what other campaigns wrote
     return 0

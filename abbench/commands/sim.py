@@ -21,6 +21,7 @@ from abbench.fsutil import atomic_write_text
 from abbench.records.toml import dump_value, tomllib
 from abbench.sim.fit import THERMAL, Estimate, SimFit, fit_run
 from abbench.sim.profile import Profile
+from abbench.textsafe import shown
 
 UNITS = {"heat_c_per_s": "°C/s", "soc_tau_s": "s", "case_tau_s": "s", "ambient_tau_s": "s",
          "ambient_c": "°C", "idle_load": ""}
@@ -84,7 +85,7 @@ def run_sim_fit(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {out}: {e.strerror or e}") from None
     sys.stdout.write(summary(fit, profile, out))
     for line in warnings_for(fit):
-        print(f"WARNING: {line}", file=sys.stderr)
+        print(f"WARNING: {shown(line)}", file=sys.stderr)
     return 0
 
 

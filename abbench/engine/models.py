@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from abbench.engine import synth
-from abbench.errors import UsageError
+from abbench.errors import ConfigError, UsageError
 
 PREFIX = "synthetic:"
 
@@ -89,3 +89,20 @@ def context_length(spec: str) -> int | None:
         return int(architecture(mf.architecture, mf.path).ModelArgs.from_file(mf).context_length)
     except (AbbenchError, OSError, ValueError):
         return None
+
+
+def check_context_memory(path: str | os.PathLike[str], n_ctx: int, need: int) -> None:
+    """Refuse a context whose allocations (`need` bytes, the architecture's
+    `ModelArgs.context_bytes`) exceed the memory available now, before any is made: numpy
+    raised MemoryError for a 477 GiB cache, and a size the kernel does hand out (it
+    overcommits) would be killed once the cache's pages are written."""
+    import psutil  # only where a model is loaded
+
+    available = psutil.virtual_memory().available  # Linux: /proc/meminfo MemAvailable
+    if need > available:
+        fits = max(0, available * n_ctx // max(need, 1))
+        raise ConfigError(
+            f"{path}: a context of {n_ctx} positions needs {need / 2**30:.1f} GiB (KV cache "
+            f"and RoPE tables), more than the {available / 2**30:.1f} GiB of memory "
+            "available",
+            tip=f"give `--n-ctx` (or prompt + `-n`) at most {fits} on this machine now")

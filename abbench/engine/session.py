@@ -27,13 +27,14 @@ from abbench.engine.arch import GRAPHS, architecture
 from abbench.engine.config import MAX_REPEAT_LAST_N, MAX_REPEAT_PENALTY, EngineConfig
 from abbench.engine.experts import MIB, ExpertRunner
 from abbench.engine.gguf_file import ModelFile
+from abbench.engine.models import check_context_memory
 from abbench.engine.policies import Policies
 from abbench.engine.predictor import RoutePredictor
 from abbench.engine.qcompute import QuantTeam
 from abbench.engine.sampling import Sampler
 from abbench.engine.streamer import LayerExperts, expert_layout
 from abbench.engine.tokenizer import Tokenizer, end_of_generation, tokenizer_for
-from abbench.errors import ConfigError
+from abbench.errors import ConfigError, EngineError
 from abbench.records.route_trace import RouteTraceWriter
 
 # Prompt tokens per prefill pass: llama.cpp's default micro-batch. It bounds a pass's
@@ -166,6 +167,7 @@ class Engine:
         arch = architecture(self.mf.architecture, self.mf.path)
         args = arch.ModelArgs.from_file(self.mf)
         self.info = model_info(self.mf)
+        _check_vectors(self.mf)
         k = config.n_expert_used or args.expert_used_count
         if k > args.expert_count:
             raise ConfigError(
@@ -190,9 +192,13 @@ class Engine:
                 f"prompt ({len(self.prompt_ids)} tokens) + `-n` {config.n_tokens} = {need} "
                 f"does not fit the context ({n_ctx} asked, model maximum {args.context_length})"
             )
+        check_context_memory(self.mf.path, n_ctx, args.context_bytes(n_ctx))
         temp = config.temp
         if temp is None:
-            temp = float(self.mf.get("general.sampling.temp", 0.0) or 0.0)
+            stored = self.mf.get("general.sampling.temp")  # a file's: any type, any value
+            usable = isinstance(stored, (int, float)) and not isinstance(stored, bool) \
+                and 0 <= stored < float("inf")
+            temp = float(stored) if usable else 0.0
         self.temp = temp
         stored_penalty, stored_last_n = _stored_penalty(self.mf)
         self.repeat_penalty = (stored_penalty if config.repeat_penalty is None
@@ -383,7 +389,16 @@ class Engine:
         sample: Callable[[np.ndarray], None] | None,
     ) -> TokenRecord:
         def forward() -> None:
-            logits = self.model.forward(token, pos, phase)
+            logits = self.model.forward(token, pos, phase)  # (vocab,)
+            # NaN or inf weights, or bytes that are not what the header says they are,
+            # decode into tokens all the same: a run on them is no measurement. One pass
+            # over the logits per token (microseconds) decides it, on either backend.
+            if not np.isfinite(logits).all():
+                raise EngineError(
+                    f"{self.mf.path}: non-finite logits (NaN or inf) at decode step {step}: "
+                    "NaN or inf in the weights, or a tensor's bytes are not what its header "
+                    "says", tip="no measurement comes of this file: check it against its "
+                    "source (a checksum), or rebuild it")
             if sample is not None:
                 sample(logits)
 
@@ -437,6 +452,18 @@ def choose_kernels(choice: str, layout: list[LayerExperts]) -> str:
                       stacklevel=2)
         return "numpy"
     return "ggml"
+
+
+def _check_vectors(mf: ModelFile) -> None:
+    """Refuse a model whose vectors (the norms' weights: kilobytes) hold NaN or inf.
+    The logits check in `Engine._step` finds NaN anywhere else, but with ggml kernels a
+    NaN that a norm weight puts into a few values is lost when the next quantized matrix
+    quantizes its input, and the run would decode finite garbage."""
+    for name, info in mf.tensors.items():
+        if len(info.shape) == 1 and not np.isfinite(mf.read_dense(name, True)).all():
+            raise EngineError(f"{mf.path}: tensor `{name}` holds NaN or inf",
+                              tip="no measurement comes of this file: check it against its "
+                              "source (a checksum), or rebuild it")
 
 
 _PAGE = resource.getpagesize()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import UsageError
+from abbench.errors import EXIT_NO_GO, EXIT_NO_MEASUREMENT, EXIT_OK, EXIT_UNDECIDED, UsageError
 from abbench.fleet.devices import device_class, resource
 from abbench.records.fleet import FleetEvent, append_fleet_event, device_folder
 
@@ -137,7 +137,9 @@ def run_device(job: DeviceJob, journal: Any) -> dict[str, Any]:
     p = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=_interrupt_with_parent)
     runs = sorted(p.name for p in out.iterdir() if p.is_dir() and p.name not in before)
     run = job.resume_run or (runs[-1] if runs else "")
-    status = "done" if p.returncode in (0, 1, 3) and run else (
+    # A campaign that ran to its end, whatever its cells measured, is done.
+    ended = (EXIT_OK, EXIT_NO_GO, EXIT_UNDECIDED, EXIT_NO_MEASUREMENT)
+    status = "done" if p.returncode in ended and run else (
         "interrupted" if run else "failed")
     tar = tar_folder(out / run) if run and not here else b""
     return {"device": job.device, "host": host, "node": node, "exit": p.returncode,

@@ -19,6 +19,7 @@ from abbench.report import markdown as md
 from abbench.report.blocks import Bullets, Code, Paragraph, Section, Table
 from abbench.report.json_report import plain
 from abbench.report.text import interval_text, noise
+from abbench.textsafe import shown
 
 FORMAT = "abbench-fleet-report/1"
 
@@ -69,7 +70,7 @@ def text_lines(a: FleetAnalysis) -> list[str]:
         lines.append(f"    noise: {_floor(o)}")
         if o.folder is not None:
             lines.append(f"    report: {_rel(o.folder / 'report.md', a.folder)}")
-    return lines
+    return [shown(x) for x in lines]  # device and host names, reasons from other machines
 
 
 def sections(a: FleetAnalysis) -> tuple[Section, ...]:
@@ -113,7 +114,7 @@ def _intro(a: FleetAnalysis) -> str:
 
 
 def markdown(a: FleetAnalysis) -> str:
-    out = [f"# {_title(a)}", "", _intro(a), ""]
+    out = [f"# {md.text(_title(a))}", "", md.text(_intro(a)), ""]
     for s in sections(a):
         out += [*md.section(s), ""]
     return "\n".join(out).rstrip("\n") + "\n"

@@ -105,7 +105,7 @@ def section(s: Section) -> list[str]:
 
 def preformatted(blocks: Iterable[Block]) -> str:
     """Blocks in report.md's words, as they are (an import's provenance, the looks)."""
-    return "<pre>" + e("\n".join(markdown.lines(blocks))) + "</pre>"
+    return "<pre>" + e("\n".join(markdown.lines(blocks, escape=False))) + "</pre>"
 
 
 def decision(n: DecisionNote) -> str:

@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
 from abbench.report.model import Rates, Series, Timeline  # noqa: E402
+from abbench.textsafe import shown  # noqa: E402
 
 
 def png(fig: Figure) -> str:
@@ -64,7 +65,7 @@ def _spans(axes: Any, tl: Timeline) -> None:
                            edgecolor="#c62828", hatch="//", lw=0,
                            label=None if gate_labelled else "gate wait")
         gate_labelled = gate_labelled or sp.gate_wait_s > 0
-        axes[0].text((sp.start + sp.end) / 2, 1.01, sp.label, rotation=30,
+        axes[0].text((sp.start + sp.end) / 2, 1.01, shown(sp.label), rotation=30,
                      transform=axes[0].get_xaxis_transform(), ha="left", va="bottom",
                      fontsize=8)
     if gate_labelled:
@@ -117,7 +118,8 @@ def rates(r: Rates) -> str:
                         fontsize=7, textcoords="offset points", xytext=(5, -12), color="C3")
     ax.set_xlim(0.5, max(len(r.points), 1) + 0.5)
     ax.set_xticks([p.number for p in r.points] or [1])
-    ax.set_xticklabels([f"{p.number}\n{p.name}" for p in r.points] or [""], fontsize=8)
+    # A name's own controls as escapes: the font has no glyph for them (a warning each)
+    ax.set_xticklabels([f"{p.number}\n{shown(p.name)}" for p in r.points] or [""], fontsize=8)
     ax.set_ylabel("tokens/s (steady window, 95% CI)")
     ax.set_ylim(bottom=0)
     ax.plot([], [], "o", color="C0", label="cell (95% CI of its tokens)")
@@ -134,7 +136,7 @@ def per_token(series: tuple[Series, ...]) -> str:
     fig = Figure(figsize=(12, 4))
     ax = fig.subplots()
     for s in series:
-        ax.plot(s.xs, s.ys, lw=0.9, label=s.label)
+        ax.plot(s.xs, s.ys, lw=0.9, label=shown(s.label))
     if series:
         ax.legend(loc="upper right", fontsize=8, ncol=2)
     else:

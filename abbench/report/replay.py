@@ -14,6 +14,7 @@ from abbench.analysis.replay import (
     Replay,
     recorded_budget_mib,
 )
+from abbench.textsafe import shown
 
 FORMAT = "abbench-replay v1"
 _POLICY_NAMES = {"lru": "LRU", "lfu": "LFU", "belady": "Belady"}
@@ -124,7 +125,7 @@ def render(rp: Replay) -> str:
     _cache_section(rp, out)
     _predictor_section(rp, out)
     _drop_section(rp, out)
-    return "\n".join(out) + "\n"
+    return "\n".join(map(shown, out)) + "\n"  # the trace's `# model=` is its writer's words
 
 
 def _header(rp: Replay, out: list[str]) -> None:

@@ -1,6 +1,11 @@
 """The terminal report (rich): banners, verdicts in colour, cells, pairs, drift, tells.
 `--style plain` prints the same content with no colour or box characters. A compact
-layout of `report.model`."""
+layout of `report.model`.
+
+Names, configurations, notes and failure reasons can be what a cell or a file from elsewhere
+wrote: each is printed through `textsafe.shown` (controls as escapes) and never read as
+rich markup (`_m` inside a markup line, `Text` in a table, `markup=False` for a whole
+line)."""
 
 from __future__ import annotations
 
@@ -8,12 +13,15 @@ from typing import IO
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from abbench.analysis.campaign import CampaignAnalysis
 from abbench.analysis.decide import UNVERIFIED
 from abbench.report import markdown
 from abbench.report.model import Cells, Column, Report, Verdicts, build
+from abbench.textsafe import shown
 
 COLOUR = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow",
           "OWED": "bold magenta", UNVERIFIED: "bold yellow"}
@@ -26,6 +34,11 @@ CELL_COLUMNS: tuple[Column, ...] = (
 PAIR_STYLE = {"matched": "green", "unverified": "yellow"}  # any other state: red
 
 
+def _m(x: object) -> str:
+    """A value inside a markup line: controls escaped, its `[` not read as a style."""
+    return escape(shown(x))
+
+
 def cells(c: Console, cs: Cells, table_box: box.Box) -> None:
     """The cell table (the config column only where the cells' configurations differ)."""
     show_config = any(r.config != "-" for r in cs.rows)
@@ -34,67 +47,70 @@ def cells(c: Console, cs: Cells, table_box: box.Box) -> None:
     for col in tb.head:
         out.add_column(col, overflow="fold")
     for row in tb.rows:
-        out.add_row(*row)
+        out.add_row(*(Text(shown(x)) for x in row))
     c.print(out)
     for n in cs.notes:
-        c.print(f"  {n}", markup=False)
+        c.print(f"  {shown(n)}", markup=False)
 
 
 def pairs_drift_tells(c: Console, r: Report) -> None:
     c.print("[bold]adjacent pairs[/]")
     for p in r.pairs:
-        c.print(f"  {p.first} → {p.second}: [{PAIR_STYLE.get(p.state, 'red')}]{p.state}[/]"
-                + (f" ({p.note})" if p.note else ""))
+        c.print(f"  {_m(p.first)} → {_m(p.second)}: "
+                f"[{PAIR_STYLE.get(p.state, 'red')}]{_m(p.state)}[/]"
+                + (f" ({_m(p.note)})" if p.note else ""))
         for ck in p.checks:
             if not ck.ok:
-                c.print(f"    {ck.text}", markup=False)
+                c.print(f"    {shown(ck.text)}", markup=False)
     if r.unverified_ratios is not None:
         c.print("[bold yellow]unverified ratios[/] (device state or times not recorded: not "
                 "matched, no verdict)")
         for tb in r.unverified_ratios.tables():
             for pair, ratio, ci in tb.rows:
-                c.print(f"  {pair}: {ratio} (95% CI {ci})", markup=False)
+                c.print(shown(f"  {pair}: {ratio} (95% CI {ci})"), markup=False)
     if r.drift:
         c.print("[bold]drift (sentinels)[/]")
         for d in r.drift:
             style = "red" if d.verdict == "drift" else "yellow" if d.verdict != "stable" else ""
-            c.print(f"  [{style or 'default'}]{d.verdict}[/] — ", end="")
-            c.print(d.summary, markup=False)
+            c.print(f"  [{style or 'default'}]{_m(d.verdict)}[/] — ", end="")
+            c.print(shown(d.summary), markup=False)
     if tells := r.tells.items():
         c.print("[bold]contamination tells[/]")
         for x in tells:
-            c.print(f"  {x}", markup=False)
+            c.print(f"  {shown(x)}", markup=False)
 
 
 def verdicts(c: Console, v: Verdicts, table_box: box.Box) -> None:
     if v.table is None:
-        c.print("no decisions asked" + (f"; {v.noise}" if v.noise_known else ""), markup=False)
+        c.print(shown("no decisions asked" + (f"; {v.noise}" if v.noise_known else "")),
+                markup=False)
         return
-    c.print(v.noise_line, markup=False)
+    c.print(shown(v.noise_line), markup=False)
     out = Table(title="verdicts (matched pairs only)", box=table_box)
     for col in ("candidate", "baseline", "question", "verdict", "comparison"):
         out.add_column(col)
     for n in v.notes:
-        out.add_row(n.candidate, n.baseline, n.question, f"[{COLOUR[n.verdict]}]{n.verdict}[/]",
-                    n.comparison)
+        out.add_row(Text(shown(n.candidate)), Text(shown(n.baseline)), Text(shown(n.question)),
+                    f"[{COLOUR[n.verdict]}]{n.verdict}[/]", Text(shown(n.comparison)))
     c.print(out)
-    for line in markdown.lines(v.looks):
+    for line in markdown.lines(v.looks, escape=False):
         c.print(line, markup=False)
     for n in v.notes:
         for line in (*n.unverified_pairs, *n.details):
-            c.print(f"  {line}", markup=False)
+            c.print(f"  {shown(line)}", markup=False)
 
 
 def emit(r: Report, console: Console, table_box: box.Box = box.SIMPLE) -> None:
     c, h = console, r.header
-    c.print(f"[bold]{h.campaign}[/] — {h.recorded} of {h.planned} cells, device {h.device}, "
-            f"run folder {h.run}")
+    c.print(f"[bold]{_m(h.campaign)}[/] — {h.recorded} of {h.planned} cells, device "
+            f"{_m(h.device)}, run folder {_m(h.run)}")
     for b in r.banners:
-        c.print(f"[bold red]{b}[/]")
+        c.print(f"[bold red]{_m(b)}[/]")
     if r.imported is not None:
-        c.print(f"import: order {r.imported.order} ({r.imported.order_source})", markup=False)
+        c.print(shown(f"import: order {r.imported.order} ({r.imported.order_source})"),
+                markup=False)
         for n in r.imported.notes:
-            c.print(f"  WARNING: {n}", markup=False)
+            c.print(f"  WARNING: {shown(n)}", markup=False)
     cells(c, r.cells, table_box)
     pairs_drift_tells(c, r)
     verdicts(c, r.verdicts, table_box)

@@ -61,7 +61,7 @@ class ModelArgs:
             value = mf.require(p + key) if default is None else mf.get(p + key, default)
             try:
                 return kind(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
                 raise ModelFileError(
                     f"{mf.path}: metadata `{p + key}` is {value!r}, not a number"
                 ) from None
@@ -112,7 +112,7 @@ class ModelArgs:
                       f"and expert_count ({self.expert_count})")
         if self.context_length < 2:
             raise bad("context_length", f"is {self.context_length}, must be >= 2")
-        for name, shape in self.dense_shapes(mf).items():
+        for name, shape in (self.dense_shapes(mf) | self.expert_shapes()).items():
             got = mf.tensor(name).shape
             if got != shape:
                 raise ModelFileError(
@@ -144,6 +144,27 @@ class ModelArgs:
                 b + "ffn_gate_inp.weight": (self.expert_count, d),
             }
         return shapes
+
+    def expert_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every layer's stacked experts, with their numpy shapes: checked against the
+        header too, so that an expert the header says is small is not read as a large one."""
+        e, ff, d = self.expert_count, self.expert_feed_forward_length, self.embedding_length
+        shapes: dict[str, tuple[int, ...]] = {}
+        for i in range(self.block_count):
+            b = f"blk.{i}."
+            shapes |= {
+                b + "ffn_gate_exps.weight": (e, ff, d),
+                b + "ffn_up_exps.weight": (e, ff, d),
+                b + "ffn_down_exps.weight": (e, d, ff),
+            }
+        return shapes
+
+    def context_bytes(self, n_ctx: int) -> int:
+        """Bytes a context of `n_ctx` positions allocates at load, at least: every layer's
+        KV cache (K rows of hd, V rows of hd + 1: `Attention`) and the RoPE tables (F64
+        angles and cosines while they are computed, then cos and sin in F32)."""
+        kv = self.block_count * self.head_count_kv * n_ctx * (2 * self.key_length + 1) * 4
+        return kv + n_ctx * (self.key_length // 2) * (8 + 8 + 4 + 4)
 
 
 class Attention:

@@ -1,0 +1,119 @@
+"""What a campaign knows of its models before the first cell runs, and the checks of an
+embedded cell against them.
+
+The engine refuses a prompt id outside the vocabulary, a context past the model's and a
+top-k above its expert count only when a cell opens the model; found there, every cell
+fails and the campaign measures nothing. `ModelHeaders` reads each distinct model's header
+once per campaign file (a header walk costs ~45 ms: a sweep of thousands of cells over one
+model reads it once, not once per cell) and `cell_problems` makes the engine's checks on
+what it gives.
+
+A context is checked against the model's context length and, for a model file, against
+the memory its allocations need on this machine now (`engine.models.check_context_memory`,
+the engine's own check; embedded cells run here). A synthetic model's is not: its contexts
+are at most a few thousand positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from abbench.engine import synth
+from abbench.engine.config import EngineConfig
+from abbench.engine.models import PREFIX, check_context_memory, parse_synthetic
+from abbench.errors import ConfigError, ModelFileError
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The figures of one model that a cell's configuration must fit."""
+
+    model: str  # as the cell names it: a synthetic spec, or the file's absolute path
+    context_length: int
+    vocab_size: int
+    n_expert: int
+    # Bytes a context of n positions allocates at load (`ModelArgs.context_bytes`); None
+    # where not known without building the model (a synthetic one).
+    context_bytes: Callable[[int], int] | None = field(default=None, compare=False)
+
+
+class ModelHeaders:
+    """Each model's `ModelFacts`, read on first use and kept for the campaign file."""
+
+    def __init__(self) -> None:
+        self._facts: dict[str, ModelFacts] = {}
+
+    def facts(self, model: str) -> ModelFacts:
+        """Raises `UsageError` for an unknown synthetic preset and `ModelFileError` for a
+        file the engine cannot read (each naming the model)."""
+        if model not in self._facts:
+            self._facts[model] = _read(model)
+        return self._facts[model]
+
+
+def _read(model: str) -> ModelFacts:
+    if model.startswith(PREFIX):  # from its definition: nothing is built for a dry run
+        name, seed = parse_synthetic(model)
+        spec = synth.named(name, seed)
+        vocab = synth.N_VOCAB if spec.tokenizer == "llama" else synth.BPE_VOCAB_SIZE
+        return ModelFacts(model, spec.context_length, vocab, spec.n_expert)
+    # The model code only where a file is read (as engine.models.context_length does).
+    from abbench.engine.arch import architecture
+    from abbench.engine.gguf_file import ModelFile
+
+    try:
+        mf = ModelFile(model)
+        try:
+            args = architecture(mf.architecture, mf.path).ModelArgs.from_file(mf)
+        finally:
+            mf.close()
+    except OSError as e:
+        raise ModelFileError(f"{model}: cannot be read: {e.strerror or e}") from None
+    except (ValueError, OverflowError) as e:  # what the header walk has no message for
+        raise ModelFileError(f"{model}: not a model file the engine can read ({e})") from None
+    return ModelFacts(model, args.context_length, args.vocab_size, args.expert_count,
+                      args.context_bytes)
+
+
+def cell_problems(config: EngineConfig, facts: ModelFacts) -> Iterator[tuple[str, str, str]]:
+    """(TOML key, problem, tip) for each value of an embedded cell that its model cannot
+    run — what `Engine` would refuse in the cell."""
+    where = facts.model
+    vocab, ctx, experts = facts.vocab_size, facts.context_length, facts.n_expert
+    if config.prompt_tokens is not None:
+        bad = [t for t in config.prompt_tokens if not 0 <= t < vocab]
+        if bad:
+            yield ("prompt_tokens", f"ids {bad[:5]} outside the model's vocabulary "
+                   f"(0..{vocab - 1}: {where})", f"token ids from 0 to {vocab - 1}")
+    k = config.n_expert_used
+    if k is not None and k > experts:
+        yield ("n_expert_used", f"{k} is more than the model's {experts} experts ({where})",
+               f"at most {experts} on this model")
+    if config.n_ctx is not None and config.n_ctx > ctx:
+        yield ("n_ctx", f"{config.n_ctx} is more than the model's context ({ctx} tokens: "
+               f"{where})", f"at most {ctx} on this model")
+        return
+    # A text prompt's length is known only once tokenized: it counts as one token here.
+    prompt = len(config.prompt_tokens) if config.prompt_tokens is not None else 1
+    need = prompt + config.n_tokens
+    if need > ctx:
+        what = (f"{config.n_tokens} tokens and a prompt" if config.prompt_tokens is None
+                else f"{config.n_tokens} tokens and the prompt's {prompt}")
+        yield ("tokens", f"{what} do not fit the model's context ({ctx} tokens: {where})",
+               f"at most {ctx - prompt} tokens on this model")
+        return
+    if config.n_ctx is not None and need > config.n_ctx:
+        what = ("a prompt" if config.prompt_tokens is None
+                else f"the prompt's {prompt} tokens")
+        yield ("n_ctx", f"{config.n_ctx} does not hold `tokens` ({config.n_tokens}) and "
+               f"{what}", f"`n_ctx` of at least {need}, or none: the default holds both")
+        return
+    if facts.context_bytes is not None:
+        n_ctx = config.n_ctx or need
+        try:
+            check_context_memory(facts.model, n_ctx, facts.context_bytes(n_ctx))
+        except ConfigError as e:  # its tip names the engine's flags, not these keys
+            key = "n_ctx" if config.n_ctx is not None else "tokens"
+            yield (key, e.message, f"a smaller `{key}`: this machine has not the memory "
+                   "for that context now")
