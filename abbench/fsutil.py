@@ -79,15 +79,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     `/dev/null`); a symbolic link stays a link and the file it names gets the text
     (written atomically beside that file); a folder is refused."""
     path = Path(path)
-    try:
-        st: os.stat_result | None = os.stat(path)  # what a link names
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, str(path)) from e
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
-    if st is not None and not stat.S_ISREG(st.st_mode):
+    if not _regular_or_missing(path):
         _write_through(path, text.encode("utf-8"))
         return
     if path.is_symlink():
@@ -115,18 +107,24 @@ def whole_file_target(path: str | os.PathLike[str]) -> Path:
     `path`. A folder, device, fifo or socket is refused with an `OSError` naming `path`:
     such a file is never renamed over, and these files are not streamed through one."""
     path = Path(path)
-    try:
-        st = os.stat(path)  # what a link names
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, str(path)) from e
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
-    if st is not None and not stat.S_ISREG(st.st_mode):
+    if not _regular_or_missing(path):
         raise OSError(errno.EINVAL, "is not a regular file (a device, fifo or socket); "
                       "this file is written whole, to a regular file", str(path))
     return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _regular_or_missing(path: Path) -> bool:
+    """Whether what `path` names (through a link) is a regular file or nothing; False for
+    a device, fifo or socket; a folder raises `IsADirectoryError`. Errors name `path`."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    return stat.S_ISREG(st.st_mode)
 
 
 def _write_through(path: Path, data: bytes) -> None:
