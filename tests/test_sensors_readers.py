@@ -410,6 +410,21 @@ def test_nvml_failed_init_is_remembered() -> None:
     assert nvml.inits == 1
 
 
+def test_nvml_init_is_remembered_per_module_not_per_address() -> None:
+    """Modules made and dropped in turn, failing and working alternately: each reads as
+    itself. Keyed by id(), a new module at a freed one's address inherited its result (a
+    working fake read nothing, or a failed one read a GPU: a CI failure once)."""
+    import gc
+
+    for i in range(200):
+        nvml = FakeNvml(init_fails=i % 2 == 1)
+        got = host.collect_nvml(nvml)
+        assert (got == {}) == nvml.init_fails, (i, got)
+        assert nvml.inits == 1
+        del nvml
+        gc.collect()
+
+
 def test_throttle_names() -> None:
     assert host.throttle_names(0) == "none"
     assert host.throttle_names(0x1 | 0x40) == "idle,hw_thermal"

@@ -10,12 +10,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import abbench.report.html as html
+import abbench.report.markdown as md
 from abbench.analysis.fleet import Combined, DeviceOutcome, FleetAnalysis
 from abbench.analysis.noise import floor_noise
 from abbench.fsutil import atomic_write_text
 from abbench.records.fleet import FLEET_REPORT_STEM
-from abbench.report import html
-from abbench.report import markdown as md
 from abbench.report.blocks import Bullets, Code, Paragraph, Section, Table
 from abbench.report.json_report import plain
 from abbench.report.text import interval_text, noise

@@ -10,8 +10,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+import abbench.report.markdown as markdown
+import abbench.report.plots as plots
 from abbench.analysis.campaign import CampaignAnalysis
-from abbench.report import markdown, plots
 from abbench.report.blocks import (
     Block,
     Bullets,

@@ -10,11 +10,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+import abbench.report.text as t
 from abbench.analysis.campaign import CampaignAnalysis
 from abbench.analysis.decide import UNVERIFIED, Decision
 from abbench.analysis.matching import PairMatch
 from abbench.records import Sample
-from abbench.report import text as t
 from abbench.report.blocks import Block, Bullets, Code, Paragraph, Section, Strong, Table
 from abbench.report.series import Rates, Series, Timeline, per_token, rates, samples_of, timeline
 

@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import abbench.report.text as t
 from abbench.analysis.campaign import CampaignAnalysis
 from abbench.errors import RecordError
 from abbench.records import EntryState, Sample, keys, read_samples
-from abbench.report import text as t
 
 
 @dataclass(frozen=True)

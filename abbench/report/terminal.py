@@ -17,9 +17,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+import abbench.report.markdown as markdown
 from abbench.analysis.campaign import CampaignAnalysis
 from abbench.analysis.decide import UNVERIFIED
-from abbench.report import markdown
 from abbench.report.model import Cells, Column, Report, Verdicts, build
 from abbench.textsafe import shown
 

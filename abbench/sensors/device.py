@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import abbench.sensors.host as host
+import abbench.sensors.readers as readers
 from abbench.errors import UsageError
 from abbench.records import keys
-from abbench.sensors import host, readers
 from abbench.sensors.android import (
     THERMAL_STATUS,
     collect_android_battery,
