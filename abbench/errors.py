@@ -28,6 +28,8 @@ from __future__ import annotations
 import errno
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 Key = tuple[str | int, ...]  # a key path in a TOML/JSON document; ints index arrays
@@ -68,8 +70,44 @@ class UsageError(AbbenchError):
     """A command line that cannot be run as given."""
 
 
+@dataclass(frozen=True)
+class Setting:
+    """A configuration field named inside a `ConfigError`'s problem: each front end writes
+    it its own way (the engine's `--cache-mib`, a campaign file's `cache_mib`)."""
+
+    name: str
+
+
+Problem = tuple[str | Setting, ...]
+
+
+def flag(field: str) -> str:
+    """How the engine's command line names a configuration field."""
+    return f"`--{field.replace('_', '-')}`"
+
+
 class ConfigError(AbbenchError):
-    """A configuration value out of range or inconsistent with another."""
+    """A configuration value out of range or inconsistent with another.
+
+    `field` is the field at fault and `problem` what is wrong with it, other fields named
+    as `Setting`s, so a front end words the message with its own names (`render`) instead of
+    parsing this one. The message is the command line's: `--flag problem`."""
+
+    def __init__(self, message: str, tip: str | None = None, *, field: str | None = None,
+                 problem: Problem = ()) -> None:
+        super().__init__(message, tip)
+        self.field = field
+        self.problem = problem
+
+    @classmethod
+    def of(cls, field: str, *problem: str | Setting) -> ConfigError:
+        """The error about `field`, worded for the command line."""
+        return cls(f"{flag(field)} {render(problem, flag)}", field=field, problem=problem)
+
+
+def render(problem: Problem, name: Callable[[str], str]) -> str:
+    """A problem's text with each field written by `name`."""
+    return "".join(part if isinstance(part, str) else name(part.name) for part in problem)
 
 
 class CampaignFileError(AbbenchError):

@@ -173,3 +173,16 @@ def test_every_option_has_help_and_a_group() -> None:
 
     for f in dataclasses.fields(EngineConfig):
         assert f.metadata["help"] and f.metadata["group"], f.name
+
+
+def test_a_config_error_carries_its_setting_as_data() -> None:
+    """A front end names settings its own way from the error's data, never by parsing the
+    command line's message (a campaign file says `cache_mib`, the engine `--cache-mib`)."""
+    from abbench.errors import Setting, render
+
+    with pytest.raises(ConfigError) as e:
+        EngineConfig(model="synthetic:tiny", cache_mib=0, drop_cold_experts=0.5)
+    assert e.value.field == "drop_cold_experts"
+    assert e.value.message == "`--drop-cold-experts` needs the expert cache (`--cache-mib` > 0)"
+    assert e.value.problem == ("needs the expert cache (", Setting("cache_mib"), " > 0)")
+    assert render(e.value.problem, str.upper) == "needs the expert cache (CACHE_MIB > 0)"

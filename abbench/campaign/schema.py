@@ -53,7 +53,14 @@ from abbench.campaign.tables import (
     check_name,
 )
 from abbench.engine.config import EngineConfig
-from abbench.errors import AbbenchError, CampaignFileError, ConfigError, Key, format_key
+from abbench.errors import (
+    AbbenchError,
+    CampaignFileError,
+    ConfigError,
+    Key,
+    format_key,
+    render,
+)
 from abbench.records.schema import describe, did_you_mean, show
 from abbench.records.toml import (
     KeyLines,
@@ -450,26 +457,20 @@ def _engine_config(name: str, merged: Layer, workload: WorkloadTable, folder: Pa
     return config
 
 
-_FLAG = re.compile(r"`--([a-z0-9-]+)(?: [A-Z]+)?`")
-
-
 def _engine_problem(e: ConfigError, name: str, values: Layer, home: Key,
                     at_home: Key) -> NoReturn:
-    """The engine's complaint about a flag, as a complaint about the key that set it."""
-
-    def toml(m: re.Match[str]) -> str:
-        flag = m[1].replace("-", "_")
-        return f"`{TOML_KEY.get(flag, flag)}`"
-
-    m = _FLAG.match(e.message)
-    key = TOML_KEY.get(m[1].replace("-", "_")) if m else None
-    problem = _FLAG.sub(toml, e.message[m.end():].strip() if m else e.message)
-    if key is not None and key in values:
+    """The engine's complaint about a setting, as a complaint about the key that set it,
+    worded with the campaign file's names for the settings it mentions."""
+    if e.field is None or e.field not in TOML_KEY:  # a problem of no one key: the cell's
+        fail(home, e.message, e.tip, at=at_home)
+    key = TOML_KEY[e.field]
+    problem = render(e.problem, lambda field: f"`{TOML_KEY.get(field, field)}`")
+    if key in values:
         where = values[key][1]
         if where[:2] != home:
             problem += f" (resolving cell `{name}`)"
         fail(where, problem, e.tip)
-    fail((*home, key) if key else home, problem, e.tip, at=at_home)
+    fail((*home, key), problem, e.tip, at=at_home)
 
 
 def _model(value: str, at: Key, folder: Path) -> str:

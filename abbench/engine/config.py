@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, get_type_hints
 
-from abbench.errors import ConfigError
+from abbench.errors import ConfigError, Setting
 
 DEFAULT_PROMPT = "Explain how a mixture-of-experts model routes each token."
 MAX_REPEAT_PENALTY = 100.0
@@ -133,8 +133,8 @@ class EngineConfig:
                                      POLICIES, metavar="FILE")
 
     def __post_init__(self) -> None:
-        def bad(flag: str, msg: str) -> ConfigError:
-            return ConfigError(f"`--{flag.replace('_', '-')}` {msg}")
+        CACHE = Setting("cache_mib")  # noqa: N806
+        bad = ConfigError.of
 
         if self.n_tokens < 1:
             raise bad("n_tokens", f"must be at least 1 (got {self.n_tokens})")
@@ -169,23 +169,25 @@ class EngineConfig:
             if not 0 < self.drop_cold_experts <= 1:
                 raise bad("drop_cold_experts", f"must be in (0, 1] (got {self.drop_cold_experts})")
             if not has_cache:
-                raise bad("drop_cold_experts", "needs the expert cache (`--cache-mib` > 0)")
+                raise bad("drop_cold_experts", "needs the expert cache (", CACHE, " > 0)")
         elif self.drop_in_prefill or self.drop_no_renorm:
             flag = "drop_in_prefill" if self.drop_in_prefill else "drop_no_renorm"
-            raise bad(flag, "needs `--drop-cold-experts F`")
+            raise bad(flag, "needs ", Setting("drop_cold_experts"), " F")
         if not 0 <= self.prefetch <= 64:
             raise bad("prefetch", f"must be between 0 (off) and 64 layers (got {self.prefetch})")
         if self.prefetch and not has_cache:
-            raise bad("prefetch", "needs the expert cache (`--cache-mib` > 0)")
+            raise bad("prefetch", "needs the expert cache (", CACHE, " > 0)")
         if self.predict_prefetch:
             if self.prefetch:
-                raise bad("predict_prefetch", "and `--prefetch` are mutually exclusive")
+                raise bad("predict_prefetch", "and ", Setting("prefetch"),
+                          " are mutually exclusive")
             if not has_cache:
-                raise bad("predict_prefetch", "needs the expert cache (`--cache-mib` > 0)")
+                raise bad("predict_prefetch", "needs the expert cache (", CACHE, " > 0)")
         if not 0 <= self.predict_spec_max <= 8:
             raise bad("predict_spec_max", f"must be between 0 and 8 (got {self.predict_spec_max})")
         if self.prefetch_sync and not (self.prefetch or self.predict_prefetch):
-            raise bad("prefetch_sync", "needs `--prefetch K` or `--predict-prefetch`")
+            raise bad("prefetch_sync", "needs ", Setting("prefetch"), " K or ",
+                      Setting("predict_prefetch"))
 
     @property
     def speculates(self) -> bool:
