@@ -1,4 +1,4 @@
-"""P1 — I/O-bound decode against a raw read of the same slices (DESIGN 9: bar >= 0.85).
+"""P1 — I/O-bound decode against a raw read of the same slices (docs/benches.md: bar >= 0.85).
 
 The engine decodes with a small cache (most routed experts miss), O_DIRECT and 4 lanes,
 overlap on. Its *effective read bandwidth* for a token is, as the seed engine defines it and

@@ -1,4 +1,4 @@
-"""P2 — compute-bound decode against its roofline (DESIGN 9: bar >= 0.65).
+"""P2 — compute-bound decode against its roofline (docs/benches.md: bar >= 0.65).
 
 Every expert resident (`--resident`), so a token does no I/O. The roofline of a token is the
 weight bytes it touches — its routed experts plus the dense weights (the embedding counts as

@@ -1,4 +1,4 @@
-"""P3 and P4 — what the predictor costs per token (DESIGN 9: P3 <= 1.05, P4 <= 1.02).
+"""P3 and P4 — what the predictor costs per token (docs/benches.md: P3 <= 1.05, P4 <= 1.02).
 
 P3: `--predict-log` (stale-gate, prev-token and control scored per layer) against the same
 run without it. P4: `--predict-prefetch --predict-spec-max 0` (stale-gate prediction and

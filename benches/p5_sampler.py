@@ -1,4 +1,4 @@
-"""P5 — campaign sampler at 10 Hz: cell tokens/s with it vs without (DESIGN 9: >= 0.99).
+"""P5 — campaign sampler at 10 Hz: cell tokens/s with it vs without (docs/benches.md: >= 0.99).
 
 The same engine cell runs in a child process (`python -m abbench engine run ... --json`),
 exactly as a campaign cell does, alternately with the sampler running in this (the

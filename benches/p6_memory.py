@@ -1,4 +1,4 @@
-"""P6 — engine peak RSS against dense bytes + cache budget (DESIGN 9: <= 1.10x + 100 MiB).
+"""P6 — engine peak RSS against dense bytes + cache budget (docs/benches.md: <= 1.10x + 100 MiB).
 
 Each configuration runs the real engine in a child process (`python -m abbench engine run
 ... --json`), exactly as a campaign cell does, and reads the child's own peak RSS

@@ -1,5 +1,5 @@
 """P7 and P8 — the embedded engine against llama.cpp on the same GGUF file and threads
-(DESIGN 9: P7 resident decode tok/s >= 0.95, goal 1.0; P8 prefill tok/s of a 64-token
+(docs/benches.md: P7 resident decode tok/s >= 0.95, goal 1.0; P8 prefill tok/s of a 64-token
 prompt >= 0.5).
 
 llama.cpp is the one tests/llamacpp.py builds from the pinned source (built on first use,
@@ -88,7 +88,7 @@ def rates(result: RunResult) -> tuple[float, float]:
     give the first token; all N prompt tokens over that time (the time to first token) is
     the rate comparable with llama.cpp's pp N."""
     s = summarize(result)
-    return s["tok/s"], s["prefill_tok/s"]
+    return s.tok_per_s, s.prefill_tok_per_s
 
 
 def main() -> None:

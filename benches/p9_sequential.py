@@ -1,4 +1,4 @@
-"""P9 (DESIGN 9): device minutes per decided verdict, a sequential campaign
+"""P9 (docs/benches.md): device minutes per decided verdict, a sequential campaign
 (`until = "decided"`) against a fixed ABBA x 3, on `sim:phone`, side by side.
 
 Both designs run the same two cells behind the same thermal gate on the simulated phone:

@@ -18,6 +18,7 @@ from abbench.records import (
     NoiseFloor,
     Plan,
     PlannedCell,
+    RunSummary,
     Sample,
     Sequential,
     append_jsonl,
@@ -98,7 +99,7 @@ def make_run(tmp: Path, cells: list[dict[str, Any]], decisions: list[dict[str, A
             index=i, name=c["name"], label=pc.label, status=c.get("status", "ok"),
             t_start_wall=t, t_end_wall=t + dur, t_start_mono=t, t_end_mono=t + dur,
             entry=entry, gate=GateWait(gave_up=c.get("gave_up", False)),
-            summary={"tok/s": c["rate"], "threads": 2},
+            summary=RunSummary(tok_per_s=c["rate"], threads=2),
             fingerprint=c.get("fingerprint", f"sha256:{c['name']}"), tokens_per_s=c["rate"])
         append_jsonl(run / "journal.jsonl", rec.to_json(), fsync=False)
         during = c.get("caps_during", [caps] if caps and state else [])

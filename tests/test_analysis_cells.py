@@ -1,4 +1,5 @@
-"""Per-cell measures of analysis/cells.py: the stability ratio (DESIGN 12) on constructed
+"""Per-cell measures of analysis/cells.py: the stability ratio (docs/report.md#method) on
+constructed
 per-token series, in the cell's stats, its report row, report.json, and as a match
 requirement."""
 

@@ -1,4 +1,5 @@
-"""Energy per token and mean power of a cell (analysis/energy.py, DESIGN 12), on
+"""Energy per token and mean power of a cell (analysis/energy.py,
+docs/sensors.md#power-and-energy), on
 constructed sample series with known truth: a battery's draw, RAPL counters that wrap, and
 the readings that must give no figure (charging, plugged in, direction unknown)."""
 

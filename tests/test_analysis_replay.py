@@ -115,6 +115,21 @@ def test_default_budgets_span_a_token_cycle_to_every_expert() -> None:
     assert default_budgets(trace) == [250, 500, 1000, 2000, 4000, 8000, 16000, 32000]
 
 
+@pytest.mark.parametrize(("extra", "own"), [
+    (" cache_mib=3", 3.0),
+    (" cache_mb=5", 5.0),  # the seed engine's name (and its preamble's): MiB all the same
+    (" cache_mib=3 cache_mb=5", 3.0),
+    (" cache_mb=auto", None),
+    (" cache_mib=0", None),
+    ("", None),
+])
+def test_the_runs_own_budget_is_read_under_either_name(extra: str, own: float | None) -> None:
+    trace = parse_route_trace(trace_text(decode_steps([[0], [1]]), extra=extra), "t.csv")
+    assert trace.cache_budget_mib == own
+    if own is not None:
+        assert own in default_budgets(trace)
+
+
 # -- cache policies on hand-made traces ----------------------------------------------------
 
 

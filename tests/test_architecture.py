@@ -1,5 +1,5 @@
-"""The layout's rules (DESIGN 2), checked on the source: data flows one way, and only the
-commands compose campaign → analysis → report."""
+"""The layout's rules (docs/architecture.md), checked on the source: data flows one way,
+and only the commands compose campaign → analysis → report."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Bad input through the CLI (DESIGN 10): cells.toml, GGUF files, bmoe CSVs, `.metrics`,
-`.state`, driver and engine logs, route traces and run folders that are malformed,
-truncated, empty, enormous or hostile each give exit status 2 and one `ERROR:` line naming
-the file (and the key or line where there is one), no traceback, and write nothing at all;
-hostile values that are valid (shell metacharacters in a command, a path, a prompt, a file
-name) pass through literally and nothing runs them.
+"""Bad input through the CLI (docs/reliability.md#bad-input): cells.toml, GGUF files, bmoe
+CSVs, `.metrics`, `.state`, driver and engine logs, route traces and run folders that are
+malformed, truncated, empty, enormous or hostile each give exit status 2 and one `ERROR:`
+line naming the file (and the key or line where there is one), no traceback, and write
+nothing at all; hostile values that are valid (shell metacharacters in a command, a path, a
+prompt, a file name) pass through literally and nothing runs them.
 
 Each case builds its input in a fresh folder, runs `abbench.cli.main` from inside it (so
 that a default output folder would land there too) and compares the whole folder before

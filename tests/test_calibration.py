@@ -1,4 +1,5 @@
-"""The verdicts' false-verdict rate and power, by simulation with known truth (DESIGN 7).
+"""The verdicts' false-verdict rate and power, by simulation with known truth
+(docs/method.md#measured-false-verdicts-and-power).
 
 A/A campaigns — no true effect, a lognormal cell effect of sigma per cell, AR(1) token noise
 (tests/calibration_helper.py) — decided by the product's own analysis: GO or NO-GO in at most

@@ -1,5 +1,6 @@
-"""llama.cpp cells through the real CLI (DESIGN 11): `engine = "llama-bench"` and
-`"llama-completion"`, their keys and errors, a failed binary, an adb-shaped device.
+"""llama.cpp cells through the real CLI (docs/cells.md#llamacpp-cells): `engine =
+"llama-bench"` and `"llama-completion"`, their keys and errors, a failed binary, an
+adb-shaped device.
 
 Fast tests run stand-ins for llama.cpp's tools: scripts that take the same flags, reject
 an unknown one as the real tools do (exit status 1, `error: invalid parameter for

@@ -1,6 +1,7 @@
 """The cell-to-cell noise through the real CLI: `abbench calibrate` records a device's noise
 floor, the next campaign on the device uses it, and sequential campaigns take looks, append
-rounds and resume (DESIGN 5.2 step 5, 7)."""
+rounds and resume (docs/method.md#the-cell-is-the-unit-of-evidence,
+docs/method.md#sequential-campaigns)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from abbench.campaign.output import CellResult, read_result
+from abbench.records.summary import RunSummary
 from abbench.sensors import open_device
 
 EMBEDDED = {"model": "synthetic:tiny"}
@@ -20,8 +21,9 @@ def result_of(tmp_path: Path, doc: object) -> CellResult:
 def test_a_usable_summary_gives_its_speed_and_fingerprint(tmp_path: Path) -> None:
     r = result_of(tmp_path, {"summary": {"tok/s": 12.5, "drift": float("nan")},
                              "fingerprint": "fp"})
-    assert r == CellResult(summary={"tok/s": 12.5, "drift": None}, fingerprint="fp",
-                           tokens_per_s=12.5)
+    assert r == CellResult(summary=RunSummary(tok_per_s=12.5, extra={"drift": None}),
+                           fingerprint="fp", tokens_per_s=12.5)
+    assert r.summary.to_json() == {"tok/s": 12.5, "drift": None}
 
 
 def test_a_speed_that_is_not_one_fails_the_cell(tmp_path: Path) -> None:
@@ -29,6 +31,8 @@ def test_a_speed_that_is_not_one_fails_the_cell(tmp_path: Path) -> None:
         r = result_of(tmp_path, {"summary": {"tok/s": bad}})
         assert r.tokens_per_s is None, bad
         assert r.error == f"it reported no usable throughput (tok/s = {bad!r})"
+        # The record keeps what the cell reported (JSON has no infinity: null).
+        assert r.summary.to_json() == {"tok/s": None if bad == float("inf") else bad}
     assert result_of(tmp_path, {"summary": {"tokens": 4}}).error is None  # no speed to judge
 
 

@@ -156,8 +156,11 @@ def test_plan_fields(tmp_path: Path) -> None:
     assert (plan.campaign, plan.spacing_s, plan.warmup_tokens, plan.device) == (
         "t", 12.5, 4, "sim:phone")
     assert plan.match.probe_tol == 0.05 and plan.match.max_gap_s == 900.0
-    assert plan.gate is not None and plan.gate["caps_at_max"] is True
-    assert plan.gate["cpu_temp_max_c"] is None and plan.gate["timeout_s"] == 600.0
+    assert plan.gate is not None and plan.gate.caps_at_max is True
+    assert plan.gate.cpu_temp_max_c is None and plan.gate.timeout_s == 600.0
+    on_disk = json.loads(json.dumps(plan.to_json()))
+    assert on_disk["gate"]["caps_at_max"] is True  # the JSON is as it was: a table
+    assert Plan.from_json(on_disk).gate == plan.gate  # and typed again when read
     assert plan_of(tmp_path).gate is None
 
 

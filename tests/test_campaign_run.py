@@ -95,7 +95,8 @@ def test_sentinel_repeats_the_work_exactly(three_cell_run) -> None:
     (history,) = list((tmp / "sentinels").glob("*.jsonl"))
     lines = [json.loads(x) for x in history.read_text().splitlines()]
     assert [x["cell"] for x in lines if "kind" not in x] == ["01-B", "03-B"]
-    # ... and the repeat, for the device's noise floor (DESIGN 5.2 step 5)
+    # ... and the repeat, for the device's noise floor
+    # (docs/formats.md#device-history-sentinelsdevicejsonl)
     (repeat,) = [x for x in lines if x.get("kind") == "repeat"]
     assert (repeat["first"], repeat["second"]) == ("01-B", "03-B")
     assert repeat["fingerprints_equal"] and repeat["matched"] is False

@@ -21,7 +21,7 @@ from abbench.engine.config import DEFAULT_PROMPT
 from abbench.errors import AbbenchError, CampaignFileError, format_key
 from abbench.records.toml import KeyLines, dump_value, parse
 
-# DESIGN.md 5.1, whole.
+# A campaign file with every table (docs/cells.md documents each).
 EXAMPLE = """\
 [campaign]
 name = "predict-4cell"

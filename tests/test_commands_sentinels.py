@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from abbench.cli import main
-from abbench.commands.sentinels import history, load
-from abbench.records import RepeatRecord
+from abbench.commands.sentinels import history
+from abbench.records import RepeatRecord, read_sentinels
 
 KEY_A = json.dumps({"cache_mb": 2000, "engine": "embedded"}, sort_keys=True)
 KEY_B = json.dumps({"cache_mb": 4000, "engine": "embedded"}, sort_keys=True)
@@ -39,7 +39,7 @@ def folder(tmp_path: Path) -> Path:
 
 
 def test_history_baseline_fraction_and_flag(folder: Path) -> None:
-    runs = load(folder / "phone.jsonl")
+    runs = read_sentinels(folder / "phone.jsonl")
     assert len(runs) == 4  # the line without a speed is skipped
     rows = history(runs, 0.9)[KEY_A]
     assert [(h.run.campaign, round(h.fraction, 3), h.opens_campaign, h.flagged)
@@ -102,3 +102,29 @@ def test_cli_shows_the_noise_floor_and_its_trend(folder: Path,
                       "30 df); per campaign:")
     assert out[2] == "    2026-05-28 20:28 UTC  cal-1  ±2.3% (3 cells, 2 df)"
     assert out[3].endswith("hot-1  no countable repeat (1 not comparable or unequal work)")
+
+
+def test_a_sentinel_line_round_trips_and_older_lines_still_read(tmp_path: Path) -> None:
+    from abbench.records import SentinelLine, append_jsonl
+
+    path = tmp_path / "phone.jsonl"
+    line = SentinelLine(device="phone", simulated=False, campaign="c", run="reports/c",
+                        cell="01-base", name="base", config_key=KEY_A, t_wall=5.0,
+                        tokens_per_s=4.0, fingerprint="sha256:00", entry={"t_wall": 5.0})
+    append_jsonl(path, line.to_json())
+    # an early campaign's line: no device, entry or fingerprint; the history names the device
+    append_jsonl(path, {"config_key": KEY_A, "tokens_per_s": 3.0})
+    assert read_sentinels(path) == [line, SentinelLine(
+        device="phone", simulated=False, campaign="?", run="", cell="?", name="?",
+        config_key=KEY_A, t_wall=0.0, tokens_per_s=3.0)]
+
+
+def test_a_malformed_sentinel_line_names_its_line(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "phone.jsonl").write_text(_line("c", "01-base", KEY_A, 1.0, 4.0) + "\n"
+                                   + json.dumps({"tokens_per_s": 4.0}) + "\n")
+    assert main(["sentinels", "--dir", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert f"{d / 'phone.jsonl'}:2: sentinel line is malformed (no `config_key`)" in err

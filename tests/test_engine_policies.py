@@ -1,4 +1,6 @@
-"""The expert-side policies through the CLI and the engine (DESIGN 3.4, 6.1, 6.2).
+"""The expert-side policies through the CLI and the engine
+(docs/engine.md#policies-all-off-by-default-each-prints-its-own-summary-line;
+their CSV counters and summary lines: docs/formats.md).
 
 Validation: every inconsistent combination of policy flags is a usage error (exit 2) naming
 the flag, before any work. Reporting: each policy prints its own summary line exactly when

@@ -301,8 +301,8 @@ def test_lines_carry_the_per_layer_sums(probed: RunResult) -> None:
 
 @pytest.mark.slow
 def test_default_preset_shape() -> None:
-    """DESIGN 3.1: on `default`, stale-gate clearly above prev-token, control at 100.0%, and
-    the first layers less predictable than the last."""
+    """On `default`, stale-gate clearly above prev-token, control at 100.0%, and the first
+    layers less predictable than the last (docs/engine.md#the-predictor-report---predict-log)."""
     p = subprocess.run(
         [sys.executable, "-m", "abbench", "engine", "run", "-m", "synthetic:default",
          "-n", "128", "--cache-mib", "384", "--predict-log"],

@@ -1,4 +1,4 @@
-"""Batched prefill (DESIGN 3.2): the prompt as one batch per layer.
+"""Batched prefill (docs/engine.md#how-a-token-is-computed): the prompt as one batch per layer.
 
 - Equal to token-by-token prefill up to float summation order: logits and every layer's
   keys and values within TOLERANCE of the token-by-token values (relative to their largest

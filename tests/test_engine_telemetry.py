@@ -178,9 +178,9 @@ def test_summary_lines_have_the_documented_shapes(result: RunResult) -> None:
         found[prefix] = m.groups()
     s = telemetry.summarize(result)
     assert int(found["generation:"][0]) == N
-    assert float(found["generation:"][2]) == pytest.approx(s["tok/s"], rel=1e-3, abs=1e-3)
-    assert float(found["moe-stream:"][0]) == pytest.approx(s["read_MiB"], abs=0.05)
-    assert float(found["moe-cache:"][0]) == pytest.approx(s["cache_hit_pct"], abs=0.05)
+    assert float(found["generation:"][2]) == pytest.approx(s.tok_per_s, rel=1e-3, abs=1e-3)
+    assert float(found["moe-stream:"][0]) == pytest.approx(s.read_mib, abs=0.05)
+    assert float(found["moe-cache:"][0]) == pytest.approx(s.cache_hit_pct, abs=0.05)
     # nothing armed: no prefetch, drop or predictor lines
     assert not [ln for ln in lines if ln.startswith(("moe-prefetch:", "moe-drop:", "moe-predict:"))]
 
@@ -254,14 +254,14 @@ def test_time_to_first_token_is_the_prefill_batch_and_decode_step_one(result: Ru
     s = telemetry.summarize(result)
     (batch,) = result.prefill
     assert batch.tokens == len(result.prompt_ids) - 1
-    assert s["ttft_s"] == pytest.approx((batch.wall_ms + result.decode[0].wall_ms) / 1e3)
-    assert s["prefill_tok/s"] == pytest.approx(len(result.prompt_ids) / s["ttft_s"])
-    assert f"TTFT {s['ttft_s']:.3f} s" in telemetry.summary_lines(result, s)[1]
+    assert s.ttft_s == pytest.approx((batch.wall_ms + result.decode[0].wall_ms) / 1e3)
+    assert s.prefill_tok_per_s == pytest.approx(len(result.prompt_ids) / s.ttft_s)
+    assert f"TTFT {s.ttft_s:.3f} s" in telemetry.summary_lines(result, s)[1]
     out = tmp_path / "run.csv"
     telemetry.write_csv(str(out), result)
     summary = next(ln for ln in out.read_text().splitlines() if ln.startswith("# summary "))
     pairs = dict(kv.split("=", 1) for kv in summary[len("# summary "):].split())
-    assert float(pairs["ttft_s"]) == pytest.approx(s["ttft_s"], abs=1e-4)
-    assert float(pairs["prefill_tok/s"]) == pytest.approx(s["prefill_tok/s"], rel=1e-3)
+    assert float(pairs["ttft_s"]) == pytest.approx(s.ttft_s, abs=1e-4)
+    assert float(pairs["prefill_tok/s"]) == pytest.approx(s.prefill_tok_per_s, rel=1e-3)
     doc = telemetry.json_doc(result)
     assert doc["prefill"]["tokens"] == [batch.tokens]

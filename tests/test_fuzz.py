@@ -1,5 +1,6 @@
-"""Fuzzing every parser of outside input (DESIGN 10): cells.toml, GGUF headers, bmoe CSVs,
-`.metrics`, `.state`, driver and engine logs, route traces, run folders and `abbench import`.
+"""Fuzzing every parser of outside input (docs/reliability.md#bad-input): cells.toml, GGUF
+headers, bmoe CSVs, `.metrics`, `.state`, driver and engine logs, route traces, run folders
+and `abbench import`.
 
 Each fuzzer feeds its parser real files (the reference runs in `shared/reference/bmoe`, the
 shipped campaigns, a synthetic GGUF) mutated by truncation, byte flips, insertions of hostile

@@ -1,4 +1,4 @@
-"""Engine gates (DESIGN 3.6): one synthetic model, many configurations, the same output.
+"""Engine gates (docs/engine.md#gates): one synthetic model, many configurations, the same output.
 
 Every configuration is compared with the resident baseline not only token for token but
 bit for bit along the way: each forward pass's router input, routing and logits are
@@ -7,7 +7,7 @@ differ, and the first forward pass, layer and token where the outputs parted. Ea
 has to show it did the thing it stands for (read bytes, evicted, missed, ...), so that no
 gate passes by comparing two runs that took the same path.
 
-The lossless policies (DESIGN 3.4) are gates too: `--prefetch K`, `--predict-log` and
+The lossless policies are gates too: `--prefetch K`, `--predict-log` and
 `--predict-prefetch` must give the resident run's output bit for bit, and also the output of
 the plain streamed run with the same cache (their partner); each must show it acted
 (speculative reads completed, predicted residents retained, the probe scored). The drop
@@ -15,7 +15,7 @@ policy is lossless only where it drops nothing: below any weight, at top-1, full
 
 Also here: the fingerprint is stable across runs of one configuration (and tells apart runs
 that did different work), `--n-expert-used 1` runs, and sampled synthetic text does not fall
-into a short loop (DESIGN 3.2).
+into a short loop.
 """
 
 from __future__ import annotations
@@ -359,7 +359,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], tuple[Any, ...]]] = {
     "speculating-cache": ({"cache_mib": SPECULATING}, (expect_speculating_cache,)),
     "overlap+speculating": ({"overlap": True, "cache_mib": SPECULATING},
                             (expect_speculating_cache,)),
-    # Lossless policies (DESIGN 3.4).
+    # Lossless policies.
     "prefetch=1": ({"prefetch": 1, "cache_mib": SPECULATING}, (expect_speculated,)),
     "prefetch=2": ({"prefetch": 2, "cache_mib": SPECULATING}, (expect_speculated,)),
     "prefetch=1+sync": ({"prefetch": 1, "prefetch_sync": True, "cache_mib": SPECULATING},
@@ -454,8 +454,8 @@ def assert_same_work(a: Run, b: Run) -> None:
 
 @pytest.mark.parametrize("variant", ["predict-log", "drop=1e-6", "drop=1e-6+prefill"])
 def test_inert_policy_does_the_same_work(model: Path, variant: str) -> None:
-    """The probe reads exactly the bytes an unprobed run does (DESIGN 3.4); a drop threshold
-    below every weight takes the same path as no dropping at all."""
+    """The probe reads exactly the bytes an unprobed run does (docs/engine.md#gates); a drop
+    threshold below every weight takes the same path as no dropping at all."""
     other = run(model, variant, **VARIANTS[variant][0])
     assert_same_work(partner(model, variant), other)
 
@@ -592,7 +592,7 @@ def test_gate_failure_names_what_differed(tiny_model: Path) -> None:
     assert "first numeric divergence: forward pass" in message
 
 
-# -- DESIGN 3.2: sampled synthetic text does not loop ---------------------------------------
+# -- sampled synthetic text does not loop (docs/engine.md#gates) ---------------------------
 
 
 def short_cycles(tokens: list[int] | tuple[int, ...], max_period: int = 15) -> dict[int, int]:
@@ -647,7 +647,7 @@ def test_short_cycles_definition() -> None:
 
 
 def test_sampled_text_has_no_short_cycle(small_model: Path) -> None:
-    """DESIGN 3.2: 128 tokens of `small` with default sampling contain no cycle shorter than 16."""
+    """128 tokens of `small` with default sampling contain no cycle shorter than 16."""
     cfg = EngineConfig(ignore_eos=True, model=str(small_model), n_tokens=128)  # the CLI's defaults
     r = execute("default sampling", cfg, small_model).result
     assert r.temp > 0, "the model file should ask for sampling (`general.sampling.temp`)"

@@ -88,7 +88,7 @@ def test_headerless_entry_state_from_metrics(tmp_path: Path) -> None:
     assert first.battery_temp_c == pytest.approx(38.1)
     assert first.mem_available_mib == pytest.approx(5761708 / 1024)
     assert first.caps_khz == {} and first.thermal_status is None  # not recorded: empty
-    assert journal[0].summary["tok/s"] == 2.366  # from the .log: the CSV has no summary
+    assert journal[0].summary.tok_per_s == 2.366  # from the .log: the CSV has no summary
     assert journal[2].entry.cpu_temp_c == pytest.approx(46.7)
 
 
@@ -181,7 +181,7 @@ def test_driver_log_gives_order_and_entry_state(tmp_path: Path) -> None:
     assert (b.entry.battery_temp_c, b.entry.mem_available_mib) == (33.0, 5000)
     assert a.entry.cpu_temp_c == 47.0  # the driver's entry state wins over .metrics
     assert a.tokens_per_s == pytest.approx(2 / 0.75)  # no summary, no .log: from the rows
-    assert a.summary["tokens"] == 2
+    assert a.summary.tokens == 2
 
 
 def test_timestamps_in_file_names_order(tmp_path: Path) -> None:
@@ -274,8 +274,9 @@ def test_state_and_metrics_and_logs_parse() -> None:
     assert parse_metrics("a=1\na=2\nb=\n# c\n") == {"a": 1.0, "b": None}
     (e,) = parse_driver_log("x ENTRY STATE: cell=A caps=policy0:1000,policy4:2000/3000")
     assert e.caps_khz == {"policy0": 1000, "policy4": 2000} and e.hw_max_khz == {"policy4": 3000}
-    assert parse_engine_log("generation: 3 tokens, 0.5 s/token (2.000 tok/s)")["tok/s"] == 2.0
-    assert parse_engine_log("nothing") == {}
+    log = parse_engine_log("generation: 3 tokens, 0.5 s/token (2.000 tok/s)")
+    assert log is not None and log.tok_per_s == 2.0
+    assert parse_engine_log("nothing") is None
 
 
 PARSERS = [parse_bmoe_csv, parse_metrics, parse_state, parse_driver_log, parse_engine_log]

@@ -1,6 +1,7 @@
 """Every folder in `shared/reference/bmoe/` imports with no option, and its report agrees with
 the authors' own tables there (`pr23-2026-07-12/summary.md`, `matrix-2026-07-13/summary.md`):
-tok/s, hit rate, device pressure; the order and time sources are stated (DESIGN 6.3)."""
+tok/s, hit rate, device pressure; the order and time sources are stated
+(docs/import.md#provenance-measured-derived-unknown)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`abbench import` tells the truth (DESIGN 6.3): constructed folders in the field's real
+"""`abbench import` tells the truth (docs/import.md): constructed folders in the field's real
 variants — unit-suffixed, banner-named entry lines, several driver logs, bytes that are not
 UTF-8, stray logs, no order, unknown gaps, caps without a hardware maximum, arms from the
 preamble, several models — and what the report may and may not say of them."""

@@ -1,5 +1,6 @@
-"""Parity with llama.cpp (DESIGN 11), against binaries built from source (tests/llamacpp.py:
-the first run builds them, about 5 minutes on 2 cores, then they are cached).
+"""Parity with llama.cpp (docs/engine.md#tokens), against binaries built from source
+(tests/llamacpp.py: the first run builds them, about 5 minutes on 2 cores, then they are
+cached).
 
 - The same text gives the same token ids as `llama-tokenize` on the same file, with the
   synthetic SentencePiece vocabulary and with the synthetic byte-level BPE one (`gpt2`,

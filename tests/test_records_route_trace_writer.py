@@ -1,6 +1,6 @@
-"""`--route-trace FILE` (DESIGN 6.4): the preamble, one row per routed expert, and rows that
-agree with what the engine did — the router's choice, hits and misses, speculative hits,
-drops — and nothing at FILE when the run fails.
+"""`--route-trace FILE` (docs/formats.md#route-trace-route_trace-v1): the preamble, one row
+per routed expert, and rows that agree with what the engine did — the router's choice, hits
+and misses, speculative hits, drops — and nothing at FILE when the run fails.
 
 Sizes in the preamble are checked against the model file as the `gguf` package reads it,
 not through the engine's own parser.

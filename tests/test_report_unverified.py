@@ -1,5 +1,5 @@
 """Imported runs (no device state): adjacent pairs get ratios in their own table, never a
-verdict (DESIGN 7)."""
+verdict (docs/report.md#in-the-order-to-read-it)."""
 
 from __future__ import annotations
 

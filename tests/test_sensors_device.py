@@ -21,7 +21,7 @@ PHONE = FIXTURES / "android-qwen"
 LAPTOP = FIXTURES / "linux-laptop"
 LAPTOP_POWER = FIXTURES / "laptop-power"
 
-# the flat keys the campaign relies on (DESIGN 4 / the interface brief)
+# the flat keys the campaign relies on (docs/sensors.md#keys)
 PHONE_KEYS = {
     "cpu.policy0.cap_khz", "cpu.policy0.hw_max_khz", "cpu.policy0.cur_khz",
     "cpu.policy6.cap_khz", "cpu.policy6.hw_max_khz", "cpu.policy6.cur_khz",

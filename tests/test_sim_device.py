@@ -211,8 +211,9 @@ def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> No
 
 
 def test_the_speed_probe_runs_for_real_and_is_throttled_like_a_cell(sim) -> None:
-    # DESIGN 8: the probe on a simulated device is a real process that the device
-    # duty-cycles, so it sees the simulated caps and the host's own load.
+    # The probe on a simulated device is a real process that the device
+    # duty-cycles, so it sees the simulated caps and the host's own load
+    # (docs/sensors.md#the-simulated-device-simprofile).
     from abbench.sensors.probe import ProbeWorker
 
     dev, _ = sim("phone")

@@ -1,4 +1,5 @@
-"""cells/thermal-demo*.toml tell the seed's story on the simulated phone (DESIGN 8).
+"""cells/thermal-demo*.toml tell the seed's story on the simulated phone
+(docs/worked-example.md).
 
 The shipped campaign files run as they are, but on the small model and on a copy of the
 `phone` profile whose time scale is set from how long each configuration's cell takes on

@@ -213,8 +213,9 @@ def _read_decisions(plan: Plan, cells: list[CellStats],
 
 def reconcile(d: Decision, drift: tuple[Drift, ...], matches: dict[tuple[int, int], PairMatch],
               cells: list[CellStats], noise: Noise) -> Decision:
-    """A decision beside the drift its campaign showed (DESIGN 7: a report never shows
-    device drift and a verdict from the same cells without saying how they square)."""
+    """A decision beside the drift its campaign showed: a report never shows device drift and
+    a verdict from the same cells without saying how they square (docs/method.md#two-levels,
+    "Drift and verdicts square")."""
     moved = [x for x in drift if x.verdict == "drift"]
     if not moved or not d.pairs:
         return d

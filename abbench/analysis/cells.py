@@ -26,7 +26,15 @@ from abbench.analysis.stats import (
     seed_for,
     tokens_per_s,
 )
-from abbench.records import CellRecord, PlannedCell, Sample, config_key, keys, read_cell_files
+from abbench.records import (
+    CellRecord,
+    PlannedCell,
+    RunSummary,
+    Sample,
+    config_key,
+    keys,
+    read_cell_files,
+)
 
 CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
 
@@ -105,7 +113,7 @@ class CellStats:
         return np.asarray(self.wall_ms, dtype=float)
 
 
-STABILITY_WINDOW_TOKENS = 32  # tokens per window of the stability ratio (DESIGN 12)
+STABILITY_WINDOW_TOKENS = 32  # tokens per window of the stability ratio (docs/report.md#method)
 
 
 def stability_ratio(wall_ms: np.ndarray, window: int = STABILITY_WINDOW_TOKENS) -> float | None:
@@ -129,9 +137,9 @@ def _per_token_mean(cols: dict[str, list[float]], key: str, start: int) -> float
     return float(np.mean(np.asarray(v[start:], dtype=float)))
 
 
-def _num(d: dict[str, Any], key: str) -> float | None:
-    v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+def _float(v: float | None) -> float | None:
+    """A summary's figure as a float (a count may be written as an integer)."""
+    return None if v is None else float(v)
 
 
 def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
@@ -215,13 +223,14 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
                          notes=("not in the journal",), config_key=config_key(planned.config))
     notes: list[str] = []
     cols, source, doc = read_cell_files(run / "cells" / record.label)
-    summary = record.summary or (doc.get("summary") if isinstance(doc.get("summary"), dict)
-                                 else {}) or {}
+    summary = record.summary if record.summary.keys else RunSummary.from_json(
+        doc.get("summary", {}))
     wall = np.asarray(cols.get("wall_ms", []), dtype=float)
     repetitions = doc.get("samples") == "repetitions"
     if repetitions:  # llama-bench: each repetition is one sample (and one stability window)
         warmup = 0  # (it warms up itself); ms per token of each, not per-token times
-        notes.append(f"{len(wall)} repetitions of {summary.get('tokens_per_repetition', '?')} "
+        each = summary.tokens_per_repetition
+        notes.append(f"{len(wall)} repetitions of {'?' if each is None else each} "
                      "tokens (llama-bench) are the samples: no per-token times")
     extra = doc.get("notes")
     notes += [n for n in extra if isinstance(n, str)] if isinstance(extra, list) else []
@@ -241,8 +250,8 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         p95_ms=percentile(steady, 95) if len(steady) else None,
         **_work_per_token(cols, start, steady, summary, doc),
         during=_with_metrics(device_during(record, samples), doc),
-        peak_rss_mib=peak_kb / 1024 if peak_kb is not None else _num(summary, "peak_rss_MiB"),
-        prefill_tok_s=_num(summary, "prefill_tok/s"), ttft_s=_num(summary, "ttft_s"),
+        peak_rss_mib=peak_kb / 1024 if peak_kb is not None else _float(summary.peak_rss_mib),
+        prefill_tok_s=_float(summary.prefill_tok_per_s), ttft_s=_float(summary.ttft_s),
         notes=tuple(notes),
         wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
         log_rate=log_rate(steady) if len(steady) >= 2 else None,
@@ -254,7 +263,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
 
 
 def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
-          summary: dict[str, Any], source: str, notes: list[str]) -> tuple[Interval | None, str]:
+          summary: RunSummary, source: str, notes: list[str]) -> tuple[Interval | None, str]:
     """The steady window's tokens/s with its interval; without per-token times the
     summary's figure (warm-up included, no interval). Says why in `notes` when either falls
     short; gives the source the rate came from."""
@@ -265,12 +274,13 @@ def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
                      f"tokens: no steady window")
     if record.status != "ok":
         return None, source
-    tps = record.tokens_per_s if record.tokens_per_s is not None else _num(summary, "tok/s")
+    tps = record.tokens_per_s if record.tokens_per_s is not None else _float(
+        summary.tok_per_s)
     if tps is None:
         notes.append("no throughput recorded")
         return None, source
     if source == "none":
-        if summary.get("engine") == "llama-completion":
+        if summary.engine == "llama-completion":
             notes.append("llama-completion gives no per-token times: tok/s from its `eval "
                          "time` line (the decode after the first token), no interval within "
                          "the cell; only the cell-level statistics carry a verdict on it")
@@ -282,7 +292,7 @@ def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
 
 
 def _work_per_token(cols: dict[str, list[float]], start: int, steady: np.ndarray,
-                    summary: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+                    summary: RunSummary, doc: dict[str, Any]) -> dict[str, Any]:
     """The work measures of `CellStats` (reads, cache, stalls, compute, faults, occupancy,
     drops, speculation, threads): the steady window's per-token means where the cell
     recorded per-token columns, else its summary's figures, else None."""
@@ -290,13 +300,13 @@ def _work_per_token(cols: dict[str, list[float]], start: int, steady: np.ndarray
     def mean(key: str) -> float | None:
         return _per_token_mean(cols, key, start)
 
-    def per_token_or(key: str, summary_key: str, scale: float = 1.0) -> float | None:
+    def per_token_or(key: str, figure: float | None, scale: float = 1.0) -> float | None:
         value = mean(key)
-        if value is None and (s := _num(summary, summary_key)) is not None:
-            value = scale * s
+        if value is None and figure is not None:
+            value = scale * float(figure)
         return value
 
-    threads = summary.get("threads") if isinstance(summary.get("threads"), int) else None
+    threads = summary.threads
     if threads is None and isinstance(doc.get("resolved"), dict):
         t = doc["resolved"].get("threads")
         threads = t if isinstance(t, int) else None
@@ -307,22 +317,22 @@ def _work_per_token(cols: dict[str, list[float]], start: int, steady: np.ndarray
     occ: float | None = None
     if cpu_ms is not None and len(steady) and threads:
         occ = cpu_ms / (float(np.mean(steady)) * threads)
-    elif _num(summary, "cpu_occupancy") is not None:
-        occ = _num(summary, "cpu_occupancy")
+    elif summary.cpu_occupancy is not None:
+        occ = float(summary.cpu_occupancy)
     routed, dropped = mean("experts_routed"), mean("experts_dropped")
     if routed is None:
-        routed, dropped = _num(summary, "experts_routed"), _num(summary, "experts_dropped")
+        routed, dropped = _float(summary.experts_routed), _float(summary.experts_dropped)
     spec = mean("spec_read_bytes")
     se, su = mean("spec_experts"), mean("spec_useful")
     if se is None:
-        se, su = _num(summary, "spec_experts"), _num(summary, "spec_useful")
+        se, su = _float(summary.spec_experts), _float(summary.spec_useful)
     return {
         "read_mib_per_token": read / 2**20 if read is not None
-        else _num(summary, "read_MiB/tok"),
+        else _float(summary.read_mib_per_tok),
         "hit_pct": _hit_pct(mean("hits"), mean("misses"), cols, summary),
-        "stall_ms_per_token": per_token_or("stall_ms", "stall_s/tok", 1000.0),
-        "compute_ms_per_token": per_token_or("compute_ms", "compute_s/tok", 1000.0),
-        "majflt_per_token": per_token_or("majflt", "majflt/tok"),
+        "stall_ms_per_token": per_token_or("stall_ms", summary.stall_s_per_tok, 1000.0),
+        "compute_ms_per_token": per_token_or("compute_ms", summary.compute_s_per_tok, 1000.0),
+        "majflt_per_token": per_token_or("majflt", summary.majflt_per_tok),
         "cpu_occupancy": occ,
         "drop_rate": dropped / routed if routed and dropped is not None else None,
         "spec_read_mib_per_token": spec / 2**20 if spec is not None else None,
@@ -332,13 +342,13 @@ def _work_per_token(cols: dict[str, list[float]], start: int, steady: np.ndarray
 
 
 def _hit_pct(hits: float | None, misses: float | None, cols: dict[str, list[float]],
-             summary: dict[str, Any]) -> float | None:
+             summary: RunSummary) -> float | None:
     if hits is not None and misses is not None and hits + misses > 0:
         return 100.0 * hits / (hits + misses)
     # The seed engine's per-token `cache_hit_pct` is cumulative: the run's figure is its
     # summary's, else the column's last value (a mean would weigh the cold start);
     # negative means the cache was off.
-    hit = _num(summary, "cache_hit_pct")
+    hit = _float(summary.cache_hit_pct)
     last = [v for v in cols.get("cache_hit_pct", []) if math.isfinite(v)]
     if hit is None and last:
         hit = last[-1]

@@ -1,5 +1,5 @@
 """Decisions: the campaign's release questions answered from matched pairs only, with the
-cell as the unit of evidence (DESIGN section 7, docs/method.md).
+cell as the unit of evidence (docs/method.md#the-cell-is-the-unit-of-evidence).
 
 For `candidate` vs `baseline`, every (candidate cell, baseline cell) combination is a
 comparison. Only comparable pairs (matched, or — when the run holds no device state at

@@ -1,5 +1,5 @@
-"""Mean power and energy per token of one cell (DESIGN 12), from the samples the sampler
-tagged with the cell.
+"""Mean power and energy per token of one cell, from the samples the sampler tagged with the
+cell (docs/sensors.md#power-and-energy).
 
 Sources, best first:
 

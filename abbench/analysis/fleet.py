@@ -1,5 +1,5 @@
 """A fleet's verdicts: each device's campaign decides on its own; devices are then a level
-above cells (DESIGN 13, docs/fleet.md).
+above cells (docs/fleet.md#the-fleet-report).
 
 For one question (candidate vs baseline), every device whose campaign gave a ratio with a
 standard error contributes its log ratio y_i and variance v_i = se_i^2. The devices are

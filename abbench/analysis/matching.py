@@ -1,4 +1,4 @@
-"""Matched pairs (DESIGN section 1): two cells the campaign may compare.
+"""Matched pairs (docs/method.md#what-a-matched-pair-is): two cells the campaign may compare.
 
 A pair is matched when every criterion below holds; a criterion whose sensor recorded
 nothing for either cell is "not measured" and neither holds nor fails. A sensor gap fails

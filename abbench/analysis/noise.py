@@ -1,4 +1,5 @@
-"""Cell-to-cell noise (DESIGN section 7): how far the next identical cell lands.
+"""Cell-to-cell noise: how far the next identical cell lands
+(docs/method.md#the-cell-is-the-unit-of-evidence).
 
 A *repeat group* is a set of cells of one configuration (`records.config_key`) that did
 equal work (equal fingerprints) and are *comparable* to each other: every device criterion

@@ -52,8 +52,8 @@ class SpeedIndex:
 
     def _seconds(self) -> float:
         """On a simulated device the probe runs for real in a child process that the device
-        throttles like a cell (DESIGN 8): it sees the simulated caps and the host's own
-        load, as a real device's probe would."""
+        throttles like a cell: it sees the simulated caps and the host's own load, as a
+        real device's probe would (docs/sensors.md#the-simulated-device-simprofile)."""
         if not self.device.simulated:
             return speed_probe()
         if self._worker is None:

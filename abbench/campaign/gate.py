@@ -14,12 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from abbench.campaign.tables import GateTable
-from abbench.records import GateWait, keys
+from abbench.records import GateSpec, GateWait, keys
 from abbench.sensors import Device
-
-# The `[gate]` table as validated by the schema is the gate's configuration.
-GateSpec = GateTable
 
 
 def unmet(spec: GateSpec, values: dict[str, Any], probe_index: float | None) -> list[str]:

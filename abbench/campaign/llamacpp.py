@@ -1,5 +1,5 @@
-"""Cells that run llama.cpp's own tools (DESIGN 11): what a `llama-bench` or
-`llama-completion` cell is, the binary it runs, and its command line.
+"""Cells that run llama.cpp's own tools (docs/cells.md#llamacpp-cells): what a
+`llama-bench` or `llama-completion` cell is, the binary it runs, and its command line.
 
 A cell's `[cells.NAME.llama]` table holds llama.cpp options under llama.cpp's own names,
 mapped to flags by one rule: a key written with its dashes (`"-nr" = true`) is the flag;

@@ -16,7 +16,6 @@ fails the cell (with the reason in its journal line) and never the campaign.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,13 @@ from abbench.campaign.llamacpp import TOOLS
 from abbench.errors import AbbenchError, CellOutputError, ForeignRunError
 from abbench.records.bmoe_csv import parse_bmoe_csv, run_summary, work_fingerprint
 from abbench.records.llamacpp import bench_summary, completion_summary, parse_bench_jsonl
-from abbench.records.summary import read_engine_json, read_generation
+from abbench.records.summary import (
+    RunSummary,
+    finite,
+    read_engine_json,
+    read_generation,
+    usable_throughput,
+)
 from abbench.sensors import Device
 
 
@@ -34,7 +39,7 @@ class CellResult:
     """What a finished cell's output gave: its summary (non-finite numbers as None), the
     work fingerprint, its tokens/s, and why the cell failed (None: it did not)."""
 
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: RunSummary = field(default_factory=RunSummary)
     fingerprint: str | None = None
     tokens_per_s: float | None = None
     error: str | None = None
@@ -48,26 +53,10 @@ def read_result(cfg: dict[str, Any], out: Path, device: Device) -> CellResult:
         return CellResult(error=e.message)
     except Exception as e:  # noqa: BLE001 — garbage output must not end the campaign
         return CellResult(error=f"its output could not be read ({type(e).__name__}: {e})")
-    tps = summary.get("tok/s")
-    speed: float | None = None
-    if isinstance(tps, (int, float)) and not isinstance(tps, bool) and 0 < tps < math.inf:
-        speed = float(tps)
-    error = None
-    if "tok/s" in summary and speed is None:
-        error = f"it reported no usable throughput (tok/s = {tps!r})"
-    return CellResult(summary=_finite(summary),  # NaN is garbage in a record, and not JSON
-                      fingerprint=fingerprint, tokens_per_s=speed, error=error)
-
-
-def _finite(value: Any) -> Any:
-    """`value` with every non-finite float (NaN, inf) replaced by None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
+    speed, unusable = usable_throughput(summary)
+    error = f"it reported no usable throughput ({unusable})" if unusable else None
+    return CellResult(summary=RunSummary.from_json(summary), fingerprint=fingerprint,
+                      tokens_per_s=speed, error=error)
 
 
 def read_cell_output(
@@ -106,7 +95,7 @@ def _llama(tool: str, out: Path) -> tuple[dict[str, Any], str | None]:
         stderr = (out / "stderr.txt").read_text(encoding="utf-8", errors="replace")
         summary, fingerprint, note = completion_summary(stdout, stderr)
         doc = {"summary": summary, "fingerprint": fingerprint, "notes": [note] if note else []}
-    (out / "summary.json").write_text(json.dumps(_finite(doc)) + "\n", encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(finite(doc)) + "\n", encoding="utf-8")
     return summary, fingerprint
 
 
@@ -130,6 +119,6 @@ def summarize_bmoe_csv(text: str, name: str) -> tuple[dict[str, Any], str | None
     except ForeignRunError as e:
         raise CellOutputError(f"not a bmoe_metrics CSV: {e.message}") from None
     summary = run_summary(run)
-    if "tok/s" not in summary:
+    if RunSummary.from_json(summary).tok_per_s is None:  # a `# summary` tok/s is a number
         raise CellOutputError(f"{name}: no token rows and no `# summary` line")
     return summary, work_fingerprint(run)

@@ -28,7 +28,7 @@ from abbench.campaign.schema import TOML_KEY, CampaignSpec
 from abbench.campaign.tables import CELL_DEFAULTS, MAX_CELLS
 from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError
-from abbench.records import DecisionSpec, MatchSpec, Plan, PlannedCell, Sequential
+from abbench.records import DecisionSpec, GateSpec, MatchSpec, Plan, PlannedCell, Sequential
 from abbench.sim.profile import load_profile
 from abbench.textsafe import shown
 
@@ -98,7 +98,7 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
         warmup_tokens=c.warmup_tokens, device=spec.device.transport,
         decisions=tuple(DecisionSpec(**asdict(d)) for d in spec.decisions),
         match=MatchSpec(**asdict(spec.match)),
-        gate=asdict(spec.gate) if spec.gate is not None else None,
+        gate=GateSpec(**asdict(spec.gate)) if spec.gate is not None else None,
         sequential=sequential, planned_cells=len(cells) if sequential else None,
     )
 
@@ -219,10 +219,9 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
                      f"until every decision is GO or NO-GO, within {budget}; each look "
                      "spends part of the 5% error rate (docs/method.md)")
     if plan.gate is not None:
-        conditions = {k: v for k, v in plan.gate.items()
-                      if k not in ("poll_s", "timeout_s") and v not in (None, False)}
+        conditions = {k: getattr(plan.gate, k) for k in plan.gate.conditions()}
         lines.append(f"gate before each cell: {_keys(conditions, list(conditions))} "
-                     f"(gives up after {plan.gate['timeout_s']:g} s"
+                     f"(gives up after {plan.gate.timeout_s:g} s"
                      + (" simulated" if scale != 1.0 else "") + ")")
     lines.append(_duration_line(plan, estimates, scale, tok_per_s))
     return [shown(x) for x in lines]  # a transport, a command, a name from a plan.json

@@ -16,6 +16,7 @@ from abbench.records import (
     CellRecord,
     Plan,
     PlannedCell,
+    SentinelLine,
     append_jsonl,
     config_key,
     history_file,
@@ -30,16 +31,15 @@ def append_sentinel(sentinels_dir: Path, device: Device, plan: Plan, folder: Pat
     """Append a finished cell's line if it is a sentinel or the cell one repeats (a failed
     cell has no speed to follow: it appends none)."""
     is_twin = any(c.sentinel_of == cell.index for c in plan.cells)
-    if (cell.sentinel_of is None and not is_twin) or record.status != "ok":
+    if (cell.sentinel_of is None and not is_twin) or record.status != "ok" \
+            or not (record.tokens_per_s or 0) > 0:
         return
     sentinels_dir.mkdir(parents=True, exist_ok=True)
-    append_jsonl(history_file(sentinels_dir, device.name), {
-        "device": device.name, "simulated": device.simulated,
-        "campaign": plan.campaign, "run": str(folder), "cell": cell.label,
-        "name": cell.name, "config_key": config_key(cell.config),
-        "t_wall": record.t_start_wall, "tokens_per_s": record.tokens_per_s,
-        "fingerprint": record.fingerprint, "entry": record.entry.to_json(),
-    })
+    append_jsonl(history_file(sentinels_dir, device.name), SentinelLine(
+        device=device.name, simulated=device.simulated, campaign=plan.campaign,
+        run=str(folder), cell=cell.label, name=cell.name, config_key=config_key(cell.config),
+        t_wall=record.t_start_wall, tokens_per_s=record.tokens_per_s,
+        fingerprint=record.fingerprint, entry=record.entry.to_json()).to_json())
 
 
 def resend_sentinels(sentinels_dir: Path, device: Device, plan: Plan, folder: Path) -> None:

@@ -16,7 +16,7 @@ from abbench.campaign._check import fail, in_range
 from abbench.campaign.llamacpp import TOOLS, LlamaCell
 from abbench.engine.config import EngineConfig
 from abbench.errors import Key
-from abbench.records import DecisionSpec, MatchSpec
+from abbench.records import DecisionSpec, GateSpec, MatchSpec
 from abbench.records.plan import EXPECT, METRICS
 from abbench.records.schema import did_you_mean, show
 from abbench.records.toml import dump_value
@@ -154,16 +154,9 @@ class FleetTable:
 
 
 @dataclass(frozen=True)
-class GateTable:
-    """`[gate]`: before each cell, wait until every condition set holds (or `timeout_s`)."""
-
-    cpu_temp_max_c: float | None = None
-    battery_temp_max_c: float | None = None
-    mem_available_min_mib: float | None = None
-    caps_at_max: bool = False
-    probe_min: float | None = None
-    poll_s: float = 5.0
-    timeout_s: float = 600.0
+class GateTable(GateSpec):
+    """`[gate]`: before each cell, wait until every condition set holds (or `timeout_s`);
+    the fields and defaults are the plan's `GateSpec`, the file's ranges are checked here."""
 
     def __post_init__(self) -> None:
         for key, value, top in (("cpu_temp_max_c", self.cpu_temp_max_c, 150),
@@ -182,13 +175,6 @@ class GateTable:
             fail((), "sets no condition",
                  tip="set one of `cpu_temp_max_c`, `battery_temp_max_c`, "
                  "`mem_available_min_mib`, `caps_at_max = true`, `probe_min`, or remove it")
-
-    def conditions(self) -> list[str]:
-        """The conditions this gate waits for, by key."""
-        thresholds = ("cpu_temp_max_c", "battery_temp_max_c", "mem_available_min_mib",
-                      "probe_min")
-        found = [k for k in thresholds if getattr(self, k) is not None]
-        return [*found, "caps_at_max"] if self.caps_at_max else found
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`abbench calibrate`: an A/A campaign whose repeats record the device's cell-to-cell noise
-floor in its history (DESIGN 7), on the quickstart's B or under a campaign file's
-conditions (`--like`)."""
+floor in its history, on the quickstart's B or under a campaign file's conditions (`--like`):
+docs/method.md#the-cell-is-the-unit-of-evidence."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def calibration_toml(device: str, cells: int, model: str, spacing_s: float,
                      probe_tol: float, warmup: int) -> str:
     """An A/A campaign: `cells` runs of the quickstart's B on `device`."""
     lines = ["# abbench calibrate: an A/A campaign whose repeats measure the device's",
-             "# cell-to-cell noise (DESIGN 7). Every cell is the same configuration.", ""]
+             "# cell-to-cell noise (docs/method.md). Every cell is the same configuration.", ""]
     lines += dump_table(["campaign"], {"name": "calibrate", "spacing_s": spacing_s,
                                        "order": ["B"] * cells, "warmup_tokens": warmup})
     lines += ["", *dump_table(["device"], {"transport": device})]

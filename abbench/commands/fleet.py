@@ -1,6 +1,6 @@
 """`abbench fleet FILE [--device T ...] [--address A] [--out DIR] [--dry-run]`, `abbench
 fleet --resume FLEET` and `abbench fleet --report FLEET`: one campaign on many devices,
-on Ray (DESIGN 13, docs/fleet.md)."""
+on Ray (docs/fleet.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`abbench sentinels [DEVICE]`: each device's noise floor and sentinel speeds over time
-(DESIGN 7).
+(docs/import.md#sentinel-history-abbench-sentinels-device---dir-sentinels---threshold-09).
 
 The campaign runner appends every sentinel run (and the run it repeats) to
 `sentinels/DEVICE.jsonl`, one JSON object a line: device, simulated, campaign, run, cell,
@@ -26,55 +26,23 @@ from pathlib import Path
 from typing import Any
 
 from abbench.analysis.noise import HISTORY_MAX_DF, history_floor
-from abbench.errors import RecordError, UsageError
-from abbench.records import RepeatRecord, read_jsonl, read_repeats
+from abbench.errors import UsageError
+from abbench.records import RepeatRecord, SentinelLine, read_repeats, read_sentinels
 from abbench.report.text import describe_configs
 from abbench.textsafe import shown
 
 
 @dataclass(frozen=True)
-class SentinelRun:
-    device: str
-    config_key: str
-    name: str
-    campaign: str
-    cell: str
-    t_wall: float
-    tokens_per_s: float
-    simulated: bool = False
-
-
-@dataclass(frozen=True)
 class HistoryRow:
-    run: SentinelRun
+    run: SentinelLine
     fraction: float  # of the configuration's cool baseline
     opens_campaign: bool  # the campaign's first sentinel of this configuration
     flagged: bool  # opens the campaign below the threshold
 
 
-def load(path: Path) -> list[SentinelRun]:
-    """A device's history file; lines without a speed (a failed cell) are skipped."""
-    out = []
-    for n, d in enumerate(read_jsonl(path), 1):
-        if d.get("kind") == "repeat":
-            continue
-        tps = d.get("tokens_per_s")
-        if not isinstance(tps, (int, float)) or isinstance(tps, bool) or not tps > 0:
-            continue
-        try:
-            out.append(SentinelRun(
-                device=str(d.get("device") or path.stem), config_key=str(d["config_key"]),
-                name=str(d.get("name", "?")), campaign=str(d.get("campaign", "?")),
-                cell=str(d.get("cell", "?")), t_wall=float(d.get("t_wall") or 0.0),
-                tokens_per_s=float(tps), simulated=bool(d.get("simulated", False))))
-        except (KeyError, TypeError, ValueError) as e:
-            raise RecordError(f"{path}: sentinel record {n} is malformed ({e})") from None
-    return out
-
-
-def history(runs: list[SentinelRun], threshold: float) -> dict[str, list[HistoryRow]]:
+def history(runs: list[SentinelLine], threshold: float) -> dict[str, list[HistoryRow]]:
     """Rows per configuration key, oldest first."""
-    by_config: dict[str, list[SentinelRun]] = defaultdict(list)
+    by_config: dict[str, list[SentinelLine]] = defaultdict(list)
     for r in runs:
         by_config[r.config_key].append(r)
     out = {}
@@ -122,7 +90,7 @@ def floor_lines(repeats: list[RepeatRecord]) -> list[str]:
     return lines
 
 
-def render(device: str, runs: list[SentinelRun], threshold: float,
+def render(device: str, runs: list[SentinelLine], threshold: float,
            repeats: list[RepeatRecord] | None = None) -> list[str]:
     simulated = " (simulated)" if any(r.simulated for r in runs) else ""
     lines = [f"device {device}{simulated}"]
@@ -178,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                          tip="campaigns with sentinels write one; or point --dir at it")
     out: list[str] = []
     for f in files:
-        runs = load(f)
+        runs = read_sentinels(f)
         repeats = read_repeats(f)
         if not runs and not repeats:
             out.append(f"device {f.stem}: no sentinel with a speed yet")

@@ -485,7 +485,8 @@ class ExpertRunner:
 
     def prefill(self, layer: int, x: np.ndarray, ids: np.ndarray,
                 weights: np.ndarray) -> np.ndarray:
-        """The MoE output of a batch of prompt tokens at one layer (DESIGN 3.2).
+        """The MoE output of a batch of prompt tokens at one layer (prefill: see
+        docs/engine.md#how-a-token-is-computed).
 
         x: (n, d) normalised inputs; ids, weights: (n, k) each token's routing. The union of
         the kept experts is looked up and read once for the whole batch (one lookup each, as

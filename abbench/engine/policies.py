@@ -1,4 +1,5 @@
-"""The expert-side policies (DESIGN 3.4) as plain decisions, all off by default.
+"""The expert-side policies as plain decisions, all off by default
+(docs/engine.md#policies-all-off-by-default-each-prints-its-own-summary-line).
 
 *Dropping* (`--drop-cold-experts F`): a routed expert that is not resident and weighs less
 than F/k is skipped unread — never the routing's top expert — and the survivors carry the

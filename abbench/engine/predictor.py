@@ -108,7 +108,7 @@ class RouteTally:
     rows are compared in one set of numpy calls — `Score.add`'s set logic, vectorised
     (routings are distinct experts, so a predictor's slots named are the equal pairs
     between its k ids and the routing's). A decode step then pays for recording, not for
-    the comparisons: that is what P3 measures (DESIGN 9).
+    the comparisons: that is what P3 measures (docs/benches.md#the-bars).
     """
 
     ROWS = 1024  # 64 tokens of a 16-layer model

@@ -1,10 +1,11 @@
 """One engine run: load a model for streaming, prefill a prompt, decode N tokens, measure each.
 
-Prompt tokens but the last run as one batch per layer (`phase=0`, DESIGN 3.2; one record
+Prompt tokens but the last run as one batch per layer (`phase=0`; one record
 per batch of up to PREFILL_BATCH tokens); decode step i feeds the newest token and samples
 the next (`phase=1`), so N decode steps produce N tokens, each one forward pass — step 1
 feeds the prompt's last token, and time to first token is prefill plus step 1. Timing
 covers each pass and sampling; counters of what the expert side did are collected per pass.
+How a token is computed: docs/engine.md#how-a-token-is-computed.
 """
 
 from __future__ import annotations

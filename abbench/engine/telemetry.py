@@ -21,8 +21,8 @@ from abbench.engine.experts import MIB
 from abbench.engine.predictor import predict_lines_from_dict
 from abbench.engine.session import RunResult, TokenRecord
 from abbench.fsutil import atomic_write_text
-from abbench.records.bmoe_csv import format_bmoe_csv
-from abbench.records.summary import JSON_FORMAT, generation_line
+from abbench.records.bmoe_csv import CACHE_BUDGET, format_bmoe_csv, trailer
+from abbench.records.summary import JSON_FORMAT, RunSummary, generation_line
 
 CSV_COLUMNS = [
     "step", "steps", "wall_ms", "io_ms", "compute_ms", "read_bytes", "cache_hit_pct",
@@ -51,7 +51,7 @@ def fingerprint(result: RunResult) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def summarize(result: RunResult) -> dict[str, Any]:
+def summarize(result: RunResult) -> RunSummary:
     dec = result.decode
     pre = result.prefill
     n = len(dec)
@@ -72,77 +72,77 @@ def summarize(result: RunResult) -> dict[str, Any]:
     prefill_s = sum(r.wall_ms for r in pre) / 1e3
     ttft_s = prefill_s + (dec[0].wall_ms / 1e3 if dec else 0.0)
 
-    return {
-        "tokens": n,
-        "s/tok": per_tok(wall),
-        "tok/s": n / wall if wall > 0 else 0.0,
-        "read_MiB": read / MIB,
-        "read_MiB/tok": per_tok(read / MIB),
-        "io_s": io_s,
-        "io_s/tok": per_tok(io_s),
-        "bandwidth_MiB/s": read / MIB / io_s if io_s > 0 else 0.0,
-        "compute_s/tok": per_tok(sum(r.compute_ms for r in dec) / 1e3),
-        "mgmt_s/tok": per_tok(sum(r.mgmt_ms for r in dec) / 1e3),
-        "stall_s/tok": per_tok(sum(r.stall_ms for r in dec) / 1e3),
-        "cache_hit_pct": 100.0 * hits / (hits + misses) if hits + misses else 0.0,
-        "hits": hits,
-        "misses": misses,
-        "evictions": sum(r.evictions for r in dec),
-        "cache_resident_MiB": result.resident_mib,
-        "cache_budget_MiB": result.cache_budget_mib,
-        "majflt/tok": per_tok(sum(r.majflt for r in dec)),
-        "cpu_s/tok": per_tok(cpu_s),
-        "cpu_occupancy": cpu_s / (wall * result.threads) if wall > 0 else 0.0,
-        "peak_rss_MiB": result.peak_rss_mib,
-        "dense_MiB": result.dense_bytes / MIB,
-        "n_prompt": len(result.prompt_ids),
-        "prefill_s": prefill_s,
-        "ttft_s": ttft_s,
-        "prefill_tok/s": len(result.prompt_ids) / ttft_s if ttft_s > 0 else 0.0,
-        "load_s": result.load_s,
-        "experts_routed": routed,
-        "experts_dropped": dropped,
-        "spec_read_MiB": sum(r.spec_read_bytes for r in dec) / MIB,
-        "spec_experts": spec_experts,
-        "spec_useful": sum(r.spec_useful for r in dec),
-        "spec_cancelled": sum(r.spec_cancelled for r in dec),
-        "retained": sum(r.retained for r in dec),
-        "o_direct": int(result.o_direct),
-        "threads": result.threads,
-    }
+    return RunSummary(
+        tokens=n,
+        s_per_tok=per_tok(wall),
+        tok_per_s=n / wall if wall > 0 else 0.0,
+        read_mib=read / MIB,
+        read_mib_per_tok=per_tok(read / MIB),
+        io_s=io_s,
+        io_s_per_tok=per_tok(io_s),
+        bandwidth_mib_per_s=read / MIB / io_s if io_s > 0 else 0.0,
+        compute_s_per_tok=per_tok(sum(r.compute_ms for r in dec) / 1e3),
+        mgmt_s_per_tok=per_tok(sum(r.mgmt_ms for r in dec) / 1e3),
+        stall_s_per_tok=per_tok(sum(r.stall_ms for r in dec) / 1e3),
+        cache_hit_pct=100.0 * hits / (hits + misses) if hits + misses else 0.0,
+        hits=hits,
+        misses=misses,
+        evictions=sum(r.evictions for r in dec),
+        cache_resident_mib=result.resident_mib,
+        cache_budget_mib=result.cache_budget_mib,
+        majflt_per_tok=per_tok(sum(r.majflt for r in dec)),
+        cpu_s_per_tok=per_tok(cpu_s),
+        cpu_occupancy=cpu_s / (wall * result.threads) if wall > 0 else 0.0,
+        peak_rss_mib=result.peak_rss_mib,
+        dense_mib=result.dense_bytes / MIB,
+        n_prompt=len(result.prompt_ids),
+        prefill_s=prefill_s,
+        ttft_s=ttft_s,
+        prefill_tok_per_s=len(result.prompt_ids) / ttft_s if ttft_s > 0 else 0.0,
+        load_s=result.load_s,
+        experts_routed=routed,
+        experts_dropped=dropped,
+        spec_read_mib=sum(r.spec_read_bytes for r in dec) / MIB,
+        spec_experts=spec_experts,
+        spec_useful=sum(r.spec_useful for r in dec),
+        spec_cancelled=sum(r.spec_cancelled for r in dec),
+        retained=sum(r.retained for r in dec),
+        o_direct=int(result.o_direct),
+        threads=result.threads,
+    )
 
 
-def summary_lines(result: RunResult, s: dict[str, Any] | None = None) -> list[str]:
+def summary_lines(result: RunResult, s: RunSummary | None = None) -> list[str]:
     s = s or summarize(result)
     lines = [
-        generation_line(s["tokens"], s["s/tok"], s["tok/s"]),
-        f"compute: {s['threads']} threads, {kernels_text(result.extra.get('kernels'))}"
-        f"cpu {s['cpu_s/tok']:.3f} s/token "
-        f"({100 * s['cpu_occupancy']:.0f}% occupancy), majflt {s['majflt/tok']:.2f}/token, "
-        f"peak RSS {s['peak_rss_MiB']:.0f} MiB, load {s['load_s']:.2f} s, "
-        f"prefill {s['n_prompt']} tokens {s['prefill_tok/s']:.1f} tok/s, TTFT "
-        f"{s['ttft_s']:.3f} s",
-        f"moe-stream: read {s['read_MiB']:.1f} MiB ({s['read_MiB/tok']:.2f} MiB/token), "
-        f"decode {s['s/tok']:.3f} s/token (compute {s['compute_s/tok']:.3f} + cache mgmt "
-        f"{s['mgmt_s/tok']:.3f} + flash I/O {s['stall_s/tok']:.3f} s/token, "
-        f"{s['bandwidth_MiB/s']:.0f} MiB/s) o_direct={s['o_direct']}",
-        f"moe-cache: {s['cache_hit_pct']:.1f}% hit, resident {s['cache_resident_MiB']:.1f} MiB "
-        f"(budget {s['cache_budget_MiB']:g} MiB, {s['evictions']} evictions)",
+        generation_line(s.tokens, s.s_per_tok, s.tok_per_s),
+        f"compute: {s.threads} threads, {kernels_text(result.extra.get('kernels'))}"
+        f"cpu {s.cpu_s_per_tok:.3f} s/token "
+        f"({100 * s.cpu_occupancy:.0f}% occupancy), majflt {s.majflt_per_tok:.2f}/token, "
+        f"peak RSS {s.peak_rss_mib:.0f} MiB, load {s.load_s:.2f} s, "
+        f"prefill {s.n_prompt} tokens {s.prefill_tok_per_s:.1f} tok/s, TTFT "
+        f"{s.ttft_s:.3f} s",
+        f"moe-stream: read {s.read_mib:.1f} MiB ({s.read_mib_per_tok:.2f} MiB/token), "
+        f"decode {s.s_per_tok:.3f} s/token (compute {s.compute_s_per_tok:.3f} + cache mgmt "
+        f"{s.mgmt_s_per_tok:.3f} + flash I/O {s.stall_s_per_tok:.3f} s/token, "
+        f"{s.bandwidth_mib_per_s:.0f} MiB/s) o_direct={s.o_direct}",
+        f"moe-cache: {s.cache_hit_pct:.1f}% hit, resident {s.cache_resident_mib:.1f} MiB "
+        f"(budget {s.cache_budget_mib:g} MiB, {s.evictions} evictions)",
     ]
     c = result.config
     if c.prefetch or c.predict_prefetch:
-        n, useful = s["spec_experts"], s["spec_useful"]
+        n, useful = s.spec_experts, s.spec_useful
         pct = f"{100 * useful / n:.0f}%" if n else "-"
-        line = (f"moe-prefetch: {s['spec_read_MiB']:.1f} MiB speculative, {useful}/{n} experts "
-                f"useful ({pct}), {s['spec_cancelled']} cancelled")
+        line = (f"moe-prefetch: {s.spec_read_mib:.1f} MiB speculative, {useful}/{n} experts "
+                f"useful ({pct}), {s.spec_cancelled} cancelled")
         if c.predict_prefetch:
-            line += (f", {s['retained']} predicted residents retained, spec-max "
+            line += (f", {s.retained} predicted residents retained, spec-max "
                      f"{c.predict_spec_max}   [stale-gate]")
         else:
             line += f", horizon {c.prefetch} layers   [prev-token]"
         lines.append(line)
     if c.drop_cold_experts is not None:
-        routed, dropped = s["experts_routed"], s["experts_dropped"]
+        routed, dropped = s.experts_routed, s.experts_dropped
         pct = 100 * dropped / routed if routed else 0.0
         lines.append(f"moe-drop: {dropped}/{routed} routed experts dropped ({pct:.1f}%), "
                      f"threshold {c.drop_cold_experts:g} x uniform"
@@ -178,7 +178,7 @@ def _preamble(result: RunResult) -> dict[str, Any]:
         "n_expert": m["n_expert"],
         "n_expert_used": c.n_expert_used or m["n_expert_used"],
         "threads": result.threads,
-        "cache_mb": f"{c.cache_mib:g}",
+        CACHE_BUDGET: f"{c.cache_mib:g}",
         "io_threads": c.io_lanes,
         "o_direct": int(result.o_direct),
         "overlap": int(c.overlap),
@@ -199,14 +199,9 @@ def _preamble(result: RunResult) -> dict[str, Any]:
 
 def csv_text(result: RunResult) -> str:
     dec = result.decode
-    s = summarize(result)
-    keys = ["tokens", "s/tok", "tok/s", "read_MiB", "cache_hit_pct", "stall_s/tok",
-            "majflt/tok", "cpu_s/tok", "experts_routed", "experts_dropped", "spec_read_MiB",
-            "spec_experts", "spec_useful", "io_s/tok", "compute_s/tok", "mgmt_s/tok",
-            "n_prompt", "prefill_s", "ttft_s", "prefill_tok/s", "load_s", "cache_resident_MiB",
-            "cache_budget_MiB", "peak_rss_MiB"]
+    figures = trailer(summarize(result))
     return format_bmoe_csv(_preamble(result), CSV_COLUMNS, (_row(r, len(dec)) for r in dec),
-                           {k: _fmt(s[k]) for k in keys})
+                           {k: _fmt(v) for k, v in figures.items()})
 
 
 def _fmt(v: Any) -> str:
@@ -239,7 +234,7 @@ def json_doc(result: RunResult) -> dict[str, Any]:
                      "o_direct": result.o_direct},
         "model": result.model,
         "fingerprint": fingerprint(result),
-        "summary": {k: _num(v) for k, v in s.items()},
+        "summary": s.to_json(),
         "lines": summary_lines(result, s),
         "prompt_ids": list(result.prompt_ids),
         "output_ids": list(result.output_ids),

@@ -14,6 +14,7 @@ from abbench.importers.enginelog import engine_log_config, parse_engine_log
 from abbench.importers.metrics import parse_metrics
 from abbench.importers.state import DeviceState, parse_state
 from abbench.records.bmoe_csv import BmoeRun, looks_like_bmoe_csv, parse_bmoe_csv
+from abbench.records.summary import RunSummary
 from abbench.records.text import clip, read_text_lossy
 
 EXTENSIONS = ("csv", "metrics", "log", "state")
@@ -29,7 +30,7 @@ class Run:
     name: str
     table: BmoeRun | None = None
     table_file: Path | None = None
-    log_summary: dict[str, Any] = field(default_factory=dict)
+    log_summary: RunSummary | None = None  # None: no .log, or no `generation:` in it
     log_config: dict[str, Any] = field(default_factory=dict)
     log_lines: dict[str, int] = field(default_factory=dict)
     log_command: bool = False
@@ -146,7 +147,7 @@ class _Found:
                 self.skip(path, e)
                 continue
             generations = text.count("generation:")
-            if stem not in self.runs and (not summary or generations != 1):
+            if stem not in self.runs and (summary is None or generations != 1):
                 self.notes.append(f"{path.name}: an engine log that matches no run (no "
                                   f"{stem}.csv, {generations} `generation:` lines): not a "
                                   "run, left out")
@@ -157,7 +158,7 @@ class _Found:
 
     def drop_incomplete(self) -> None:
         for name, run in list(self.runs.items()):
-            if run.table is None and not run.log_summary:
+            if run.table is None and run.log_summary is None:
                 del self.runs[name]
                 self.notes.append(f"{', '.join(p.name for p in run.files())}: no per-token "
                                   "CSV and no `generation:` line for this run: left out")

@@ -1,4 +1,5 @@
-"""Reader for the engine's own `.log` beside a headerless CSV: its summary lines (DESIGN 6.2).
+"""Reader for the engine's own `.log` beside a headerless CSV: its summary lines
+(docs/formats.md#console-summary-lines).
 
 ```
 generation: 256 tokens, 0.423 s/token (2.366 tok/s)
@@ -15,7 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from abbench.records.summary import GENERATION, NUMBER
+from abbench.records.bmoe_csv import CACHE_BUDGET
+from abbench.records.summary import GENERATION, NUMBER, RunSummary
 from abbench.records.text import number, read_text
 
 NUM = NUMBER
@@ -23,24 +25,25 @@ PREFILL = re.compile(rf"prefill:\s*{NUM}\s+tokens,\s*{NUM}\s*s\b.*?model load\s*
 CACHE = re.compile(rf"moe-cache:\s*{NUM}%\s*hit")
 
 
-def parse_engine_log(text: str, source: str | Path = "<text>") -> dict[str, Any]:
-    """The summary a `.log` gives, in `# summary` keys; {} when it has no `generation:`."""
-    out: dict[str, Any] = {}
+def parse_engine_log(text: str, source: str | Path = "<text>") -> RunSummary | None:
+    """The summary a `.log` gives, its figures in the order the log gives them; None when
+    it has no `generation:`."""
+    out = RunSummary()
     for n, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
         if m := GENERATION.search(line):
-            out["tokens"] = number(m[1], source, n, "generation tokens")
-            out["s/tok"] = number(m[2], source, n, "generation s/token")
-            out["tok/s"] = number(m[3], source, n, "generation tok/s")
+            out = out.with_values(tokens=number(m[1], source, n, "generation tokens"),
+                                  s_per_tok=number(m[2], source, n, "generation s/token"),
+                                  tok_per_s=number(m[3], source, n, "generation tok/s"))
         elif m := PREFILL.search(line):
-            out["n_prompt"] = number(m[1], source, n, "prefill tokens")
-            out["prefill_s"] = number(m[2], source, n, "prefill s")
-            out["load_s"] = number(m[3], source, n, "model load s")
+            out = out.with_values(n_prompt=number(m[1], source, n, "prefill tokens"),
+                                  prefill_s=number(m[2], source, n, "prefill s"),
+                                  load_s=number(m[3], source, n, "model load s"))
         elif m := CACHE.search(line):
-            out["cache_hit_pct"] = number(m[1], source, n, "moe-cache hit")
-    return out if "tok/s" in out else {}
+            out = out.with_values(cache_hit_pct=number(m[1], source, n, "moe-cache hit"))
+    return out if out.tok_per_s is not None else None
 
 
-def read_engine_log(path: Path) -> dict[str, Any]:
+def read_engine_log(path: Path) -> RunSummary | None:
     return parse_engine_log(read_text(path), path)
 
 
@@ -53,7 +56,7 @@ FLAG = re.compile(r"(?:^|\s)(--?[A-Za-z][A-Za-z0-9-]*)(?:[ =]([^\s-][^\s]*))?")
 BUDGET = re.compile(rf"moe-cache:.*?budget\s*{NUM}\s*MiB\s*\((auto)?")
 # Command-line flags of the seed engine (and llama.cpp's) -> preamble keys; True: a switch.
 FLAGS: dict[str, tuple[str, bool]] = {
-    "--cache-mb": ("cache_mb", False), "--io-threads": ("io_threads", False),
+    "--cache-mb": (CACHE_BUDGET, False), "--io-threads": ("io_threads", False),
     "-t": ("threads", False), "--threads": ("threads", False),
     "--overlap": ("overlap", True), "--prefetch": ("prefetch", False),
     "--spec-gate": ("spec_gate", True), "--predict-prefetch": ("predict_prefetch", True),
@@ -99,7 +102,7 @@ def engine_log_config(text: str) -> tuple[dict[str, Any], dict[str, int], bool]:
             elif key.endswith(".block_count"):
                 put("n_layer", value, n)
         if m := BUDGET.search(line):
-            put("cache_mb", "auto" if m[2] else m[1], n)
+            put(CACHE_BUDGET, "auto" if m[2] else m[1], n)
         for prefix, key in (("moe-overlap:", "overlap"), ("moe-prefetch:", "prefetch_reads"),
                             ("moe-spec-gate:", "spec_gate"), ("moe-drop:", "drops")):
             if line.lstrip().startswith(prefix):

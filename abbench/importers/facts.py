@@ -10,22 +10,24 @@ from abbench.errors import ForeignRunError
 from abbench.importers.discover import Run
 from abbench.importers.driverlog import DriverEntry
 from abbench.importers.state import Snapshot
-from abbench.records import EntryState, Fact, GateWait
+from abbench.records import EntryState, Fact, GateWait, RunSummary
 from abbench.records.bmoe_csv import BmoeRun, work_fingerprint
 
 UNKNOWN = "unknown"
 
 
-def run_summary(run: Run) -> tuple[dict[str, Any], Fact]:
-    """The run's summary (tokens, s/tok, tok/s ...): the CSV's `# summary` line, else the
-    log's `generation:` line, else derived from the `wall_ms` column."""
+def run_summary(run: Run) -> tuple[RunSummary, Fact]:
+    """The run's summary (tokens, s/tok, tok/s ...), always with its tok/s: the CSV's
+    `# summary` line, else the log's `generation:` line, else derived from the `wall_ms`
+    column."""
     table = run.table
-    if table is not None and "tok/s" in table.summary:
+    own = RunSummary.from_json(table.summary) if table is not None else RunSummary()
+    if table is not None and own.tok_per_s is not None:  # a `# summary` tok/s is a number
         where = f"{run.table_file.name}:{table.summary_line}" if run.table_file else "summary"
-        return dict(table.summary), Fact("measured", f"{where} (`# summary` tok/s)")
-    if run.log_summary:
+        return own, Fact("measured", f"{where} (`# summary` tok/s)")
+    if run.log_summary is not None:
         log = run.log_file.name if run.log_file else "log"
-        return dict(run.log_summary), Fact("measured", f"{log} (`generation:` line)")
+        return run.log_summary, Fact("measured", f"{log} (`generation:` line)")
     walls = table.column("wall_ms") if table is not None else None
     origin = run.table_file or run.name
     if not walls:
@@ -34,17 +36,17 @@ def run_summary(run: Run) -> tuple[dict[str, Any], Fact]:
     total_s = sum(walls) / 1e3
     if total_s <= 0:
         raise ForeignRunError(origin, "the `wall_ms` column sums to zero")
-    return ({"tokens": len(walls), "s/tok": total_s / len(walls),
-             "tok/s": len(walls) / total_s},
+    return (RunSummary(tokens=len(walls), s_per_tok=total_s / len(walls),
+                       tok_per_s=len(walls) / total_s),
             Fact("derived", f"tokens / sum of wall_ms in {Path(str(origin)).name}"))
 
 
-def hit_pct(run: Run, summary: dict[str, Any]) -> tuple[float | None, Fact]:
+def hit_pct(run: Run, summary: RunSummary) -> tuple[float | None, Fact]:
     """The run's hit rate: its summary's, else the last value of the per-token column,
     which the seed engine writes cumulative (a mean of it would weigh the cold start);
     negative values mean the cache was off."""
-    v = summary.get("cache_hit_pct")
-    if isinstance(v, (int, float)):
+    v = summary.cache_hit_pct
+    if v is not None:
         return (float(v) if v >= 0 else None), Fact("measured", "the run's summary")
     col = run.table.column("cache_hit_pct") if run.table is not None else None
     if col:
@@ -125,7 +127,7 @@ def _caps(driver: DriverEntry | None, before: Snapshot | None, state_where: str,
     return caps, hw
 
 
-def times(run: Run, driver: DriverEntry | None, summary: dict[str, Any]
+def times(run: Run, driver: DriverEntry | None, summary: RunSummary
           ) -> tuple[float, float, Fact, Fact]:
     """Start and end (0: unknown) and where they came from."""
     before = run.state.before if run.state else None
@@ -144,9 +146,9 @@ def times(run: Run, driver: DriverEntry | None, summary: dict[str, Any]
     if not start:
         return 0.0, 0.0, sf, Fact(UNKNOWN, "the start is unknown")
     walls = run.table.column("wall_ms") if run.table is not None else None
-    decode = sum(walls) / 1e3 if walls else float(summary.get("s/tok", 0.0)) * float(
-        summary.get("tokens", 0.0))
-    own = decode + float(summary.get("load_s") or 0.0) + float(summary.get("prefill_s") or 0.0)
+    decode = sum(walls) / 1e3 if walls else float(summary.s_per_tok or 0.0) * float(
+        summary.tokens or 0.0)
+    own = decode + float(summary.load_s or 0.0) + float(summary.prefill_s or 0.0)
     return start, start + own, sf, Fact("derived", f"the start + the run's own time ({own:.0f} "
                                         "s: load, prefill and decode as its files give them)")
 

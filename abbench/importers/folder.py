@@ -1,4 +1,4 @@
-"""A folder of runs made elsewhere → a run folder in the records schema (DESIGN 6.3).
+"""A folder of runs made elsewhere → a run folder in the records schema (docs/import.md).
 
 What a folder may hold, per run `NAME` (the file name stem):
 

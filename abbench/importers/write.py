@@ -25,10 +25,12 @@ from abbench.records import (
     ImportInfo,
     Plan,
     PlannedCell,
+    RunSummary,
     Sample,
     append_jsonl,
     keys,
 )
+from abbench.records.provenance import FACT_CONFIG, FACT_T_END, FACT_T_START, FACT_TOK_S
 
 FORMAT = "abbench-import v1"
 
@@ -56,18 +58,15 @@ def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
     """One run's `cells/LABEL/` folder and journal line; its provenance."""
     summary, tps_fact = run_summary(run)
     hit, hit_fact = hit_pct(run, summary)
-    if hit is not None:
-        summary["cache_hit_pct"] = hit
-    else:
-        summary.pop("cache_hit_pct", None)
+    summary = summary.with_values(cache_hit_pct=hit)  # None (not known): left out
     driver = order.entries.get(order.names[cell.index])
     entry, facts, gate = entry_state(run, driver)
     t_start, t_end, sf, ef = times(run, driver, summary)
     entry = EntryState(**{**entry.to_json(), "t_wall": t_start})
     config, config_facts, complete = identity
     facts.update(config_facts)
-    facts.update({"order": order.fact, "t_start": sf, "t_end": ef, "tok/s": tps_fact,
-                  "hit_pct": hit_fact, "config": _config_fact(complete)})
+    facts.update({"order": order.fact, FACT_T_START: sf, FACT_T_END: ef, FACT_TOK_S: tps_fact,
+                  "hit_pct": hit_fact, FACT_CONFIG: _config_fact(complete)})
     if driver is not None:
         facts["entry"] = Fact("measured", f"{driver.where} (named by {driver.named_by})")
     fp = fingerprint(run.table)
@@ -81,7 +80,7 @@ def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
         index=cell.index, name=cell.name, label=cell.label, status="ok",
         t_start_wall=t_start, t_end_wall=t_end, t_start_mono=0.0,
         t_end_mono=max(0.0, t_end - t_start), entry=entry, gate=gate, summary=summary,
-        fingerprint=fp, tokens_per_s=float(summary["tok/s"]),
+        fingerprint=fp, tokens_per_s=summary.tok_per_s,
     )
     append_jsonl(out / "journal.jsonl", record.to_json())
     return ImportedCell(cell.label, tuple(p.name for p in run.files()), config, facts)
@@ -93,7 +92,7 @@ def _config_fact(complete: bool) -> Fact:
     return Fact("derived", "partial (no preamble, no command line): its own arm")
 
 
-def _summary_doc(run: Run, summary: dict[str, Any], tps_fact: Fact, fp: str | None,
+def _summary_doc(run: Run, summary: RunSummary, tps_fact: Fact, fp: str | None,
                  config: dict[str, Any]) -> dict[str, Any]:
     """The cell's `summary.json`: the run's figures and per-token columns, as an external
     cell's output is kept."""
@@ -101,7 +100,7 @@ def _summary_doc(run: Run, summary: dict[str, Any], tps_fact: Fact, fp: str | No
         or config.get("threads")
     return {
         "format": FORMAT, "files": [p.name for p in run.files()],
-        "tok/s_source": tps_fact.source, "summary": summary, "fingerprint": fp,
+        "tok/s_source": tps_fact.source, "summary": summary.to_json(), "fingerprint": fp,
         "preamble": run.table.preamble if run.table else {},
         "resolved": {"threads": n} if (n := _whole(threads)) is not None else {},
         "metrics": run.metrics,

@@ -22,7 +22,9 @@ that is not finite or beyond `LIMIT`, or a label that is not a folder name is a
 One module per format: `journal` (journal.jsonl, samples.jsonl), `plan` (plan.json),
 `history` (the device history and noise-floor.json), `provenance` (import.json), `cell_files`
 (a cell's summary.json and tokens.csv), `bmoe_csv` (the seed engine's per-token CSV),
-`route_trace` (route-trace CSV), `summary` (the engine's run JSON and `generation:` line),
+`route_trace` (route-trace CSV), `summary` (`RunSummary`, a cell's run summary with every
+key it carries, kept as the cell reported it, a value of the wrong type included; the
+engine's run JSON and `generation:` line),
 `keys` (every sample key), `fleet` (a fleet folder: fleet.json, fleet-journal.jsonl),
 `jsonl` (the file mechanics), `schema` (the one validator).
 """
@@ -33,10 +35,12 @@ from abbench.records.history import (
     NOISE_FLOOR_FILE,
     NoiseFloor,
     RepeatRecord,
+    SentinelLine,
     append_repeats,
     history_file,
     read_noise_floor,
     read_repeats,
+    read_sentinels,
 )
 from abbench.records.journal import (
     FORMAT,
@@ -52,6 +56,7 @@ from abbench.records.jsonl import append_jsonl, numbered_jsonl, read_jsonl, read
 from abbench.records.plan import (
     EXPECT,
     DecisionSpec,
+    GateSpec,
     Look,
     MatchSpec,
     Plan,
@@ -69,6 +74,7 @@ from abbench.records.provenance import (
     ImportInfo,
     read_import_info,
 )
+from abbench.records.summary import RunSummary
 
 __all__ = [
     "CellRecord",
@@ -84,6 +90,7 @@ __all__ = [
     "ImportedCell",
     "Look",
     "DecisionSpec",
+    "GateSpec",
     "MatchSpec",
     "NOISE_FLOOR_FILE",
     "NoiseFloor",
@@ -91,7 +98,9 @@ __all__ = [
     "PlannedCell",
     "RecordError",
     "RepeatRecord",
+    "RunSummary",
     "Sample",
+    "SentinelLine",
     "Sequential",
     "append_jsonl",
     "append_repeats",
@@ -108,4 +117,5 @@ __all__ = [
     "read_record",
     "read_repeats",
     "read_samples",
+    "read_sentinels",
 ]

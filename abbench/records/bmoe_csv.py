@@ -1,7 +1,8 @@
-"""The `bmoe_metrics` per-token CSV (DESIGN 6.1), every generation of it: read and write.
+"""The `bmoe_metrics` per-token CSV, every generation of it: read and write.
 
 The seed engine writes it, abbench's engine writes it (`--csv`, version 2), an external
-cell's `output = "bmoe-csv:PATH"` is one, and `abbench import` reads archives of them.
+cell's `output = "bmoe-csv:PATH"` is one, and `abbench import` reads archives of them
+(docs/formats.md#per-token-csv-bmoe_metrics-v2).
 
 ```
 # bmoe_metrics v1                                    optional: format and version
@@ -30,10 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import ForeignRunError
+from abbench.records.summary import RunSummary
 from abbench.records.text import clip, number, quote, read_text
 
 VERSION = re.compile(r"#\s*bmoe_metrics\s+(v\S+)\s*$")
 WRITTEN_VERSION = "v2"  # what abbench's engine writes
+# The preamble's cache budget in MiB: the seed engine named it `cache_mb` (its flag is
+# `--cache-mb`), and abbench's engine keeps the name for the seed engine's readers.
+CACHE_BUDGET = "cache_mb"
+# The run summary's figures on the `# summary` trailer abbench's engine writes, in order.
+TRAILER_KEYS = ("tokens", "s/tok", "tok/s", "read_MiB", "cache_hit_pct", "stall_s/tok",
+                "majflt/tok", "cpu_s/tok", "experts_routed", "experts_dropped",
+                "spec_read_MiB", "spec_experts", "spec_useful", "io_s/tok", "compute_s/tok",
+                "mgmt_s/tok", "n_prompt", "prefill_s", "ttft_s", "prefill_tok/s", "load_s",
+                "cache_resident_MiB", "cache_budget_MiB", "peak_rss_MiB")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./%-]*$")
 
 
@@ -188,6 +199,13 @@ def work_fingerprint(run: BmoeRun) -> str | None:
     if not reads:
         return None
     return "sha256:" + hashlib.sha256(json.dumps([int(r) for r in reads]).encode()).hexdigest()
+
+
+def trailer(summary: RunSummary) -> dict[str, Any]:
+    """The figures of the `# summary` trailer (TRAILER_KEYS) from a run summary, as numbers:
+    the writer formats them."""
+    doc = summary.to_json()
+    return {k: doc.get(k) for k in TRAILER_KEYS}
 
 
 def _field(value: Any) -> str:

@@ -1,4 +1,5 @@
-"""A fleet folder: one campaign run on many devices by `abbench fleet` (DESIGN 13).
+"""A fleet folder: one campaign run on many devices by `abbench fleet`
+(docs/fleet.md#what-comes-back-where).
 
 ```
 FLEET/

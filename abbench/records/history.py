@@ -1,5 +1,6 @@
-"""The device history (sentinels/DEVICE.jsonl: repeats of one configuration, appended
-by every campaign) and a run's noise-floor snapshot (noise-floor.json)."""
+"""The device history (sentinels/DEVICE.jsonl: sentinel runs and repeats of one
+configuration, appended by every campaign) and a run's noise-floor snapshot
+(noise-floor.json)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import BadField
+from abbench.errors import BadField, RecordError
 from abbench.records.jsonl import append_jsonl, numbered_jsonl, read_record
 from abbench.records.schema import from_dict
 
@@ -70,6 +71,67 @@ class RepeatRecord:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RepeatRecord:
         return from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class SentinelLine:
+    """One sentinel run (or the run a sentinel repeats) as the device history keeps it: a
+    line without `kind`, appended after the cell finished. `entry` is the cell's entry
+    state as its record holds it (`EntryState.to_json`)."""
+
+    device: str
+    simulated: bool
+    campaign: str
+    run: str  # the run folder, as the campaign named it
+    cell: str  # its label
+    name: str
+    config_key: str
+    t_wall: float  # the cell's start (0: unknown)
+    tokens_per_s: float
+    fingerprint: str | None = None
+    entry: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.tokens_per_s, (int, float)) and self.tokens_per_s > 0):
+            raise BadField(("tokens_per_s",), f"must be a speed > 0 (got {self.tokens_per_s!r})")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], device: str) -> SentinelLine:
+        """A line as campaigns of every version wrote it: what older ones left out takes
+        its default (`device`: the history's own)."""
+        try:
+            return cls(device=str(d.get("device") or device),
+                       simulated=bool(d.get("simulated", False)),
+                       campaign=str(d.get("campaign", "?")), run=str(d.get("run", "")),
+                       cell=str(d.get("cell", "?")), name=str(d.get("name", "?")),
+                       config_key=str(d["config_key"]), t_wall=float(d.get("t_wall") or 0.0),
+                       tokens_per_s=float(d["tokens_per_s"]),
+                       fingerprint=d.get("fingerprint"), entry=d.get("entry"))
+        except KeyError as e:
+            raise BadField("", f"no `{e.args[0]}`") from None
+        except (TypeError, ValueError) as e:
+            raise BadField("", str(e)) from None
+
+
+def read_sentinels(path: Path) -> list[SentinelLine]:
+    """The sentinel lines of a device history, oldest first as written; repeat lines and
+    lines without a speed (older campaigns appended failed cells) are skipped, and a
+    sentinel line that does not parse is a `RecordError` naming its line."""
+    out = []
+    for n, d in numbered_jsonl(path):
+        if d.get("kind") == "repeat":
+            continue
+        tps = d.get("tokens_per_s")
+        if not isinstance(tps, (int, float)) or isinstance(tps, bool) or not tps > 0:
+            continue
+        try:
+            out.append(SentinelLine.from_json(d, path.stem))
+        except BadField as e:
+            raise RecordError(f"{path}:{n}: sentinel line is malformed ({e})") from None
+    return out
 
 
 def history_file(folder: Path, device: str) -> Path:

@@ -10,7 +10,8 @@ from typing import Any
 
 from abbench.errors import BadField, RecordError
 from abbench.records.jsonl import numbered_jsonl
-from abbench.records.schema import from_dict, show, typed
+from abbench.records.schema import build, from_dict, show, typed
+from abbench.records.summary import RunSummary
 
 FORMAT = "abbench-run v1"
 
@@ -73,7 +74,7 @@ class CellRecord:
     t_end_mono: float
     entry: EntryState
     gate: GateWait = field(default_factory=GateWait)
-    summary: dict[str, Any] = field(default_factory=dict)  # the engine's JSON summary
+    summary: RunSummary = field(default_factory=RunSummary)  # what the cell reported
     fingerprint: str | None = None
     tokens_per_s: float | None = None
     exit_code: int | None = None
@@ -84,13 +85,17 @@ class CellRecord:
         d = asdict(self)
         d["entry"] = self.entry.to_json()
         d["gate"] = self.gate.to_json()
+        d["summary"] = self.summary.to_json()
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CellRecord:
-        if isinstance(d, dict):  # older journals: no entry state or gate recorded
-            d = {**d, "entry": d.get("entry") or {"t_wall": 0.0}, "gate": d.get("gate") or {}}
-        return from_dict(cls, d)
+        if not isinstance(d, dict):
+            return from_dict(cls, d)  # the problem: not an object
+        # Older journals: no entry state or gate recorded.
+        d = {**d, "entry": d.get("entry") or {"t_wall": 0.0}, "gate": d.get("gate") or {}}
+        summary = RunSummary.from_json(d.pop("summary", {}), ("summary",))
+        return build(cls, d, strict=False, summary=summary)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What llama.cpp's own tools print, read into a cell's summary (DESIGN 11).
+"""What llama.cpp's own tools print, read into a cell's summary (docs/cells.md#llamacpp-cells).
 
 `llama-bench -o jsonl` prints one JSON object per test on stdout, for example (fields
 abridged; ggml-org/llama.cpp tools/llama-bench, `jsonl_printer`):

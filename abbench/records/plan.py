@@ -19,6 +19,28 @@ METRICS = ("tok_per_s", "energy_per_token")
 
 
 @dataclass(frozen=True)
+class GateSpec:
+    """The thermal gate a campaign waits on before each cell: every condition set holds,
+    or `timeout_s` passes (then the cell runs, marked as gave-up). The campaign file's
+    `[gate]` checks the ranges (`campaign.tables.GateTable`)."""
+
+    cpu_temp_max_c: float | None = None
+    battery_temp_max_c: float | None = None
+    mem_available_min_mib: float | None = None
+    caps_at_max: bool = False
+    probe_min: float | None = None
+    poll_s: float = 5.0
+    timeout_s: float = 600.0
+
+    def conditions(self) -> list[str]:
+        """The conditions this gate waits for, by key."""
+        thresholds = ("cpu_temp_max_c", "battery_temp_max_c", "mem_available_min_mib",
+                      "probe_min")
+        found = [k for k in thresholds if getattr(self, k) is not None]
+        return [*found, "caps_at_max"] if self.caps_at_max else found
+
+
+@dataclass(frozen=True)
 class MatchSpec:
     """`[match]`: the entry-state tolerances two cells must meet to be compared, as a plan
     records them; cells.toml's [match] table (which checks the ranges) extends this."""
@@ -118,17 +140,18 @@ class Plan:
     device: str  # transport, e.g. "local", "adb:SERIAL", "sim:phone"
     decisions: tuple[DecisionSpec, ...] = ()
     match: MatchSpec = field(default_factory=MatchSpec)
-    gate: dict[str, Any] | None = None
+    gate: GateSpec | None = None
     format: str = FORMAT
     sequential: Sequential | None = None
     looks: tuple[Look, ...] = ()  # taken so far (sequential campaigns)
     planned_cells: int | None = None  # cells before any appended round (None: all of them)
     # False for imported runs whose execution order nothing recorded: no two cells are
-    # adjacent, so none is compared (DESIGN 6.3)
+    # adjacent, so none is compared (docs/import.md#provenance-measured-derived-unknown)
     order_known: bool = True
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        d["match"] = self.match.to_json()  # its own rule: plans before a key stay as they were
         d["cells"] = [c.to_json() for c in self.cells]
         d["decisions"] = [x.to_json() for x in self.decisions]
         d["looks"] = [x.to_json() for x in self.looks]
@@ -176,6 +199,9 @@ def _check_plan(plan: Plan) -> None:
         if d.expect not in EXPECT:
             raise BadField(f"decisions[{i}].expect", f"is {show(d.expect)}, "
                             f"expected one of {', '.join(EXPECT)}")
+        if d.metric not in METRICS:  # any other would be decided as tokens/s, silently
+            raise BadField(f"decisions[{i}].metric", f"is {show(d.metric)}, "
+                            f"expected one of {', '.join(METRICS)}")
     last = 0
     for i, look in enumerate(plan.looks):
         if not last < look.cells <= len(plan.cells) or not 0 < look.alpha < 1:

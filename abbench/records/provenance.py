@@ -12,6 +12,8 @@ from abbench.records.schema import from_dict
 IMPORT_FILE = "import.json"
 IMPORT_FORMAT = "abbench-import-provenance v1"
 FACT_KINDS = ("measured", "derived", "unknown")
+# The facts an import states per cell, by the key import.json files them under.
+FACT_T_START, FACT_T_END, FACT_TOK_S, FACT_CONFIG = "t_start", "t_end", "tok/s", "config"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""`route_trace v1` files (DESIGN 6.4), read and written: one row per routed expert, in run
-order. The engine writes them (`--route-trace`); `abbench replay` reads them.
+"""`route_trace v1` files, read and written: one row per routed expert, in run order. The
+engine writes them (`--route-trace`); `abbench replay` reads them
+(docs/formats.md#route-trace-route_trace-v1).
 
     # route_trace v1
     # model=PATH arch=NAME n_layer=L n_expert=E n_expert_used=K     [more key=value pairs]
@@ -32,6 +33,7 @@ import numpy as np
 
 from abbench.errors import TraceError, WriteError
 from abbench.fsutil import whole_file_target
+from abbench.records.bmoe_csv import CACHE_BUDGET
 
 MAGIC = "# route_trace v1"
 REQUIRED = ("turn", "phase", "step", "layer", "slot", "expert", "weight", "residency",
@@ -83,6 +85,19 @@ class RouteTrace:
     @property
     def arch(self) -> str | None:
         return self.meta.get("arch")
+
+    @property
+    def cache_budget_mib(self) -> float | None:
+        """The run's own cache budget in MiB, where the model line states it: `cache_mib=`,
+        or `cache_mb=` as the seed engine's bmoe_metrics preamble names it."""
+        for key in ("cache_mib", CACHE_BUDGET):
+            try:
+                value = float(self.meta.get(key, ""))
+            except ValueError:
+                continue
+            if 0 < value < math.inf:
+                return value
+        return None
 
 
 def read_route_trace(path: str | Path) -> RouteTrace:

@@ -91,7 +91,8 @@ def _expected(hint: Any, table: str) -> str:
     if origin is tuple:
         item = get_args(hint)[0]
         items = _alternatives(item) or [item]
-        return "an array of " + " or ".join(_PLURALS.get(a, f"{table[2:]}s") for a in items)
+        noun = table.split(" ", 1)[-1]  # "an object" -> "object"
+        return "an array of " + " or ".join(_PLURALS.get(a, f"{noun}s") for a in items)
     if origin in (dict, Mapping) or is_dataclass(hint):
         return table
     return _NOUNS.get(hint, str(hint))

@@ -1,6 +1,6 @@
-"""The fleet report (DESIGN 13): a NO-GO of any device class first, then the combined
-verdict of each question across devices, the table per class and per device, each
-device's noise floor and its own report. Terminal text, Markdown and HTML (one block
+"""The fleet report (docs/fleet.md#the-fleet-report): a NO-GO of any device class first,
+then the combined verdict of each question across devices, the table per class and per
+device, each device's noise floor and its own report. Terminal text, Markdown and HTML (one block
 model, `sections`), JSON."""
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from abbench.analysis.campaign import CampaignAnalysis
 from abbench.analysis.decide import UNVERIFIED, Decision
 from abbench.analysis.matching import PairMatch
 from abbench.records import Sample
+from abbench.records.provenance import FACT_CONFIG, FACT_T_END, FACT_T_START, FACT_TOK_S
 from abbench.report.blocks import Block, Bullets, Code, Paragraph, Section, Strong, Table
 from abbench.report.series import Rates, Series, Timeline, per_token, rates, samples_of, timeline
 
@@ -259,7 +260,8 @@ def _imported(a: CampaignAnalysis) -> Imported | None:
     for k, c in enumerate(info.cells):
         shown = {key: f"{x.kind}: {x.source}" for key, x in c.facts.items()}
         rows.append((str(k + 1), c.label, ", ".join(c.files),
-                     *(shown.get(key, "-") for key in ("t_start", "t_end", "tok/s", "config"))))
+                     *(shown.get(key, "-") for key in (FACT_T_START, FACT_T_END, FACT_TOK_S,
+                                                      FACT_CONFIG))))
     blocks.append(Table(("#", "run", "files", "start", "end", "tok/s", "configuration"),
                         tuple(rows)))
     return Imported(info.order.kind, info.order.source, tuple(info.notes),

@@ -7,7 +7,8 @@ The face the campaign uses:
     speed_probe()                              # seconds for a fixed workload (min of 5)
     with Sampler(device, hz=2, sink=write) as s: ...
 
-Nothing here imports the engine, the campaign or the analysis (DESIGN section 2).
+Nothing here imports the engine, the campaign or the analysis
+(docs/architecture.md#the-packages-and-their-public-faces).
 """
 
 from abbench.sensors.device import Device, ZoneFreeze, open_device, thermal_gaps

@@ -1,6 +1,7 @@
 """The simulated device, `sim:PROFILE`: a thermal model behind a sysfs-shaped tree.
 
-For demos, tests and planning on machines without sensors (DESIGN.md section 8). A
+For demos, tests and planning on machines without sensors
+(docs/sensors.md#the-simulated-device-simprofile). A
 `Profile` (TOML, shipped in `abbench/sim/profiles/`, or any `sim:PATH.toml`) gives
 clusters, a two-node thermal model, trip points and a time scale. `SimulatedDevice` writes
 what a phone's kernel would expose (cpufreq policies, a CPU thermal zone, a battery, meminfo)

@@ -1,7 +1,8 @@
 """The thermal half of `abbench sim fit`: the simulated device's model, integrated over a
 recorded timeline, fitted to its temperatures.
 
-The model is the simulated device's (abbench/sim/device.py, DESIGN section 8), in
+The model is the simulated device's (abbench/sim/device.py,
+docs/sensors.md#the-simulated-device-simprofile), in
 simulated seconds (wall seconds × time scale), with u = load × clock fraction:
 
     dSoC/dt  = heat_c_per_s · u − (SoC − case) / soc_tau_s

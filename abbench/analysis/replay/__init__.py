@@ -1,4 +1,4 @@
-"""Offline answers from a route trace (DESIGN 6.4): cache policies, predictors, drop trade.
+"""Offline answers from a route trace (docs/replay.md): cache policies, predictors, drop trade.
 
 Pure functions: a `RouteTrace` in, immutable results out. The definitions are the ones the
 engine's authors used for their published figures (reference/bmoe/README.md):

@@ -19,16 +19,8 @@ def all_experts_bytes(trace: RouteTrace) -> int:
 
 
 def recorded_budget_mib(trace: RouteTrace) -> float | None:
-    """The run's own cache budget, where the preamble states it (`cache_mib=` or
-    `cache_mb=`, as the bmoe_metrics preamble writes it)."""
-    for key in ("cache_mib", "cache_mb"):
-        try:
-            value = float(trace.meta.get(key, ""))
-        except ValueError:
-            continue
-        if 0 < value < float("inf"):
-            return value
-    return None
+    """The run's own cache budget, where the trace's preamble states it."""
+    return trace.cache_budget_mib
 
 
 def default_budgets(trace: RouteTrace) -> list[float]:

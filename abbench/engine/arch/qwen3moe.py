@@ -459,9 +459,10 @@ class Model:
             this.moe.router = this.moe.router_and_next[:n]  # the same values, shared
 
     def prefill(self, tokens: list[int], pos: int) -> None:
-        """Run prompt tokens at positions pos .. pos+n-1 as one batch per layer (DESIGN
-        3.2), filling the KV cache; their logits are not needed (the prompt's last token
-        runs through `forward`, which samples the first output token)."""
+        """Run prompt tokens at positions pos .. pos+n-1 as one batch per layer
+        (docs/engine.md#how-a-token-is-computed), filling the KV cache; their logits are not
+        needed (the prompt's last token runs through `forward`, which samples the first
+        output token)."""
         h = self.token_embd[tokens].astype(np.float32)  # (n, d)
         cos, sin = self.cos[pos : pos + len(tokens)], self.sin[pos : pos + len(tokens)]
         for layer in self.layers:
