@@ -225,8 +225,6 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
     """Write the model to `path` atomically (temp file in the same folder, then rename)."""
     asked = Path(path)
     path = whole_file_target(asked)  # a link's file; never a device renamed over
-    rng = np.random.default_rng(spec.seed)
-    d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
     try:
         tmp_fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".part",
                                             dir=path.parent)
@@ -235,62 +233,9 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
     os.close(tmp_fd)
     try:
         w = gguf.GGUFWriter(tmp_name, "qwen3moe")
-        w.add_custom_alignment(ALIGNMENT)
-        w.add_name(name)
-        w.add_file_type(FILE_TYPES[spec.expert_type])  # the experts hold nearly every byte
-        w.add_description(f"abbench synthetic model: {asdict(spec)}")
-        w.add_block_count(spec.n_layer)
-        w.add_context_length(spec.context_length)
-        w.add_embedding_length(d)
-        w.add_feed_forward_length(ff)
-        w.add_expert_feed_forward_length(ff)
-        w.add_head_count(spec.n_head)
-        w.add_head_count_kv(spec.n_head_kv)
-        w.add_key_length(hd)
-        w.add_value_length(hd)
-        w.add_rope_freq_base(10000.0)
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_expert_count(spec.n_expert)
-        w.add_expert_used_count(spec.n_expert_used)
-        w.add_sampling_temp(1.0)
-        w.add_sampling_penalty_repeat(SAMPLING_PENALTY_REPEAT)
-        w.add_sampling_penalty_last_n(SAMPLING_PENALTY_LAST_N)
-        w.add_uint32("abbench.synthetic.format", FORMAT_VERSION)
         vocab = _vocab(spec.tokenizer)
-        for key, value in asdict(spec).items():
-            if key == "tokenizer" and value == "llama":
-                continue  # the default: files written before the option stay byte-identical
-            if isinstance(value, str):
-                w.add_string(f"abbench.synthetic.{key}", value)
-            elif isinstance(value, int):
-                w.add_int64(f"abbench.synthetic.{key}", value)
-            else:
-                w.add_float64(f"abbench.synthetic.{key}", float(value))
-        _add_vocab(w, vocab)
-
-        # One tensor in memory at a time: every tensor's info first (the header needs
-        # them), then each one generated, converted and written in the file's order.
-        plan = [(n, sh, tensor_type(spec, n, t, sh[-1]), make)
-                for n, sh, t, make in _tensors(spec, rng, len(vocab.tokens))]
-        for name_, shape, type_name, _ in plan:
-            qtype = gguf.GGMLQuantizationType[type_name]
-            if qtype == gguf.GGMLQuantizationType.F32:
-                w.add_tensor_info(name_, shape, np.dtype(np.float32), 4 * math.prod(shape))
-            elif qtype == gguf.GGMLQuantizationType.F16:
-                w.add_tensor_info(name_, shape, np.dtype(np.float16), 2 * math.prod(shape))
-            else:
-                byte_shape = gguf.quants.quant_shape_to_byte_shape(shape, qtype)
-                w.add_tensor_info(name_, byte_shape, np.dtype(np.uint8), math.prod(byte_shape),
-                                  raw_dtype=qtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for name_, shape, type_name, make in plan:
-            a = make()
-            if a.shape != shape:
-                raise AssertionError(f"{name_}: generated {a.shape}, planned {shape}")
-            w.write_tensor_data(_quantize(a, type_name)[0])
-            del a
+        _add_metadata(w, spec, name, vocab)
+        _add_tensors(w, spec, len(vocab.tokens))
         w.close()
         # mkstemp makes the file 0600: give it the mode a plain create would (0644 under
         # the usual umask), so a llama.cpp or server process of another user can read it.
@@ -299,6 +244,69 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def _add_metadata(w: gguf.GGUFWriter, spec: SynthSpec, name: str, vocab: SynthVocab) -> None:
+    """The header's key-value pairs, in the order files have always had them."""
+    d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
+    w.add_custom_alignment(ALIGNMENT)
+    w.add_name(name)
+    w.add_file_type(FILE_TYPES[spec.expert_type])  # the experts hold nearly every byte
+    w.add_description(f"abbench synthetic model: {asdict(spec)}")
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.context_length)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ff)
+    w.add_expert_feed_forward_length(ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_count(spec.n_expert)
+    w.add_expert_used_count(spec.n_expert_used)
+    w.add_sampling_temp(1.0)
+    w.add_sampling_penalty_repeat(SAMPLING_PENALTY_REPEAT)
+    w.add_sampling_penalty_last_n(SAMPLING_PENALTY_LAST_N)
+    w.add_uint32("abbench.synthetic.format", FORMAT_VERSION)
+    for key, value in asdict(spec).items():
+        if key == "tokenizer" and value == "llama":
+            continue  # the default: files written before the option stay byte-identical
+        if isinstance(value, str):
+            w.add_string(f"abbench.synthetic.{key}", value)
+        elif isinstance(value, int):
+            w.add_int64(f"abbench.synthetic.{key}", value)
+        else:
+            w.add_float64(f"abbench.synthetic.{key}", float(value))
+    _add_vocab(w, vocab)
+
+
+def _add_tensors(w: gguf.GGUFWriter, spec: SynthSpec, n_vocab: int) -> None:
+    """Every tensor's info first (the header needs them), then each tensor generated,
+    converted and written in the file's order: one tensor in memory at a time."""
+    rng = np.random.default_rng(spec.seed)
+    plan = [(n, sh, tensor_type(spec, n, t, sh[-1]), make)
+            for n, sh, t, make in _tensors(spec, rng, n_vocab)]
+    for name_, shape, type_name, _ in plan:
+        qtype = gguf.GGMLQuantizationType[type_name]
+        if qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor_info(name_, shape, np.dtype(np.float32), 4 * math.prod(shape))
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            w.add_tensor_info(name_, shape, np.dtype(np.float16), 2 * math.prod(shape))
+        else:
+            byte_shape = gguf.quants.quant_shape_to_byte_shape(shape, qtype)
+            w.add_tensor_info(name_, byte_shape, np.dtype(np.uint8), math.prod(byte_shape),
+                              raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name_, shape, type_name, make in plan:
+        a = make()
+        if a.shape != shape:
+            raise AssertionError(f"{name_}: generated {a.shape}, planned {shape}")
+        w.write_tensor_data(_quantize(a, type_name)[0])
+        del a
 
 
 Make = Callable[[], np.ndarray]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from abbench.errors import AbbenchError, FitError
-from abbench.records import keys, read_journal, read_plan, read_samples
+from abbench.records import Sample, keys, read_journal, read_plan, read_samples
 from abbench.sim.profile import Cluster, Profile, Trip, load_profile, profile_from_text
 from abbench.sim.thermal import (
     THERMAL,
@@ -143,23 +143,11 @@ def read_timeline(run: Path, time_scale: float) -> Timeline:
                            f"temperature (`{key}`): nothing to fit",
                            tip="record on a device with sensors (`abbench sensors` lists "
                            "what a device exposes)")
-    hw: dict[str, int] = {}
-    for s in samples:
-        for p, v in keys.policies(s.values, "hw_max_khz").items():
-            if keys.cap_khz(p) in s.values and isinstance(v, int):
-                hw[p] = max(hw.get(p, 0), v)
-    clusters = tuple(Cluster(p, hw[p]) for p in sorted(hw, key=_policy_order))
-    t, soc, case, caps = [], [], [], []
-    last = [c.hw_max_khz for c in clusters]  # a policy missing from a sample keeps its cap
-    for s in samples:
-        for i, c in enumerate(clusters):
-            cap = s.values.get(keys.cap_khz(c.policy))
-            if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
-                last[i] = min(cap, c.hw_max_khz)
-        t.append(s.t_mono)
-        soc.append(_num(s.values, SOC_KEY))
-        case.append(_num(s.values, CASE_KEY))
-        caps.append(tuple(last))
+    clusters = _clusters(samples)
+    t = [s.t_mono for s in samples]
+    soc = [_num(s.values, SOC_KEY) for s in samples]
+    case = [_num(s.values, CASE_KEY) for s in samples]
+    caps = _caps(samples, clusters)
     ta = np.asarray(t, dtype=float)
     soc_a = np.array([math.nan if x is None else x for x in soc])
     case_a = np.array([math.nan if x is None else x for x in case])
@@ -186,6 +174,35 @@ def read_timeline(run: Path, time_scale: float) -> Timeline:
         raise FitError(f"{run}: no cell ran while the sampler recorded (journal.jsonl has "
                        f"{len(spans)} cell spans): the load never changed, so heat cannot "
                        "be told from ambient")
+    return Timeline(ta, soc_a, case_a, caps, clusters, tuple(segments),
+                    1.0 - busy_s / total_s, _extras(samples))
+
+
+def _clusters(samples: list[Sample]) -> tuple[Cluster, ...]:
+    """The cpufreq policies with a cap in the samples, each at its highest hardware max."""
+    hw: dict[str, int] = {}
+    for s in samples:
+        for p, v in keys.policies(s.values, "hw_max_khz").items():
+            if keys.cap_khz(p) in s.values and isinstance(v, int):
+                hw[p] = max(hw.get(p, 0), v)
+    return tuple(Cluster(p, hw[p]) for p in sorted(hw, key=_policy_order))
+
+
+def _caps(samples: list[Sample], clusters: tuple[Cluster, ...]) -> list[tuple[int, ...]]:
+    """Each sample's cap per cluster; a policy missing from a sample keeps its last cap."""
+    last = [c.hw_max_khz for c in clusters]
+    out = []
+    for s in samples:
+        for i, c in enumerate(clusters):
+            cap = s.values.get(keys.cap_khz(c.policy))
+            if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+                last[i] = min(cap, c.hw_max_khz)
+        out.append(tuple(last))
+    return out
+
+
+def _extras(samples: list[Sample]) -> dict[str, float]:
+    """The memory and battery figures the profile keeps: each one's median over the run."""
     extras = {}
     for key, name in ((keys.MEM_TOTAL_MIB, "mem_total_mib"),
                       (keys.MEM_AVAILABLE_MIB, "mem_available_mib"),
@@ -193,8 +210,7 @@ def read_timeline(run: Path, time_scale: float) -> Timeline:
         vals = [x for s in samples if (x := _num(s.values, key)) is not None]
         if vals:
             extras[name] = float(np.median(vals))
-    return Timeline(ta, soc_a, case_a, caps, clusters, tuple(segments),
-                    1.0 - busy_s / total_s, extras)
+    return extras
 
 
 def series(tl: Timeline) -> list[Series]:
