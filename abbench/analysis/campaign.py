@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from abbench.analysis.cells import CellStats, cell_stats
-from abbench.analysis.decide import Decision, decide, energy_matches, energy_view, exit_status
+from abbench.analysis.decide import Decision, decide, exit_status
 from abbench.analysis.drift import Drift, Tell, _capped_from, contamination_tells, sentinel_drift
 from abbench.analysis.matching import PairMatch, device_state_recorded, match_pair, tolerances
-from abbench.analysis.noise import campaign_noise, comparable, noise_for, repeat_groups
+from abbench.analysis.metrics import metric
+from abbench.analysis.noise import comparable, noise_for, repeat_groups
 from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
 from abbench.errors import EXIT_NO_GO, EXIT_NO_MEASUREMENT, RecordError
@@ -170,17 +171,9 @@ def decisions_at(plan: Plan, cells: list[CellStats], matches: dict[tuple[int, in
     noise = noise_for(groups, floor)
     decisions = []
     for d in plan.decisions:
-        if d.metric == "energy_per_token":
-            energy = [energy_view(c) for c in prefix]
-            known = {c.index: c for c in energy if c.ok}
-            # The cell level from this campaign's repeats alone: the device history's floor
-            # is of speed.
-            energy_groups = [[known[c.index] for c in g if c.index in known] for g in groups]
-            energy_noise = campaign_noise([g for g in energy_groups if len(g) >= 2])
-            decisions.append(decide(d, energy, energy_matches(prefix, matches), energy_noise,
-                                    alpha))
-        else:
-            decisions.append(decide(d, prefix, matches, noise, alpha))
+        read_cells, read_matches, read_noise = metric(d.metric).read(prefix, matches, groups,
+                                                                      noise)
+        decisions.append(decide(d, read_cells, read_matches, read_noise, alpha))
     return tuple(decisions), noise
 
 

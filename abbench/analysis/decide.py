@@ -20,21 +20,19 @@ Otherwise INCONCLUSIVE (it straddles, or the noise is unknown); OWED when no mat
 exists; UNVERIFIED when only unverified pairs exist (`unverified_verdict` says what they
 would give).
 
-`metric = "energy_per_token"` asks the same of energy: each cell's tokens per joule (the
-inverse of its J/token, so that above 1 still favours the candidate) in place of its
-tokens/s, with the bootstrap variance of its log J/token as the token level, the cell level
-from this campaign's repeats of it (the device history holds speed only), and only pairs
-whose cells both have an energy figure (`energy_view`, `energy_matches`).
+`metric = "energy_per_token"` asks the same of energy: the cells, pairs and noise it is
+decided on are its metric's (`analysis/metrics.py`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from abbench.analysis.cells import CellStats
-from abbench.analysis.matching import Criterion, PairMatch
+from abbench.analysis.matching import PairMatch
+from abbench.analysis.metrics import metric
 from abbench.analysis.noise import cell_log_rate
 from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import (
@@ -113,9 +111,6 @@ class Decision:
         if self.expect == "not-slower":
             return 1.0 - (self.max_regression or 0.0)
         return 1.0 + self.min_effect
-
-
-WORSE = {"tok_per_s": "slower", "energy_per_token": "costlier in energy per token"}
 
 
 def verdict_of(ratio: Interval, expect: str, min_effect: float, max_regression: float | None,
@@ -313,7 +308,7 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
     weights = _weights([(p.candidate, p.baseline) for p in with_ratio])
     pooled, se, token_se = contrast(by, weights, noise, alpha)
     verdict, reason = verdict_of(pooled, expect, min_effect, max_regression, noise,
-                               WORSE.get(spec.metric, "slower"))
+                               metric(spec.metric).worse)
     threshold = 1.0 - (max_regression or 0.0) if expect == "not-slower" else 1.0 + min_effect
     settle = None
     if verdict == INCONCLUSIVE:
@@ -334,42 +329,6 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
                         "recorded)", warning, **extra)
     return Decision(cand, base, min_effect, verdict, None, pooled, tuple(with_ratio),
                     unmatched, reason, settle, warning, **extra)
-
-
-def energy_view(c: CellStats) -> CellStats:
-    """The cell as an energy decision reads it: tokens per joule where its tokens/s was
-    (higher is better, as for speed), the variance of its log J/token as its token level;
-    no throughput where it has no energy figure."""
-    j = c.energy.j_per_token
-    if j is None or not (math.isfinite(j.estimate) and j.estimate > 0):
-        return replace(c, tokens_per_s=None, log_rate=None, token_variance=math.nan)
-
-    def inverse(x: float) -> float:
-        return 1.0 / x if math.isfinite(x) and x > 0 else math.nan
-
-    per_joule = Interval(inverse(j.estimate), inverse(j.high), inverse(j.low), j.level)
-    return replace(c, tokens_per_s=per_joule, log_rate=-math.log(j.estimate),
-                   token_variance=c.energy.log_variance)
-
-
-def energy_matches(cells: Sequence[CellStats], matches: dict[tuple[int, int], PairMatch]
-                   ) -> dict[tuple[int, int], PairMatch]:
-    """The pairs an energy decision may read: a pair whose cell has no energy figure is
-    unmatched for it, with the reason (the cell's note: charging, no power sensor)."""
-    by = {c.index: c for c in cells}
-    out = {}
-    for key, m in matches.items():
-        missing = [by[i] for i in key if i in by and not by[i].energy.known]
-        if not missing:
-            out[key] = m
-            continue
-        c = missing[0]
-        detail = (f"no energy figure for cell {c.index + 1} ({c.name})"
-                  + (f": {c.energy.note}" if c.energy.note else ": no power reading recorded"))
-        crit = Criterion("energy", "fail", None, None, None, detail)
-        out[key] = replace(m, state="unmatched", criteria=(*m.criteria, crit),
-                           reasons=(*m.reasons, detail))
-    return out
 
 
 def exit_status(decisions: list[Decision]) -> int:

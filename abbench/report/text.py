@@ -8,6 +8,7 @@ from typing import Any
 
 from abbench.analysis.cells import CellStats
 from abbench.analysis.decide import UNVERIFIED, Decision
+from abbench.analysis.metrics import metric as metric_of
 from abbench.analysis.stats import Interval, Noise
 from abbench.records import EntryState
 
@@ -53,10 +54,8 @@ def times(candidate: str, baseline: str, iv: Interval, metric: str = "tok_per_s"
     up = iv.estimate >= 1
     est, lo, hi = (iv.estimate, iv.low, iv.high) if up else (1 / iv.estimate, 1 / iv.high,
                                                              1 / iv.low)
-    if metric == "energy_per_token":
-        verb, word = "used", ("less" if up else "more") + " energy per token"
-    else:
-        verb, word = "ran", "faster" if up else "slower"
+    m = metric_of(metric)
+    verb, word = m.verb, m.more if up else m.less
     if finite(lo) and finite(hi):
         pm = max(est - lo, hi - est)
         return f"{candidate} {verb} {est:.2f} ± {pm:.2f} times {word} than {baseline}"
@@ -88,10 +87,10 @@ def noise(n: Noise) -> str:
 def question(d: Decision) -> str:
     """The decision's question in a table cell: "faster by 0.03", "not slower by 0.1", and
     for energy "J/token lower by 0.03", "J/token not higher by 0.1"."""
-    energy = d.metric == "energy_per_token"
+    m = metric_of(d.metric)
     if d.expect == "not-slower":
-        return f"{'J/token not higher' if energy else 'not slower'} by {d.max_regression:g}"
-    return f"{'J/token lower' if energy else 'faster'} by {d.min_effect:g}"
+        return f"{m.not_worse} by {d.max_regression:g}"
+    return f"{m.goal} by {d.min_effect:g}"
 
 
 def resolvable(d: Decision) -> str | None:
