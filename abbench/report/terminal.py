@@ -9,6 +9,7 @@ line)."""
 
 from __future__ import annotations
 
+import sys
 from typing import IO
 
 from rich import box
@@ -120,10 +121,25 @@ def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPL
     emit(build(a, samples=()), console, table_box)  # the terminal plots nothing
 
 
+# Plain text is never wrapped by us: a pipe, a file or a CI log gets whole lines (a table
+# row cut at 80 columns, as rich cuts it off a terminal, cannot be grepped or diffed).
+PLAIN_WIDTH = 10_000
+
+
 def print_report(a: CampaignAnalysis, style: str = "rich", file: IO[str] | None = None) -> None:
-    if style == "plain":
+    """The report on a terminal (`rich`: boxes, colours, the terminal's width), or as plain
+    full-width text (`plain`, and `rich` whenever the output is not a terminal)."""
+    stream = file if file is not None else sys.stdout
+    if style == "plain" or not _is_terminal(stream):
         console = Console(file=file, color_system=None, highlight=False, emoji=False,
-                          width=160, no_color=True)
+                          width=PLAIN_WIDTH, no_color=True)
         render(a, console, box.ASCII2)
     else:
         render(a, Console(file=file, highlight=False, emoji=False))
+
+
+def _is_terminal(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or file-less stream
+        return False
