@@ -81,7 +81,7 @@ def _fmt(value: Any) -> str:
 
 
 def render_exposes(rows: list[tuple[str, str]], out: TextIO) -> None:
-    width = max(len(name) for name, _ in rows)
+    width = max(len(shown(name)) for name, _ in rows)
     for name, what in rows:
         out.write(f"{shown(name):<{width}}  {shown(what)}\n")  # a remote device's words
 

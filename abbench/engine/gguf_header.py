@@ -27,6 +27,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION
 
 from abbench.errors import ModelFileError
+from abbench.records.text import ascii_clip
 
 # GGUF v2/v3 layout (all integers in the file's byte order, little-endian unless the
 # version reads byte-swapped):
@@ -55,10 +56,8 @@ _MIN_KV_BYTES, _MIN_TENSOR_BYTES = 8 + 4 + 1, 8 + 4 + 4 + 8
 
 
 def show(text: str, n: int = 60) -> str:
-    """A key or tensor name from the file, safe inside one message line: control
-    characters escaped, clipped to `n` characters."""
-    shown = text.encode("unicode_escape").decode("ascii")
-    return shown if len(shown) <= n else shown[: n - 3] + "..."
+    """A key or tensor name from the file, safe inside one message line."""
+    return ascii_clip(text, n)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import numpy as np
 from abbench.errors import TraceError, WriteError
 from abbench.fsutil import whole_file_target
 from abbench.records.bmoe_csv import CACHE_BUDGET
+from abbench.records.text import ascii_clip
 
 MAGIC = "# route_trace v1"
 REQUIRED = ("turn", "phase", "step", "layer", "slot", "expert", "weight", "residency",
@@ -169,9 +170,10 @@ class _Parser:
             raise self.fail(1, "empty file, expected a route trace", tip=_TIP)
         first = self.lines[0].lstrip("\ufeff").strip()
         if first != MAGIC:
-            what = (f"unsupported version `{_clip(first[2:])}`, this abbench reads route_trace v1"
+            what = (f"unsupported version `{ascii_clip(first[2:])}`, this abbench reads "
+                    "route_trace v1"
                     if first.startswith("# route_trace") else
-                    f"expected `{MAGIC}`, got `{_clip(first)}` (no route trace preamble)")
+                    f"expected `{MAGIC}`, got `{ascii_clip(first)}` (no route trace preamble)")
             raise self.fail(1, what, tip=_TIP)
         meta, layers, at = self.preamble()
         n_layer, n_expert, k = self.model_line(meta, at)
@@ -196,7 +198,7 @@ class _Parser:
         while i < len(self.lines) and self.lines[i].lstrip().startswith("#"):
             pairs = _pairs(self.lines[i].lstrip()[1:])
             if "layer" in pairs:
-                bad = self.fail(i + 1, f"layer index `{_clip(pairs['layer'])}` is not a "
+                bad = self.fail(i + 1, f"layer index `{ascii_clip(pairs['layer'])}` is not a "
                                 "whole number")
                 index = _int(pairs["layer"], bad, hi=_MAX_LAYERS)
                 if index in layers:
@@ -219,7 +221,7 @@ class _Parser:
 
         def number(key: str, hi: int) -> int:
             return _int(meta[key], self.fail(
-                at, f"preamble `{key}={_clip(meta[key])}` is not a whole number in 1..{hi}"),
+                at, f"preamble `{key}={ascii_clip(meta[key])}` is not a whole number in 1..{hi}"),
                 lo=1, hi=hi)
         n_layer = number("n_layer", _MAX_LAYERS)
         n_expert = number("n_expert", _MAX_EXPERTS)
@@ -244,11 +246,11 @@ class _Parser:
             if "expert_bytes" not in pairs:
                 raise self.fail(line, f"`# layer={i}` line has no `expert_bytes=`")
             expert.append(_int(pairs["expert_bytes"], self.fail(
-                line, f"`expert_bytes={_clip(pairs['expert_bytes'])}` is not a positive "
+                line, f"`expert_bytes={ascii_clip(pairs['expert_bytes'])}` is not a positive "
                 "whole number"), lo=1, hi=1 << 48))
             if "dense_bytes" in pairs:
                 dense.append(_int(pairs["dense_bytes"], self.fail(
-                    line, f"`dense_bytes={_clip(pairs['dense_bytes'])}` is not a whole "
+                    line, f"`dense_bytes={ascii_clip(pairs['dense_bytes'])}` is not a whole "
                     "number"), hi=1 << 48))
             else:
                 dense.append(None)
@@ -296,7 +298,7 @@ class _Parser:
                 try:
                     v = int(text)
                 except ValueError:
-                    raise self.fail(n + 1, f"`{name}` is `{_clip(text)}`, not a whole "
+                    raise self.fail(n + 1, f"`{name}` is `{ascii_clip(text)}`, not a whole "
                                     "number") from None
                 if not 0 <= v <= top:
                     raise self.fail(n + 1, f"`{name}` is {v}, outside 0..{top}")
@@ -304,7 +306,7 @@ class _Parser:
             try:
                 w = float(fields[w_at])
             except ValueError:
-                raise self.fail(n + 1, f"`weight` is `{_clip(fields[w_at])}`, not a "
+                raise self.fail(n + 1, f"`weight` is `{ascii_clip(fields[w_at])}`, not a "
                                 "number") from None
             if not math.isfinite(w) or w < 0:
                 raise self.fail(n + 1, f"`weight` is {w}, expected a finite number >= 0")
@@ -324,12 +326,6 @@ def _looks_numeric(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _clip(text: str, n: int = 40) -> str:
-    """Quote user text safely inside one message line."""
-    text = text.encode("unicode_escape").decode("ascii")
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 class RouteTraceWriter:

@@ -15,6 +15,14 @@ def quote(text: str, n: int = 40) -> str:
     return repr(text if len(text) <= n else text[: n - 3] + "...")
 
 
+def ascii_clip(text: str, n: int = 40) -> str:
+    """A name from a binary file (a GGUF key, a route trace's model) for one message line:
+    everything but printable ASCII escaped (`\\x1b`, `\\u202e`), shortened to `n`
+    characters."""
+    shown = text.encode("unicode_escape").decode("ascii")
+    return shown if len(shown) <= n else shown[: n - 3] + "..."
+
+
 def clip(text: str, n: int = 40) -> str:
     """A name from a file for a backticked message: control characters escaped, shortened
     to `n` characters."""
