@@ -1,4 +1,4 @@
-"""engine/ggml.py: finding and checking ggml's library, its quantizer, graphs over our memory."""
+"""engine/ggml/: finding and checking ggml's library, its quantizer, graphs over our memory."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from abbench.engine import ggml
+from abbench.engine.ggml import abi, library
 
 # One row bound per type: |dequantize(quantize(a)) - a| on unit normals, with margin.
 ROUND_TRIP = {ggml.Q8_0: 0.03, ggml.Q4_0: 0.5, ggml.Q4_K: 0.35, ggml.Q5_K: 0.2,
@@ -21,6 +22,13 @@ def test_the_library_loads_and_passes_its_layout_check() -> None:
     lib = ggml.lib()
     assert (lib.folder / "libggml-cpu.so").exists()
     assert lib.cpu_features()  # names what the kernels were built for
+
+
+def test_every_prototype_is_declared_on_its_library() -> None:
+    g = ggml.lib()
+    for which, name, restype, argtypes in abi.PROTOTYPES:
+        fn = getattr(getattr(g, which), name)
+        assert (fn.restype, fn.argtypes) == (restype, list(argtypes)), name
 
 
 def test_a_folder_without_the_library_is_refused_with_its_paths(tmp_path: Path,
@@ -37,7 +45,8 @@ def test_a_library_whose_tensor_struct_differs_is_refused(tmp_path: Path,
     folder = ggml.lib().folder
     for name in ("libggml-base.so", "libggml-cpu.so"):  # a fresh path: loaded anew
         shutil.copy(folder / name, tmp_path / name)
-    monkeypatch.setattr(ggml, "GGML_OBJECT_SIZE", ggml.GGML_OBJECT_SIZE + 8)
+    # where the layout check reads it
+    monkeypatch.setattr(library, "GGML_OBJECT_SIZE", ggml.GGML_OBJECT_SIZE + 8)
     with pytest.raises(ggml.GgmlUnavailable, match="struct ggml_tensor"):
         ggml.Lib(tmp_path)
 

@@ -30,6 +30,10 @@ The architecture's sparse MoE block routes, then calls the two steps here with t
 The block sums the outputs in routing order, so the result is bit-identical whatever was
 resident, when reads finished, or who computed. The steps' bookkeeping (settling, the
 policies, lookups, read issue, trace rows) is the pass's *mgmt* time.
+
+A prompt's batch takes its own path through the same lookups and reads (`prefill`, in
+`expert_prefill.py`); the speculation of step 2 is `expert_speculation.py`; what a pass
+did and holds (its counters, a layer's `Selection` and `Load`) is `expert_pass.py`.
 """
 
 from __future__ import annotations
@@ -37,98 +41,39 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, fields
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from abbench.engine import partner
 from abbench.engine.cache import BufferKind, ExpertCache, Key
-from abbench.engine.compute import ComputeTeam, Job, rows_task
+from abbench.engine.compute import ComputeTeam, Job
+from abbench.engine.expert_pass import Direct, Load, Miss, Selection, TokenCounters
+from abbench.engine.expert_prefill import BatchPrefill
+from abbench.engine.expert_speculation import Speculation
 from abbench.engine.gguf_file import ModelFile
-from abbench.engine.policies import (
-    Policies,
-    cold_keep,
-    kept_weights,
-    prev_token_prefetch,
-    stale_gate_prefetch,
-)
+from abbench.engine.policies import Policies, cold_keep, kept_weights
 from abbench.engine.qcompute import QuantTeam
 from abbench.engine.slots import SlotPool
-from abbench.engine.streamer import (
-    BufferArena,
-    ExpertBuffer,
-    F32Kind,
-    LayerExperts,
-    ReadTicket,
-    SliceReader,
-)
+from abbench.engine.streamer import BufferArena, F32Kind, LayerExperts, ReadTicket, SliceReader
 
 if TYPE_CHECKING:
     from abbench.engine.predictor import RoutePredictor
     from abbench.records.route_trace import RouteTraceWriter
 
+# Re-exported: what one pass did and holds (`expert_pass.py`), imported from here too.
+__all__ = ["MIB", "Direct", "ExpertRunner", "Load", "Miss", "Selection", "TokenCounters"]
+
 MIB = 1024 * 1024
 
 
-@dataclass
-class TokenCounters:
-    """What one forward pass did on the expert side (reset per pass)."""
+class ExpertRunner(BatchPrefill, Speculation):
+    """The experts of every layer: one cache, one set of reader lanes, one compute team.
 
-    read_bytes: int = 0
-    io_s: float = 0.0  # time reads were in flight (per layer, first issue → last done)
-    stall_s: float = 0.0  # time every compute thread waited on a read
-    mgmt_s: float = 0.0  # cache bookkeeping and read issue on the compute thread
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    experts_routed: int = 0
-    experts_dropped: int = 0
-    spec_read_bytes: int = 0
-    spec_experts: int = 0  # speculative reads completed and integrated into the cache
-    spec_useful: int = 0  # speculatively read experts hit before eviction
-    spec_cancelled: int = 0
-    retained: int = 0  # predicted residents refreshed in the LRU
-
-    def reset(self) -> None:
-        for f in fields(self):
-            setattr(self, f.name, type(getattr(self, f.name))())
-
-    def counts(self) -> dict[str, int]:
-        """The pass's counts, which a TokenRecord carries as they are (times it converts)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """One layer's routing as the router chose it and as the drop policy left it."""
-
-    routed: list[int]  # (k,) expert ids, routing order
-    routed_weights: np.ndarray  # (k,)
-    keep: list[bool] | None  # (k,) per routed slot; None when nothing was dropped
-    experts: list[int]  # (k',) the kept experts, routing order
-    weights: np.ndarray  # (k',) their weights (renormalised unless --drop-no-renorm)
-
-
-# The partner and each layer's buffers by expert id, when every expert is resident there.
-Direct = tuple[partner.Partner, list[list[ExpertBuffer]]]
-Miss = tuple[int, int, ExpertBuffer, bool]  # (slot, expert, buffer, whether it is cached)
-
-
-@dataclass(slots=True)
-class Load:
-    """One layer's chosen experts after their lookups: what is resident, what is read."""
-
-    resident: list[Job]
-    missing: list[Miss]
-    tickets: list[ReadTicket]  # one per miss, in flight
-    residency: list[int]  # per chosen slot: 0 miss, 1 hit, 2 hit on speculation
-    batch: set[Key] | None  # the layer's keys (never evicted by it); built at the first miss
-
-
-class ExpertRunner:
-    """The experts of every layer: one cache, one set of reader lanes, one compute team."""
+    The prefill path (`expert_prefill.py`) and speculation (`expert_speculation.py`) are
+    parts of this class kept in their own modules; this one holds the state and a decode
+    layer's steps."""
 
     def __init__(
         self,
@@ -480,251 +425,6 @@ class ExpertRunner:
             dropped = [0 if kept else 1 for kept in chosen.keep]
         trace.layer(phase, self.step, layer, chosen.routed, chosen.routed_weights.tolist(),
                     full, dropped, self.layout[layer].file_bytes)
-
-    # -- prefill: the prompt as one batch per layer --------------------------------------
-
-    def prefill(self, layer: int, x: np.ndarray, ids: np.ndarray,
-                weights: np.ndarray) -> np.ndarray:
-        """The MoE output of a batch of prompt tokens at one layer (prefill: see
-        docs/engine.md#how-a-token-is-computed).
-
-        x: (n, d) normalised inputs; ids, weights: (n, k) each token's routing. The union of
-        the kept experts is looked up and read once for the whole batch (one lookup each, as
-        a decode token does per layer); each expert then runs one GEMM over the rows routed
-        to it. With --drop-in-prefill a token drops against the residency before the
-        layer's reads. → (n, d), each token's weighted sum in routing order.
-        """
-        t0 = time.perf_counter()
-        if self._pending:
-            self._settle()
-        n, k = ids.shape
-        self.tok.experts_routed += n * k
-        keep = np.ones((n, k), bool)  # (n, k)
-        w = weights  # (n, k)
-        frac = self.policies.drop_frac_in(0)
-        if frac is not None:
-            resident = np.vectorize(lambda e: self.cache.peek((layer, int(e))), otypes=[bool])
-            flags = resident(ids)  # (n, k)
-            w = np.zeros_like(weights)
-            for t in range(n):
-                keep[t] = cold_keep(weights[t], flags[t].tolist(), frac)
-                w[t, keep[t]] = kept_weights(weights[t], keep[t].tolist(),
-                                             self.policies.drop_renorm)
-            self.tok.experts_dropped += int(n * k - keep.sum())
-        # The union in first-use order (row-major): the batch's reads are issued in it.
-        kept_ids = ids[keep]  # (kept,)
-        _, first = np.unique(kept_ids, return_index=True)
-        union = kept_ids[np.sort(first)].tolist()
-        y = np.zeros((n, k, x.shape[1]), np.float32)  # (n, k, d) per routed slot
-        # As many experts at a time as the budget holds, so that a union larger than the
-        # cache is not held all at once (memory stays at the budget): each group is
-        # looked up, read and computed, then the next one may evict it.
-        group = max(1, self.cache.budget_bytes // self.kinds[layer].nbytes)
-        residency: list[int] = []
-        self.tok.mgmt_s += time.perf_counter() - t0
-        for lo in range(0, len(union), group):
-            chunk = union[lo : lo + group]
-            t1 = time.perf_counter()
-            evictions_before = self.cache.counters.evictions
-            load = self._load(layer, chunk)
-            self.tok.evictions += self.cache.counters.evictions - evictions_before
-            residency += load.residency
-            self.tok.mgmt_s += time.perf_counter() - t1
-            self._run_batch(layer, x, ids, keep, chunk, load, y)
-        if self.trace is not None:
-            t1 = time.perf_counter()
-            self._trace_prefill(self.trace, layer, ids, weights, keep, union, residency)
-            self.tok.mgmt_s += time.perf_counter() - t1
-        # Each token's slots summed in routing order, as the decode path sums them.
-        out = np.zeros_like(x)  # (n, d)
-        for j in range(k):
-            out += w[:, j, None] * y[:, j]
-        return out
-
-    def _run_batch(self, layer: int, x: np.ndarray, ids: np.ndarray, keep: np.ndarray,
-                   union: list[int], load: Load, y: np.ndarray) -> None:
-        """Each expert of the union as one GEMM over its rows of x (n, d), into y (n, k, d).
-        With a partner and every expert resident, half the experts run there (`partner.py`);
-        otherwise on `--threads` threads (numpy releases the GIL in a GEMM), resident ones
-        first, then each read as it lands (without --overlap, every read is waited for
-        first). Each expert's GEMMs are one thread's, on one BLAS thread, so the bits do not
-        depend on who ran it. The stall is the time spent waiting on reads, per thread."""
-        n, k = ids.shape
-        if isinstance(self.team, QuantTeam):
-            self._run_batch_quant(self.team, layer, x, ids, keep, union, load, y)
-            return
-        flat = y.reshape(n * k, -1)  # (n * k, d): row t * k + j is token t's slot j
-        # Each expert's slots, ascending: one sort of the kept slots by expert id.
-        chosen = np.where(keep, ids, -1).ravel()  # (n * k,), -1 where dropped
-        order = np.argsort(chosen, kind="stable")  # (n * k,)
-        ranked = chosen[order]
-        first = np.array(union, dtype=ranked.dtype)  # (|union|,)
-        bounds = np.searchsorted(ranked, np.stack([first, first + 1]))  # (2, |union|)
-        slots = [order[lo:hi] for lo, hi in bounds.T.tolist()]  # per union slot
-        jobs: list[tuple[np.ndarray, ExpertBuffer, ReadTicket | None]]
-        jobs = [(slots[job.slot], job.buffer, None) for job in load.resident]
-        jobs += [(slots[slot], buf, t)
-                 for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
-
-        def run(job: tuple[np.ndarray, ExpertBuffer, ReadTicket | None]) -> float:
-            where, buf, ticket = job
-            waited = 0.0
-            if ticket is not None:
-                w0 = time.perf_counter()
-                ticket.wait()  # raises if the read failed
-                waited = time.perf_counter() - w0
-            rows_task(buf, x, k, where, flat)  # no two jobs share a slot
-            return waited
-
-        def run_all() -> float:
-            team = self.team
-            if (isinstance(team, partner.Partner) and not load.tickets
-                    and team.run_rows(x, k, [(buf, where) for where, buf, _ in jobs], flat)):
-                return 0.0
-            if self.threads == 1 or len(jobs) == 1:
-                return sum(run(job) for job in jobs)
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, "prefill")
-            running = [self._pool.submit(run, job) for job in jobs]
-            wait(running)  # every job ends, failed or not, before a buffer is let go
-            return sum(f.result() for f in running) / self.threads  # the first error raises
-
-        self._compute(layer, load, run_all)
-
-    def _run_batch_quant(self, team: QuantTeam, layer: int, x: np.ndarray, ids: np.ndarray,
-                         keep: np.ndarray, union: list[int], load: Load,
-                         y: np.ndarray) -> None:
-        """The batch on ggml, as llama.cpp runs it: one graph over every token's experts
-        (their slots), once every read has landed (the wait is the stall)."""
-
-        def run() -> float:
-            w0 = time.perf_counter()
-            for t in load.tickets:
-                t.wait()  # raises if the read failed
-            stall = time.perf_counter() - w0
-            slot = {}  # expert id → its slot index, for this group of the union
-            for job in load.resident:
-                slot[union[job.slot]] = job.buffer.index  # type: ignore[union-attr]
-            for _, e, buf, _ in load.missing:
-                slot[e] = buf.index  # type: ignore[union-attr]
-            # The (token, routing slot) pairs this group's experts serve, token by token:
-            # each one row of `rows`' batch (an expert's rows in token order, as ggml
-            # groups them in llama.cpp's batch, so the same bits).
-            mine = np.vectorize(slot.__contains__, otypes=[bool])(ids) & keep  # (n, k)
-            tok, j = np.nonzero(mine)  # (m,), (m,)
-            pool = self.kinds[layer]
-            slots = np.array([slot[e] for e in ids[tok, j].tolist()], np.int32)[:, None]
-            y[tok, j] = team.rows(pool, x[tok], slots)[:, 0]  # type: ignore[arg-type]
-            return stall
-
-        self._compute(layer, load, run)
-
-    def _trace_prefill(self, trace: RouteTraceWriter, layer: int, ids: np.ndarray,
-                       weights: np.ndarray, keep: np.ndarray, union: list[int],
-                       residency: list[int]) -> None:
-        """The batch's rows, token by token (`step` = the token's index in the prompt): an
-        expert's first row carries its lookup's residency; later rows in the batch are hits
-        on the one read (the replay's accounting, records/route_trace.py)."""
-        status = dict(zip(union, residency))
-        seen: set[int] = set()
-        base = self.step
-        for t in range(ids.shape[0]):
-            routed = ids[t].tolist()
-            res, dropped = [], []
-            for e, kept in zip(routed, keep[t].tolist()):
-                dropped.append(0 if kept else 1)
-                if not kept:
-                    res.append(0)
-                elif e in seen:
-                    res.append(1)
-                else:
-                    seen.add(e)
-                    res.append(status[e])
-            trace.layer(0, base + t, layer, routed, weights[t].tolist(), res, dropped,
-                        self.layout[layer].file_bytes)
-
-    # -- speculation -----------------------------------------------------------------
-
-    def _speculate(self, layer: int, in_use: set[Key] | None) -> None:
-        """Ask the speculation policy what to read and retain after `layer`'s own reads,
-        and issue the reads behind them (FIFO lanes: real reads first)."""
-        pol = self.policies
-        nxt = layer + 1
-        if pol.prefetch:
-            plan = prev_token_prefetch(layer, self._prev_routing, pol.prefetch)
-        elif self.predictor is not None and nxt < len(self.layout):
-            pred = self.predictor.pred_ids[nxt]
-            if pred is None:
-                return
-            if pol.spec_max == 0 and self.cache.complete:  # every prediction resident,
-                self.tok.retained += len(pred)  # and a complete cache keeps no recency
-                return
-            if pol.spec_max == 0:
-                # Retention only: every resident prediction is refreshed (the policy's
-                # answer without reads), and as nothing is read before the next layer's
-                # lookups, the refresh waits for them (`_load`): the ones it looks up are
-                # refreshed by their own lookup, the others just before. The LRU ends in
-                # the same order and evicts the same entries (tested), for a fraction of
-                # the dictionary work on the path P4 measures.
-                self._retain_at = (nxt, pred.tolist())
-                return
-            plan = stale_gate_prefetch(nxt, pred, self.predictor.pred_weights[nxt],
-                                       self.cache.entries, pol.spec_max, pol.drop_frac)
-        else:
-            return
-        # Refreshed first: the reads below then evict older entries.
-        self.tok.retained += self.cache.retain(plan.retain)
-        if not plan.read:
-            return
-        if in_use is None:  # no miss at this layer: its routing is what it uses
-            in_use = {(layer, e) for e in self._routing[layer]}
-        self._issue_speculative(plan.read, in_use)
-        if pol.prefetch_sync:
-            self._settle(cancel=False)
-
-    def _retain(self, layer: int, experts: list[int]) -> None:
-        """The deferred retention (see `_speculate`) of `experts` at `layer`, now."""
-        self._retain_at = None
-        self.tok.retained += self.cache.retain([(layer, e) for e in experts])
-
-    def _issue_speculative(self, targets: list[Key], in_use: set[Key]) -> None:
-        """Read each target not resident or in flight, into a cache entry that evicts
-        nothing in use or pending; a target with no such room is not read."""
-        cache = self.cache
-        pinned = {key for key, _ in self._pending} | in_use
-        for key in targets:
-            if cache.peek(key) or key in pinned:
-                continue
-            le = self.layout[key[0]]
-            buf, cached = cache.admit(key, self.kinds[key[0]], pinned, speculative=True)
-            if not cached:  # no room without evicting what is in use: do not speculate
-                cache.release(buf)
-                continue
-            pinned.add(key)
-            self._pending.append((key, self.reader.submit(le.slices(key[1], self.raw), buf)))
-
-    def _settle(self, cancel: bool = True) -> None:
-        """Finished speculative reads join the cache; the rest are cancelled."""
-        tok = self.tok
-        for key, ticket in self._pending:
-            if cancel and not ticket.event.is_set():
-                ticket.cancelled = True
-            ticket.event.wait()
-            tok.spec_read_bytes += ticket.nbytes
-            if ticket.error is not None or ticket.skipped:
-                self.cache.drop(key)  # partly read or failed: not trustworthy
-                tok.spec_cancelled += 1
-            else:
-                self.cache.speculative.add(key)
-                tok.spec_experts += 1
-        self._pending.clear()
-
-    def finish(self) -> None:
-        """Settle what speculation is still in flight (end of run)."""
-        if self._retain_at is not None:
-            self._retain(*self._retain_at)
-        if self._pending:
-            self._settle()
 
     def close(self) -> None:
         self.finish()

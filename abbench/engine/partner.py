@@ -100,6 +100,14 @@ class Partner:
         self._matrices = list(matrices)
         self._buffers = {id(b): b for b in buffers}
         self.max_rows = max_rows
+        self._map_shared_block(d, max_k, max_rows)
+        self._plan_work(d, ff, max_k)
+        self._seq = 0
+        self._parent = os.getpid()
+        self._fork()
+
+    def _map_shared_block(self, d: int, max_k: int, max_rows: int) -> None:
+        """The block both processes share, and this side's views of its parts."""
         cols = max([d, *(m.shape[1] for m in self._matrices)])
         rows = max([1, *(m.shape[0] for m in self._matrices)])
         slots = max_rows * max_k  # a prefill pass's routed slots, at most
@@ -127,6 +135,9 @@ class Partner:
                                     int(offsets[8])).reshape(slots, d)  # (rows * k, d)
         # A prefill batch through a dense matrix (`matmul_t`): the partner's columns.
         self._gemm_y = np.frombuffer(buf, np.float32, max_rows * half, int(offsets[9]))
+
+    def _plan_work(self, d: int, ff: int, max_k: int) -> None:
+        """Each side's scratch and its views of the shared block per piece of work."""
         self._scratch = Scratch(max_k, ff)
         self._mine = np.empty((max_k, d), np.float32)  # `run`'s experts on the caller
         self._inputs: dict[int, np.ndarray] = {}  # `input`'s views of the shared input
@@ -141,8 +152,10 @@ class Partner:
                         for w in self._matrices for s in (split_rows(w),)]
         self._outs = [self._out[row:] for row in range(max_k)]  # experts' outputs from row
         self._xd = self.input(d)  # the experts' input
-        self._seq = 0
-        self._parent = os.getpid()
+
+    def _fork(self) -> None:
+        """Start the child, which serves until it is told to exit or this side is gone,
+        and wait until it is ready."""
         rfd, self._wake = os.pipe()
         with warnings.catch_warnings():
             # Python 3.12+ warns that forking a threaded process may deadlock the child on

@@ -2,7 +2,7 @@
 
 The numpy engine computes in F32: every quantized weight would be dequantized into a copy
 7x (Q4_K) or 3.8x (Q8_0) its size. Here the weights stay as the file stores them, and the
-GEMVs are ggml's own fused dequantize-and-dot kernels (`ggml.py`), with the input
+GEMVs are ggml's own fused dequantize-and-dot kernels (`ggml/`), with the input
 quantized per block as llama.cpp's CPU backend quantizes it (Q8_K for the K-quants, Q8_0
 for Q8_0 and Q4_0), so a result is llama.cpp's. Why ggml and not numba or numpy:
 docs/engine.md ("Kernels"), with the measurements.

@@ -26,7 +26,7 @@ import numpy as np
 
 from abbench.engine import ggml
 from abbench.engine.arch.common import RoutingHook, embedding
-from abbench.engine.arch.qwen3moe import ModelArgs
+from abbench.engine.arch.qwen3moe_args import ModelArgs
 from abbench.engine.qcompute import QuantTeam, Weight, routing, weighted_sum
 
 if TYPE_CHECKING:

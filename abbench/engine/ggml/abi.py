@@ -1,0 +1,162 @@
+"""ggml's C interface as abbench uses it, mirrored for ctypes: the enum values, the
+structs whose fields Python reads or writes, and every function's prototype (the C
+declaration quoted above it where the types alone do not say it). `library.py` declares
+the prototypes on the loaded library and checks the `struct ggml_tensor` mirror there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import (
+    POINTER,
+    Structure,
+    c_bool,
+    c_char,
+    c_char_p,
+    c_float,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint32,
+    c_void_p,
+)
+
+# enum ggml_type (ggml.h): the types abbench computes with.
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = 10, 11, 12, 13, 14, 15
+I32, BF16 = 26, 30
+GGML_MAX_DIMS, GGML_MAX_SRC, GGML_MAX_OP_PARAMS, GGML_MAX_NAME = 4, 10, 64, 64
+GGML_MAX_N_THREADS = 512
+GGML_OBJECT_SIZE = 32  # struct ggml_object: offs, size, next, type + 4 bytes of padding
+STATUS_SUCCESS = 0
+SORT_DESC = 1  # enum ggml_sort_order
+
+
+# struct ggml_tensor {
+#     enum ggml_type type; struct ggml_backend_buffer * buffer;
+#     int64_t ne[GGML_MAX_DIMS]; size_t nb[GGML_MAX_DIMS];
+#     enum ggml_op op; int32_t op_params[GGML_MAX_OP_PARAMS / sizeof(int32_t)];
+#     int32_t flags; struct ggml_tensor * src[GGML_MAX_SRC];
+#     struct ggml_tensor * view_src; size_t view_offs; void * data;
+#     char name[GGML_MAX_NAME]; void * extra; char padding[8];
+# };
+class TensorStruct(Structure):
+    _fields_ = [
+        ("type", c_int), ("buffer", c_void_p),
+        ("ne", c_int64 * GGML_MAX_DIMS), ("nb", c_size_t * GGML_MAX_DIMS),
+        ("op", c_int), ("op_params", c_int32 * (GGML_MAX_OP_PARAMS // 4)),
+        ("flags", c_int32), ("src", c_void_p * GGML_MAX_SRC),
+        ("view_src", c_void_p), ("view_offs", c_size_t), ("data", c_void_p),
+        ("name", c_char * GGML_MAX_NAME), ("extra", c_void_p), ("padding", c_char * 8),
+    ]
+
+
+# struct ggml_init_params { size_t mem_size; void * mem_buffer; bool no_alloc; };
+class InitParams(Structure):
+    _fields_ = [("mem_size", c_size_t), ("mem_buffer", c_void_p), ("no_alloc", c_bool)]
+
+
+# struct ggml_cplan { size_t work_size; uint8_t * work_data; int n_threads;
+#     struct ggml_threadpool * threadpool; ggml_abort_callback abort_callback;
+#     void * abort_callback_data; bool use_ref; }: made by ggml_graph_plan, then passed back
+# by pointer with `work_data` set.
+class CPlan(Structure):
+    _fields_ = [("work_size", c_size_t), ("work_data", c_void_p), ("n_threads", c_int),
+                ("threadpool", c_void_p), ("abort_callback", c_void_p),
+                ("abort_callback_data", c_void_p), ("use_ref", c_bool)]
+
+
+# struct ggml_threadpool_params { bool cpumask[GGML_MAX_N_THREADS]; int n_threads;
+#     enum ggml_sched_priority prio; uint32_t poll; bool strict_cpu; bool paused; };
+class ThreadpoolParams(Structure):
+    _fields_ = [("cpumask", c_bool * GGML_MAX_N_THREADS), ("n_threads", c_int),
+                ("prio", c_int), ("poll", c_uint32), ("strict_cpu", c_bool),
+                ("paused", c_bool)]
+
+
+# typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text,
+#                                   void * user_data);
+LOG_CALLBACK = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+LOG_WARN = 3  # enum ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT
+
+T = c_void_p  # struct ggml_tensor *
+P = c_void_p  # any other pointer: a context, graph, buffer, threadpool, ...
+
+# (library, function, return type, argument types), in the order they are declared: the
+# `base` library's and the `cpu` one's (libggml-base.so, libggml-cpu.so).
+PROTOTYPES: tuple[tuple[str, str, object, tuple[object, ...]], ...] = (
+    # struct ggml_context * ggml_init(struct ggml_init_params params);
+    ("base", "ggml_init", P, (InitParams,)),
+    ("base", "ggml_free", None, (P,)),
+    ("base", "ggml_tensor_overhead", c_size_t, ()),
+    ("base", "ggml_graph_overhead_custom", c_size_t, (c_size_t, c_bool)),
+    ("base", "ggml_type_size", c_size_t, (c_int,)),
+    ("base", "ggml_blck_size", c_int64, (c_int,)),
+    ("base", "ggml_row_size", c_size_t, (c_int, c_int64)),
+    ("base", "ggml_type_name", c_char_p, (c_int,)),
+    ("base", "ggml_nbytes", c_size_t, (T,)),
+    ("base", "ggml_get_data", P, (T,)),
+    ("base", "ggml_set_name", T, (T, c_char_p)),
+    # struct ggml_tensor * ggml_new_tensor(ctx, enum ggml_type, int n_dims,
+    #                                      const int64_t * ne);
+    ("base", "ggml_new_tensor", T, (P, c_int, c_int, POINTER(c_int64))),
+    ("base", "ggml_mul_mat", T, (P, T, T)),
+    ("base", "ggml_mul_mat_id", T, (P, T, T, T)),
+    ("base", "ggml_swiglu_split", T, (P, T, T)),
+    ("base", "ggml_soft_max", T, (P, T)),
+    # struct ggml_tensor * ggml_soft_max_ext(ctx, a, mask, float scale,
+    #                                        float max_bias);
+    ("base", "ggml_soft_max_ext", T, (P, T, T, c_float, c_float)),
+    ("base", "ggml_rms_norm", T, (P, T, c_float)),
+    ("base", "ggml_mul", T, (P, T, T)),
+    ("base", "ggml_add", T, (P, T, T)),
+    ("base", "ggml_cpy", T, (P, T, T)),
+    ("base", "ggml_cont", T, (P, T)),
+    ("base", "ggml_transpose", T, (P, T)),
+    ("base", "ggml_permute", T, (P, T, c_int, c_int, c_int, c_int)),
+    ("base", "ggml_reshape_2d", T, (P, T, c_int64, c_int64)),
+    ("base", "ggml_reshape_3d", T, (P, T, c_int64, c_int64, c_int64)),
+    # ggml_view_2d(ctx, a, ne0, ne1, size_t nb1, size_t offset); _3d adds ne2, nb2
+    ("base", "ggml_view_2d", T, (P, T, c_int64, c_int64, c_size_t, c_size_t)),
+    ("base", "ggml_view_3d", T, (P, T, c_int64, c_int64, c_int64, c_size_t, c_size_t,
+                                 c_size_t)),
+    # ggml_rope_ext(ctx, a, b (positions, I32), c (freq factors or NULL), int n_dims,
+    #     int mode, int n_ctx_orig, float freq_base, float freq_scale,
+    #     float ext_factor, float attn_factor, float beta_fast, float beta_slow)
+    ("base", "ggml_rope_ext", T, (P, T, T, T, c_int, c_int, c_int, c_float, c_float, c_float,
+                                  c_float, c_float, c_float)),
+    # struct ggml_tensor * ggml_argsort(ctx, a, enum ggml_sort_order order);
+    ("base", "ggml_argsort", T, (P, T, c_int)),
+    ("base", "ggml_new_graph_custom", P, (P, c_size_t, c_bool)),
+    ("base", "ggml_build_forward_expand", None, (P, T)),
+    ("base", "ggml_graph_n_nodes", c_int, (P,)),
+    # size_t ggml_quantize_chunk(enum ggml_type type, const float * src, void * dst,
+    #     int64_t start, int64_t nrows, int64_t n_per_row, const float * imatrix);
+    ("base", "ggml_quantize_chunk", c_size_t, (c_int, POINTER(c_float), P, c_int64, c_int64,
+                                               c_int64, POINTER(c_float))),
+    ("base", "ggml_quantize_requires_imatrix", c_bool, (c_int,)),
+    ("base", "ggml_validate_row_data", c_bool, (c_int, P, c_size_t)),
+    ("base", "ggml_threadpool_params_init", None, (POINTER(ThreadpoolParams), c_int)),
+    # the backend registry, for the CPU backend's "extra" buffer types (repack)
+    ("cpu", "ggml_backend_cpu_reg", P, ()),
+    ("base", "ggml_backend_reg_dev_get", P, (P, c_size_t)),
+    ("base", "ggml_backend_reg_get_proc_address", P, (P, c_char_p)),
+    ("base", "ggml_backend_buft_name", c_char_p, (P,)),
+    ("base", "ggml_backend_buft_alloc_buffer", P, (P, c_size_t)),
+    ("base", "ggml_backend_buffer_init_tensor", c_int, (P, T)),
+    # void ggml_backend_tensor_set(tensor, const void * data, size_t offset,
+    #                              size_t size);
+    ("base", "ggml_backend_tensor_set", None, (T, P, c_size_t, c_size_t)),
+    # void ggml_log_set(ggml_log_callback log_callback, void * user_data);
+    ("base", "ggml_log_set", None, (P, P)),
+    ("cpu", "ggml_cpu_init", None, ()),
+    ("cpu", "ggml_threadpool_new", P, (POINTER(ThreadpoolParams),)),
+    ("cpu", "ggml_threadpool_free", None, (P,)),
+    ("cpu", "ggml_graph_plan", CPlan, (P, c_int, P)),
+    ("cpu", "ggml_graph_compute", c_int, (P, POINTER(CPlan))),
+    ("cpu", "ggml_cpu_has_avx2", c_int, ()),
+    ("cpu", "ggml_cpu_has_avx512", c_int, ()),
+    ("cpu", "ggml_cpu_has_neon", c_int, ()),
+    ("cpu", "ggml_cpu_has_dotprod", c_int, ()),
+)

@@ -1,0 +1,119 @@
+"""What a synthetic model is: its spec (geometry, routing knobs, storage types, tokenizer),
+the presets, and real models' shapes at a layer count of one's choosing.
+
+`synth.py` writes a spec to a GGUF file; the knobs are explained there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from abbench.errors import UsageError
+
+TOKENIZERS = ("llama", "gpt2")
+
+# Tensor types written as they are; the mixes below choose among them per tensor.
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
+                "Q4_K", "Q5_K", "Q6_K")
+# llama.cpp's mixes: (the base type, the type of the tensors it gives more bits)
+MIXES = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K")}
+TYPES = TENSOR_TYPES + tuple(MIXES)
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    n_layer: int
+    n_expert: int
+    n_expert_used: int
+    d_model: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    expert_ff: int
+    context_length: int = 2048
+    seed: int = 0
+    popularity_skew: float = 1.0
+    update_early: float = 0.35
+    update_late: float = 0.08
+    update_decay_layers: float = 3.0
+    router_scale: float = 1.0
+    dense_type: str = "F32"
+    expert_type: str = "F32"
+    tokenizer: str = "llama"  # "llama" (SentencePiece, byte fallback) or "gpt2" (BPE)
+
+    def __post_init__(self) -> None:
+        for key in ("expert_type", "dense_type"):
+            if getattr(self, key) not in TYPES:
+                raise UsageError(f"{key} must be one of {', '.join(TYPES)} "
+                                 f"(got {getattr(self, key)!r})")
+        if self.tokenizer not in TOKENIZERS:
+            raise UsageError(f"tokenizer must be one of {', '.join(TOKENIZERS)} "
+                             f"(got {self.tokenizer!r})")
+        if self.n_expert_used > self.n_expert:
+            raise UsageError("n_expert_used must not exceed n_expert")
+        if self.n_head % self.n_head_kv:
+            raise UsageError("n_head must be a multiple of n_head_kv")
+        if self.head_dim % 2:
+            raise UsageError("head_dim must be even (RoPE)")
+
+    @property
+    def expert_bytes(self) -> int:
+        return 3 * self.expert_ff * self.d_model * 4
+
+
+PRESETS: dict[str, SynthSpec] = {
+    # a few MiB: unit tests and gates
+    "tiny": SynthSpec(n_layer=4, n_expert=8, n_expert_used=2, d_model=64, n_head=4,
+                      n_head_kv=2, head_dim=16, expert_ff=32, context_length=512),
+    # tens of MiB: CI end-to-end
+    "small": SynthSpec(n_layer=8, n_expert=16, n_expert_used=4, d_model=256, n_head=4,
+                       n_head_kv=2, head_dim=64, expert_ff=128, context_length=1024),
+    # ~1.5 GiB: 16 layers x 64 experts of 1.5 MiB, top-8 — a few hundred MiB of cache streams
+    "default": SynthSpec(n_layer=16, n_expert=64, n_expert_used=8, d_model=512, n_head=8,
+                         n_head_kv=2, head_dim=64, expert_ff=256, context_length=2048),
+}
+
+
+# Real models' geometries, written with `n_layer` chosen by the caller (`shape()`).
+SHAPES: dict[str, SynthSpec] = {
+    # Qwen3-30B-A3B: 48 layers of 128 experts (top-8) in the real model
+    "qwen3-30b-a3b": SynthSpec(n_layer=48, n_expert=128, n_expert_used=8, d_model=2048,
+                               n_head=32, n_head_kv=4, head_dim=128, expert_ff=768,
+                               context_length=4096, tokenizer="gpt2"),
+}
+
+
+def shape(name: str, n_layer: int, seed: int = 0) -> SynthSpec:
+    if name not in SHAPES:
+        raise UsageError(f"unknown model shape `{name}`", tip=f"shapes: {', '.join(SHAPES)}")
+    real = SHAPES[name].n_layer  # more layers than the model has is no model, only disk
+    if not 1 <= n_layer <= real:
+        raise UsageError(f"`--layers` must be in 1 .. {real}, the layers {name} has "
+                         f"(got {n_layer})")
+    return replace(SHAPES[name], n_layer=n_layer, seed=seed)
+
+
+_SHAPED = re.compile(r"(?P<shape>.+)-(?P<layers>[0-9]+)L-(?P<type>[A-Z0-9_]+)\Z")
+
+
+def named(name: str, seed: int = 0) -> SynthSpec:
+    """A preset (`default`), or a shape at a layer count in a type, every matrix in it
+    (`qwen3-30b-a3b-4L-Q4_K_M`: as llama-quantize writes a Q4_K_M file)."""
+    m = _SHAPED.match(name)
+    if name in PRESETS or m is None or m["shape"] not in SHAPES:
+        return preset(name, seed)
+    if m["type"] not in TYPES:
+        raise UsageError(f"unknown type `{m['type']}` in `{name}`",
+                         tip=f"types: {', '.join(TYPES)}")
+    return replace(shape(m["shape"], int(m["layers"]), seed), expert_type=m["type"],
+                   dense_type=m["type"])
+
+
+def preset(name: str, seed: int = 0) -> SynthSpec:
+    if name not in PRESETS:
+        raise UsageError(
+            f"unknown synthetic preset `{name}`",
+            tip=f"presets: {', '.join(PRESETS)}; or a real shape as SHAPE-NL-TYPE, e.g. "
+            f"qwen3-30b-a3b-4L-Q4_K_M (shapes: {', '.join(SHAPES)})")
+    return replace(PRESETS[name], seed=seed)

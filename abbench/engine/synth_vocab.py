@@ -1,0 +1,85 @@
+"""A synthetic model's vocabulary and its `tokenizer.ggml.*` keys: a byte-fallback
+SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, then `<0x00>`..`<0xFF>`), or a
+byte-level BPE vocabulary of BPE_VOCAB_SIZE tokens trained (Hugging Face `tokenizers`,
+deterministic) on the text the package ships in `data/bpe-corpus.txt`, with Qwen's `qwen2`
+pre-tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+
+VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
+BPE_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # Qwen's names; 0 is BOS/EOS
+BPE_VOCAB_SIZE = 512
+BPE_CORPUS = Path(__file__).with_name("data") / "bpe-corpus.txt"
+N_VOCAB = len(VOCAB_SPECIAL) + 256  # the SentencePiece vocabulary's size
+BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
+
+
+@dataclass(frozen=True)
+class SynthVocab:
+    model: str  # tokenizer.ggml.model
+    tokens: list[str]
+    types: list[gguf.TokenType]
+    merges: list[str]  # BPE only
+
+
+def vocab_of(kind: str) -> SynthVocab:
+    """The vocabulary of tokenizer `kind` ("llama" or "gpt2")."""
+    if kind == "llama":
+        tokens = VOCAB_SPECIAL + [f"<0x{b:02X}>" for b in range(256)]
+        types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+        return SynthVocab("llama", tokens, types + [gguf.TokenType.BYTE] * 256, [])
+    return _bpe_vocab()
+
+
+def _bpe_vocab() -> SynthVocab:
+    """A byte-level BPE vocabulary trained on the shipped corpus: the special tokens, the
+    256 characters of the byte alphabet, then one token per merge, in merge order."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    from abbench.engine.tokenizer import PRE_TOKENIZERS
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKENIZERS["qwen2"]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, special_tokens=BPE_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator([BPE_CORPUS.read_text(encoding="utf-8")], trainer=trainer)
+    model = json.loads(tk.to_str())["model"]
+    by_id = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise AssertionError("the trained BPE vocabulary's ids are not 0..n-1")
+    tokens = [t for t, _ in by_id]
+    types = [gguf.TokenType.CONTROL if t in BPE_SPECIAL else gguf.TokenType.NORMAL
+             for t in tokens]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    return SynthVocab("gpt2", tokens, types, merges)
+
+
+def add_vocab(w: gguf.GGUFWriter, vocab: SynthVocab) -> None:
+    """The vocabulary's `tokenizer.ggml.*` keys, in the order files have always had them."""
+    w.add_tokenizer_model(vocab.model)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types([int(t) for t in vocab.types])
+    if vocab.model == "gpt2":  # as Qwen's files: BOS = EOS = <|endoftext|>, no BOS added
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_merges(vocab.merges)
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(0)
+        w.add_add_bos_token(False)
+        return
+    w.add_tokenizer_pre("default")
+    w.add_token_scores([0.0] * len(vocab.tokens))
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
