@@ -24,6 +24,7 @@ from abbench.records import (
     append_jsonl,
     keys,
 )
+from abbench.records.cell_config import cell_config
 
 HW = {"policy0": 2_000_000, "policy4": 2_400_000}
 AT_MAX = dict(HW)
@@ -54,9 +55,8 @@ def make_run(tmp: Path, cells: list[dict[str, Any]], decisions: list[dict[str, A
     planned = []
     for i, c in enumerate(cells):
         label = f"{i + 1:02d}-{c['name']}"
-        planned.append(PlannedCell(i, c["name"], {"tokens": c.get("n", 64),
-                                                  "arm": c.get("config", c["name"])},
-                                   c.get("sentinel_of"), label))
+        config = cell_config({"tokens": c.get("n", 64), "arm": c.get("config", c["name"])})
+        planned.append(PlannedCell(i, c["name"], config, c.get("sentinel_of"), label))
     plan = Plan(campaign="t", cells=tuple(planned), spacing_s=30, warmup_tokens=warmup,
                 device=device, decisions=tuple(DecisionSpec(**d) for d in decisions),
                 looks=tuple(looks), sequential=Sequential(**sequential) if sequential else None,

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from abbench.records import cell_doc, tokens
+
 PACKAGE = Path(__file__).resolve().parents[1] / "abbench"
 
 
@@ -94,6 +96,67 @@ def test_the_key_check_finds_a_literal(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text('"""Reads temp.cpu_c."""\nx = {"temp.cpu_c": 1}\ny = f"cpu.{p}.cap_khz"\n')
     assert sample_key_literals(bad) == [(3, "cpu."), (2, "temp.cpu_c")]
+
+
+CELL_KEYS = frozenset({*tokens.CSV_COLUMNS, *tokens.PER_TOKEN_COLUMNS,
+                       *tokens.PREFILL_COLUMNS, *cell_doc.TOP_LEVEL_KEYS})
+# Modules whose own format has a key spelled like a cell's: these names there are that
+# format's keys, not a cell's.
+OWN_FORMATS = {
+    "analysis/drift.py": {"model"},  # a configuration's `model`
+    "campaign/resolve.py": {"model", "tokens"},  # cells.toml's keys
+    "campaign/tables.py": {"model", "tokens"},  # cells.toml's keys
+    "commands/calibrate.py": {"model", "tokens"},  # the calibration's cells.toml keys
+    "commands/sensors.py": {"samples"},  # its JSON output
+    "engine/config.py": {"model"},  # the engine's configuration
+    "engine/synth_vocab.py": {"model"},  # a tokenizer.json's `model`
+    "engine/telemetry.py": {"model"},  # the bmoe CSV preamble's `model=`
+    "importers/identity.py": {"model"},  # a configuration's `model`
+    "report/fleet.py": {"format"},  # the fleet report's JSON
+    "report/json_report.py": {"fingerprint", "format", "notes", "samples", "tokens",
+                              "wall_ms"},  # report.json (docs/report.md)
+    "report/replay.py": {"format", "hits", "model", "read_bytes"},  # docs/replay.md
+}
+
+
+def cell_key_literals(path: Path) -> list[tuple[int, str]]:
+    """String constants naming a per-token column or a summary.json top-level key where a
+    key is used — a subscript, the first argument of `.get(...)`, a dict display's key —
+    so that prose and labels do not count."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Subscript):
+            used = [node.slice]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "get" and node.args):
+            used = [node.args[0]]
+        elif isinstance(node, ast.Dict):
+            used = [k for k in node.keys if k is not None]
+        else:
+            continue
+        found += [(k.lineno, k.value) for k in used if isinstance(k, ast.Constant)
+                  and isinstance(k.value, str) and k.value in CELL_KEYS]
+    return sorted(found)
+
+
+def test_cell_keys_are_spelled_only_in_records() -> None:
+    offenders = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        own = OWN_FORMATS.get(rel, set())
+        found = [(n, k) for n, k in cell_key_literals(path) if k not in own]
+        if not rel.startswith("records/") and found:
+            offenders[rel] = found
+    assert not offenders, offenders
+
+
+def test_the_cell_key_check_finds_a_literal(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('"""Reads per_token and wall_ms."""\n'
+                   'x = doc["summary"]\ny = cols.get("wall_ms", [])\nz = {"per_token": {}}\n'
+                   'print("wall_ms", f"{doc}[summary]")\nw = mean("read_bytes")\n'
+                   'v = doc.get(SUMMARY)\nu = doc["summary_of"]\n')
+    assert cell_key_literals(bad) == [(2, "summary"), (3, "wall_ms"), (4, "per_token")]
 
 
 @pytest.mark.parametrize(("package", "allowed"), [
@@ -231,3 +294,32 @@ def test_ray_is_imported_only_by_the_fleet_runner() -> None:
     users = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
              if imports_ray(path)}
     assert users == {"fleet/runner.py"}
+
+
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 450
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(name, lines) of the functions in a file longer than `limit`, def line to last line."""
+    return [(n.name, n.end_lineno - n.lineno + 1)
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno is not None and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_no_function_is_over_60_lines_and_no_module_over_450() -> None:
+    # Past these sizes a reader cannot hold a function's or a module's parts at once: split
+    # along a seam (docs/architecture.md, the rules).
+    long = {rel: found for p in PACKAGE.rglob("*.py")
+            if (found := long_functions(p)) and (rel := p.relative_to(PACKAGE).as_posix())}
+    large = {p.relative_to(PACKAGE).as_posix(): n for p in PACKAGE.rglob("*.py")
+             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {} and large == {}, (long, large)
+
+
+def test_the_size_check_finds_a_long_function(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(60))
+    path = tmp_path / "long.py"
+    path.write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
+    assert long_functions(path) == [("long", 61)]

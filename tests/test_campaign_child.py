@@ -22,6 +22,7 @@ from abbench.campaign.child import (
     exit_reason,
     stderr_tail,
 )
+from abbench.records.cell_config import EmbeddedConfig, cell_config
 from abbench.sensors import open_device
 
 # A fake `ssh` that records its argv (one JSON line per call) and, like the remote shell,
@@ -58,8 +59,9 @@ def test_an_ssh_cell_is_launched_with_the_samplers_options(ssh_log: Path,
     # stop at a password prompt the sampler would not, so it goes through the same words.
     device = open_device("ssh:bench@lab-box")
     command = ["sh", "-c", "echo 'two words' >&2; exit 0"]
-    argv = cell_argv({"engine": "external", "command": command}, sys.executable, tmp_path,
-                     device)
+    external = cell_config({"engine": "external", "command": command,
+                            "output": "stdout-summary"})
+    argv = cell_argv(external, sys.executable, tmp_path, device)
     assert argv == ["ssh", "-o", "BatchMode=yes", "bench@lab-box", shlex.join(command)]
     assert argv == device.command(command)
     assert CellChild(device).run(argv, tmp_path, 30) == ChildExit("ok", 0)
@@ -71,9 +73,9 @@ def test_an_ssh_cell_is_launched_with_the_samplers_options(ssh_log: Path,
 
 def test_an_embedded_cell_runs_the_engine_with_its_files_in_the_cell_folder(
         tmp_path: Path) -> None:
-    argv = cell_argv({"model": "synthetic:tiny", "tokens": 4}, "PY", tmp_path,
-                     open_device("local"))
-    assert argv == engine_argv("PY", {"model": "synthetic:tiny", "tokens": 4}, tmp_path)
+    embedded = EmbeddedConfig({"model": "synthetic:tiny", "n_tokens": 4})
+    argv = cell_argv(embedded, "PY", tmp_path, open_device("local"))
+    assert argv == engine_argv("PY", embedded, tmp_path)
     assert argv[:9] == ["PY", "-m", "abbench", "engine", "run", "--json",
                         str(tmp_path / "summary.json"), "--csv", str(tmp_path / "tokens.csv")]
 

@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 from abbench.campaign.output import CellResult, read_result
+from abbench.records.cell_config import EmbeddedConfig, ExternalConfig
 from abbench.records.summary import RunSummary
 from abbench.sensors import open_device
 
-EMBEDDED = {"model": "synthetic:tiny"}
+EMBEDDED = EmbeddedConfig({"model": "synthetic:tiny"})
 
 
 def result_of(tmp_path: Path, doc: object) -> CellResult:
@@ -41,7 +42,7 @@ def test_output_that_cannot_be_read_fails_the_cell(tmp_path: Path) -> None:
         "summary.json is not an engine run JSON ('summary')"
     r = read_result(EMBEDDED, tmp_path / "absent", open_device("local"))
     assert r == CellResult(error="the cell wrote no summary.json")
-    stdout = {"engine": "external", "command": ["x"], "output": "stdout-summary"}
+    stdout = ExternalConfig({"engine": "external", "command": ["x"], "output": "stdout-summary"})
     (tmp_path / "stdout.txt").write_text("no summary here\n")
     assert read_result(stdout, tmp_path, open_device("local")).error == \
         "no `generation:` line in the command's stdout"

@@ -12,6 +12,7 @@ from abbench.campaign.plan import MAX_CELLS, estimate_s, run_order
 from abbench.engine.config import EngineConfig
 from abbench.errors import CampaignFileError
 from abbench.records import DecisionSpec, Plan
+from abbench.records.cell_config import EmbeddedConfig, ExternalConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,17 +137,25 @@ def test_configurations(tmp_path: Path) -> None:
     # A cell decodes exactly its tokens (ignore_eos), unlike the command line's default.
     config = EngineConfig(model="synthetic:tiny", n_tokens=32, cache_mib=64.0, ignore_eos=True)
     expected = {f: getattr(config, f) for f in EngineConfig.__dataclass_fields__}
-    assert a == {"engine": "embedded", **expected, "timeout_s": 900.0}
-    assert plan.cells[1].config["io_lanes"] == 2
-    assert plan.cells[3].config == {"engine": "external", "command": ["sh", "-c", "true"],
-                                    "output": "json:out.json", "timeout_s": 60.0}
+    assert isinstance(a, EmbeddedConfig)
+    assert a.to_json() == {"engine": "embedded", **expected, "timeout_s": 900.0}
+    assert (a.model, a.n_tokens, a.timeout_s) == ("synthetic:tiny", 32, 900.0)
+    assert plan.cells[1].config.resolved["io_lanes"] == 2
+    external = plan.cells[3].config
+    assert isinstance(external, ExternalConfig)
+    assert (external.command, external.output, external.timeout_s) == (
+        ("sh", "-c", "true"), "json:out.json", 60.0)
+    assert external.to_json() == {"engine": "external", "command": ["sh", "-c", "true"],
+                                  "output": "json:out.json", "timeout_s": 60.0}
     json.dumps(plan.to_json(), allow_nan=False)  # JSON-able throughout
     assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
 
 
 def test_prompt_tokens_are_a_list(tmp_path: Path) -> None:
     plan = plan_of(tmp_path, extra="[cells.E]\nprompt_tokens = [3, 1, 2]\n")
-    assert plan.cells[-1].config["prompt_tokens"] == [3, 1, 2]
+    cell = plan.cells[-1].config
+    assert cell.to_json()["prompt_tokens"] == [3, 1, 2]
+    assert isinstance(cell, EmbeddedConfig) and cell.prompt_tokens == (3, 1, 2)
 
 
 def test_plan_fields(tmp_path: Path) -> None:
@@ -189,8 +198,10 @@ def test_describe_plan(tmp_path: Path) -> None:
     assert lines[7].startswith("expected duration ~2:48 (an estimate: 30 s spacing")
     assert "1 external cell not counted" in lines[7]
     # the estimate: (prompt bytes + tokens) / tok/s + start, per embedded cell
-    assert estimate_s(plan.cells[0].config, 10.0) == pytest.approx(
-        (len(plan.cells[0].config["prompt"]) + 32) / 10.0 + 3.0)
+    first = plan.cells[0].config
+    assert isinstance(first, EmbeddedConfig) and first.prompt is not None
+    assert estimate_s(first, 10.0) == pytest.approx((len(first.prompt) + 32) / 10.0 + 3.0)
+    assert estimate_s(plan.cells[3].config, 10.0) is None  # an external cell
 
 
 def test_describe_plan_sentinel_that_differs_from_the_first_cell(tmp_path: Path) -> None:
@@ -215,7 +226,7 @@ def test_predict_4cell_campaign() -> None:
     assert names(plan) == ["B", "retention-only", "spec-2", "B"]
     assert twins(plan) == [None, None, None, 0]
     assert plan.spacing_s == 30.0
-    b, retention, spec2, again = (c.config for c in plan.cells)
+    b, retention, spec2, again = (c.config.resolved for c in plan.cells)
     assert again == b
     assert (b["model"], b["n_tokens"], b["cache_mib"], b["io_lanes"], b["overlap"]) == (
         "synthetic:default", 128, 384.0, 4, True)

@@ -18,8 +18,9 @@ from abbench.campaign.run_folder import (
 )
 from abbench.errors import WriteError
 from abbench.records import Plan, PlannedCell, read_plan
+from abbench.records.cell_config import cell_config
 
-PLAN = Plan(campaign="t", cells=(PlannedCell(0, "A", {"model": "m"}, label="01-A"),),
+PLAN = Plan(campaign="t", cells=(PlannedCell(0, "A", cell_config({"model": "m"}), label="01-A"),),
             spacing_s=0.0, warmup_tokens=0, device="local")
 
 

@@ -17,10 +17,11 @@ from abbench.records import (
     append_jsonl,
     config_key,
 )
+from abbench.records.cell_config import cell_config
 
-CELLS = (PlannedCell(0, "B", {"model": "m"}, label="01-B"),
-         PlannedCell(1, "C", {"model": "m", "x": 1}, label="02-C"),
-         PlannedCell(2, "B", {"model": "m"}, sentinel_of=0, label="03-B"))
+CELLS = (PlannedCell(0, "B", cell_config({"model": "m"}), label="01-B"),
+         PlannedCell(1, "C", cell_config({"model": "m", "x": 1}), label="02-C"),
+         PlannedCell(2, "B", cell_config({"model": "m"}), sentinel_of=0, label="03-B"))
 PLAN = Plan(campaign="t", cells=CELLS, spacing_s=0.0, warmup_tokens=0, device="local")
 
 

@@ -18,6 +18,9 @@ from abbench.engine import telemetry
 from abbench.engine.config import EngineConfig
 from abbench.engine.experts import MIB
 from abbench.engine.session import Engine, RunResult
+from abbench.records.cell_files import read_cell_files
+from abbench.records.summary import JSON_FORMAT
+from abbench.records.tokens import PER_TOKEN_COLUMNS, PREFILL_COLUMNS
 
 N = 8
 PROMPT = "Hello there"
@@ -197,7 +200,13 @@ def test_json_doc(result: RunResult, tmp_path: Path) -> None:
     doc = telemetry.json_doc(result)
     text = json.dumps(doc, allow_nan=False)  # raises on NaN/inf anywhere
     assert json.loads(text)["fingerprint"] == doc["fingerprint"]
-    assert doc["format"] == telemetry.JSON_FORMAT
+    assert doc["format"] == JSON_FORMAT
+    assert list(doc)[:12] == ["format", "config", "resolved", "model", "fingerprint",
+                              "summary", "lines", "prompt_ids", "output_ids", "text",
+                              "per_token", "prefill"]
+    assert list(doc)[12:] == list(result.extra)  # the run's own sections, after
+    assert tuple(doc["per_token"]) == PER_TOKEN_COLUMNS
+    assert tuple(doc["prefill"]) == PREFILL_COLUMNS
     assert doc["config"]["model"] == result.config.model
     assert doc["config"]["n_tokens"] == N
     assert doc["config"]["cache_mib"] == pytest.approx(0.05)
@@ -216,6 +225,19 @@ def test_json_doc(result: RunResult, tmp_path: Path) -> None:
     path = tmp_path / "run.json"
     telemetry.write_json(str(path), result)
     assert json.loads(path.read_text())["fingerprint"] == doc["fingerprint"]
+
+
+def test_the_json_written_reads_back_as_the_cells_files(result: RunResult,
+                                                      tmp_path: Path) -> None:
+    telemetry.write_json(str(tmp_path / "summary.json"), result)
+    got = read_cell_files(tmp_path)
+    s = telemetry.summarize(result)
+    assert got.source == "per_token" and tuple(got.columns) == PER_TOKEN_COLUMNS
+    assert got.columns["wall_ms"] == [r.wall_ms for r in result.decode]
+    assert got.columns["read_bytes"] == [float(r.read_bytes) for r in result.decode]
+    assert got.summary == s and got.fingerprint == telemetry.fingerprint(result)
+    assert got.threads == result.threads == 2
+    assert (got.notes, got.repetitions, got.metrics) == ((), False, {})
 
 
 def test_json_turns_non_finite_numbers_into_null(result: RunResult) -> None:

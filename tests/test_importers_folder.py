@@ -30,6 +30,7 @@ from abbench.records import (
     read_plan,
     read_samples,
 )
+from abbench.records.cell_config import ImportedConfig
 
 HEADERLESS = REFERENCE / "headerless-2026-07-12"
 DESKTOP = REFERENCE / "v1-desktop-2026-07-24"
@@ -76,7 +77,7 @@ def test_reference_tokens_per_s_equal_own_summary(src: Path, tmp_path: Path) -> 
         assert doc["summary"]["tok/s"] == rec.tokens_per_s
         assert len(doc["per_token"]["wall_ms"]) == int(doc["summary"]["tokens"])
         assert rec.fingerprint and rec.fingerprint.startswith("sha256:")
-        assert plan.cells[rec.index].config["engine"] == "imported"
+        assert isinstance(plan.cells[rec.index].config, ImportedConfig)
 
 
 @needs_reference
@@ -99,7 +100,7 @@ def test_desktop_order_by_name_warns_and_records_unknown(tmp_path: Path) -> None
     plan = read_plan(run)
     assert [c.name.split("-")[1] for c in plan.cells] == ["E", "F", "H", "I"]
     assert not plan.order_known and read_import_info(run).order.kind == "unknown"
-    assert plan.cells[0].config["io_threads"] == "4"  # the preamble is the configuration
+    assert plan.cells[0].config.resolved["io_threads"] == "4"  # the preamble is the configuration
     entry = read_journal(run)[0].entry
     assert (entry.cpu_temp_c, entry.battery_temp_c, entry.mem_available_mib) == (None,) * 3
 

@@ -103,7 +103,7 @@ def test_bytes_that_are_not_utf8_are_read_with_replacement(tmp_path: Path) -> No
     assert rec.tokens_per_s == 5.0  # the rest of the log was used
     notes = read_import_info(run).notes
     assert len([n for n in notes if "not UTF-8" in n]) == 1 and "qwen.log" in notes[0]
-    assert read_plan(run).cells[0].config["model"] == "Qwen3-30B-A3B-Q4_K_M.gguf"
+    assert read_plan(run).cells[0].config.model == "Qwen3-30B-A3B-Q4_K_M.gguf"
     assert "not UTF-8" in md
 
 

@@ -62,7 +62,8 @@ def _changed(edit: Any) -> dict[str, Any]:
 def test_an_older_plan_reads_with_the_defaults_of_what_it_lacks(tmp_path: Path) -> None:
     plan = read_plan(_write(tmp_path, OLD_PLAN).parent)
     assert [c.label for c in plan.cells] == ["01-B", "02-C", "03-B"]
-    assert plan.cells[2].sentinel_of == 0 and plan.cells[0].config == {"tokens": 64, "arm": "B"}
+    assert plan.cells[2].sentinel_of == 0
+    assert plan.cells[0].config.to_json() == {"tokens": 64, "arm": "B"}
     assert plan.spacing_s == 30.0 and plan.warmup_tokens == 4
     assert plan.decisions == (DecisionSpec("C", "B", 0.03),
                               DecisionSpec("C", "B", 0.03, "not-slower", 0.05))
@@ -151,6 +152,11 @@ def _set(path: tuple[Any, ...], value: Any) -> Any:
     (_set(("looks",), [{"cells": 1, "fraction": 1, "alpha": 1.0}]), "`looks[0]`: is not a look"),
     (_set(("match", "probe_tol"), "3%"), '`match.probe_tol`: expected a number, got a string'),
     (_set(("cells", 0, "config"), [1]), "`cells[0].config`: expected an object, got an array"),
+    (_set(("cells", 0, "config"), {"engine": "warp"}),
+     '`cells[0].config.engine`: is "warp", expected one of embedded'),
+    (_set(("cells", 1, "config"), {"engine": "external", "command": ["sh"]}),
+     "`cells[1].config.output`: is missing"),
+    (lambda doc: doc["cells"][2].pop("config"), "`cells[2]`: missing key `config`"),
     (_set(("spacing_s",), float("inf")), "`spacing_s`: must be a finite number"),
 ])
 def test_a_plan_the_analysis_cannot_rely_on_names_the_key(tmp_path: Path, edit: Any,

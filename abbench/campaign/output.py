@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abbench.campaign.llamacpp import TOOLS
 from abbench.errors import AbbenchError, CellOutputError, ForeignRunError
 from abbench.records.bmoe_csv import parse_bmoe_csv, run_summary, work_fingerprint
+from abbench.records.cell_config import EmbeddedConfig, LaunchedConfig, LlamaConfig
+from abbench.records.cell_doc import llama_bench_doc, llama_completion_doc
 from abbench.records.llamacpp import bench_summary, completion_summary, parse_bench_jsonl
 from abbench.records.summary import (
     RunSummary,
@@ -45,7 +46,7 @@ class CellResult:
     error: str | None = None
 
 
-def read_result(cfg: dict[str, Any], out: Path, device: Device) -> CellResult:
+def read_result(cfg: LaunchedConfig, out: Path, device: Device) -> CellResult:
     """Read and judge the output of a cell whose process exited with status 0."""
     try:
         summary, fingerprint = read_cell_output(cfg, out, device)
@@ -60,14 +61,13 @@ def read_result(cfg: dict[str, Any], out: Path, device: Device) -> CellResult:
 
 
 def read_cell_output(
-    cfg: dict[str, Any], out: Path, device: Device
+    cfg: LaunchedConfig, out: Path, device: Device
 ) -> tuple[dict[str, Any], str | None]:
-    engine = cfg.get("engine", "embedded")
-    if engine == "embedded":
+    if isinstance(cfg, EmbeddedConfig):
         return read_engine_json(out / "summary.json")
-    if engine in TOOLS:
-        return _llama(engine, out)
-    kind, _, where = str(cfg["output"]).partition(":")
+    if isinstance(cfg, LlamaConfig):
+        return _llama(cfg.tool, out)
+    kind, _, where = cfg.output.partition(":")
     if kind == "stdout-summary":
         text = (out / "stdout.txt").read_text(encoding="utf-8", errors="replace")
         summary = read_generation(text)
@@ -89,12 +89,12 @@ def _llama(tool: str, out: Path) -> tuple[dict[str, Any], str | None]:
     if tool == "llama-bench":
         summary, columns, fingerprint = bench_summary(parse_bench_jsonl(
             stdout.decode("utf-8", errors="replace")))
-        doc = {"summary": summary, "per_token": columns, "fingerprint": fingerprint,
-               "samples": "repetitions"}
+        doc = llama_bench_doc(RunSummary.from_json(summary), columns, fingerprint)
     else:
         stderr = (out / "stderr.txt").read_text(encoding="utf-8", errors="replace")
         summary, fingerprint, note = completion_summary(stdout, stderr)
-        doc = {"summary": summary, "fingerprint": fingerprint, "notes": [note] if note else []}
+        doc = llama_completion_doc(RunSummary.from_json(summary), fingerprint,
+                                   [note] if note else [])
     (out / "summary.json").write_text(json.dumps(finite(doc)) + "\n", encoding="utf-8")
     return summary, fingerprint
 

@@ -19,16 +19,17 @@ earlier in the plan is a sentinel: `sentinel_of` is the index of the name's firs
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
-from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
 from abbench.campaign.llamacpp import flag
 from abbench.campaign.schema import TOML_KEY, CampaignSpec
 from abbench.campaign.tables import CELL_DEFAULTS, MAX_CELLS
 from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError
 from abbench.records import DecisionSpec, GateSpec, MatchSpec, Plan, PlannedCell, Sequential
+from abbench.records.cell_config import CellConfig, EmbeddedConfig, ExternalConfig, LlamaConfig
 from abbench.sim.profile import load_profile
 from abbench.textsafe import shown
 
@@ -92,7 +93,7 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
                              tip="raise `max_cells`, or shorten `order`")
         sequential = Sequential(c.until, c.max_cells, c.max_minutes)
     width = max(2, len(str(c.max_cells or len(names))))
-    cells = planned_cells([], names, {n: spec.cells[n].to_config() for n in names}, width)
+    cells = planned_cells([], names, {n: spec.cells[n].planned() for n in names}, width)
     return Plan(
         campaign=c.name, cells=tuple(cells), spacing_s=c.spacing_s,
         warmup_tokens=c.warmup_tokens, device=spec.device.transport,
@@ -104,7 +105,7 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
 
 
 def planned_cells(before: list[PlannedCell], names: list[str],
-                  configs: dict[str, dict[str, Any]], width: int) -> list[PlannedCell]:
+                  configs: dict[str, CellConfig], width: int) -> list[PlannedCell]:
     """`names` as cells following `before`: labelled `NN-NAME` in execution order, a name
     that ran before a sentinel of its first run."""
     first = {}
@@ -124,13 +125,13 @@ def planned_cells(before: list[PlannedCell], names: list[str],
 _DEFAULTS = {f.name: f.default for f in fields(EngineConfig)} | CELL_DEFAULTS
 
 
-def estimate_s(config: dict[str, Any], tok_per_s: float = DEFAULT_TOK_PER_S) -> float | None:
+def estimate_s(config: CellConfig, tok_per_s: float = DEFAULT_TOK_PER_S) -> float | None:
     """A guess at one embedded cell's run time: prompt and decode tokens (the engine runs
-    both one token at a time) at `tok_per_s`, plus a start-up. None for external cells."""
-    if config.get("engine") != "embedded":
+    both one token at a time) at `tok_per_s`, plus a start-up. None for other cells."""
+    if not isinstance(config, EmbeddedConfig):
         return None
-    prompt = config.get("prompt_tokens") or str(config.get("prompt", "")).encode("utf-8")
-    return (len(prompt) + int(config.get("n_tokens", 0))) / tok_per_s + START_S
+    prompt = config.prompt_tokens or (config.prompt or "").encode("utf-8")
+    return (len(prompt) + (config.n_tokens or 0)) / tok_per_s + START_S
 
 
 def _clock(seconds: float) -> str:
@@ -152,40 +153,42 @@ def _value(v: Any) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-def _keys(config: dict[str, Any], keys: list[str]) -> str:
+def _keys(config: Mapping[str, Any], keys: list[str]) -> str:
     return " ".join(f"{TOML_KEY.get(k, k)}={_value(config.get(k))}" for k in keys)
 
 
-def describe(config: dict[str, Any]) -> str:
+def describe(config: CellConfig) -> str:
     """A cell's configuration in one line: what it runs, and what it sets off the defaults."""
-    engine = config.get("engine")
-    if engine in LLAMA_TOOLS:
+    if isinstance(config, LlamaConfig):
         options = " ".join(f"{flag(k)}{'' if v is True else f' {_value(v)}'}"
-                           for k, v in config.get("llama", {}).items() if v is not False)
-        reps = f" x{config.get('repetitions')}" if engine == "llama-bench" else ""
-        return (f"{engine}: {config.get('model')} tokens={config.get('tokens')}{reps}"
+                           for k, v in config.options if v is not False)
+        reps = f" x{config.repetitions}" if config.tool == "llama-bench" else ""
+        return (f"{config.tool}: {config.model} tokens={config.tokens}{reps}"
                 + (f" {options}" if options else ""))
-    if engine != "embedded":
-        return f"external: {shlex.join(map(str, config.get('command', [])))} " \
-               f"-> {config.get('output')}"
+    if isinstance(config, ExternalConfig):
+        return f"external: {shlex.join(config.command)} -> {config.output}"
+    if not isinstance(config, EmbeddedConfig):
+        return f"{config.engine}: {config.model}"
+    flags = config.resolved
     changed = [k for k, default in _DEFAULTS.items()
-               if k not in ("model", "prompt") and config.get(k, default) != default]
-    return f"{config.get('model')}: " + _keys(config, changed)
+               if k not in ("model", "prompt") and flags.get(k, default) != default]
+    return f"{config.model}: " + _keys(flags, changed)
 
 
-def differences(first: dict[str, Any], config: dict[str, Any]) -> str:
+def differences(first: CellConfig, config: CellConfig) -> str:
     """The keys `config` sets differently from `first` (the whole line when the kind of cell
     differs)."""
-    if config.get("engine") != first.get("engine"):
+    if config.engine != first.engine:
         return describe(config)
-    keys = [k for k in dict.fromkeys([*config, *first]) if config.get(k) != first.get(k)]
-    if config.get("engine") in LLAMA_TOOLS and "llama" in keys:  # the options that differ
-        mine, theirs = config.get("llama", {}), first.get("llama", {})
+    mine, theirs = config.resolved, first.resolved
+    keys = [k for k in dict.fromkeys([*mine, *theirs]) if mine.get(k) != theirs.get(k)]
+    if isinstance(config, LlamaConfig) and isinstance(first, LlamaConfig) and "llama" in keys:
+        ours, others = dict(config.options), dict(first.options)  # the options that differ
         keys.remove("llama")
-        changed = [f"{flag(k)}={_value(mine.get(k))}" for k in dict.fromkeys([*mine, *theirs])
-                   if mine.get(k) != theirs.get(k)]
-        return " ".join([_keys(config, keys), *changed]).strip()
-    return _keys(config, keys)
+        changed = [f"{flag(k)}={_value(ours.get(k))}" for k in dict.fromkeys([*ours, *others])
+                   if ours.get(k) != others.get(k)]
+        return " ".join([_keys(mine, keys), *changed]).strip()
+    return _keys(mine, keys)
 
 
 def device_time_scale(device: str) -> float:
@@ -261,7 +264,7 @@ def _duration_line(plan: Plan, estimates: list[float | None], scale: float,
     note = (f"{plan.spacing_s / scale:.3g} s spacing between cells + per cell (prompt + "
             f"tokens) / {tok_per_s:g} tok/s + {START_S:g} s start")
     if unknown:
-        llama = sum(c.config.get("engine") in LLAMA_TOOLS for c in plan.cells)
+        llama = sum(isinstance(c.config, LlamaConfig) for c in plan.cells)
         for count, kind in ((unknown - llama, "external"), (llama, "llama.cpp")):
             if count:
                 note += f"; {count} {kind} cell{'s' if count > 1 else ''} not counted"

@@ -31,7 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from abbench.campaign.child import CellChild, ChildExit, cell_argv, stated_reason, stderr_tail
+from abbench.campaign.child import (
+    CellChild,
+    ChildExit,
+    cell_argv,
+    launched_config,
+    stated_reason,
+    stderr_tail,
+)
 from abbench.campaign.entry import SpeedIndex, entry_state
 from abbench.campaign.gate import GateSpec, wait_for_gate
 from abbench.campaign.output import CellResult, read_result
@@ -55,6 +62,7 @@ from abbench.records import (
     read_journal,
     read_plan,
 )
+from abbench.records.cell_config import EmbeddedConfig
 from abbench.sensors import Device, Sampler
 from abbench.sim import open_device
 
@@ -113,8 +121,8 @@ class CampaignRun:
         todo = self._reopen()
         # A synthetic model not built yet is built now, not by the first cell using it.
         try:
-            prepare_models([str(c.config["model"]) for c in todo
-                            if c.config.get("engine", "embedded") == "embedded"])
+            prepare_models([c.config.model for c in todo
+                            if isinstance(c.config, EmbeddedConfig) and c.config.model])
         except AbbenchError as e:
             write_status(self.folder, "failed", e.message)
             raise
@@ -240,24 +248,26 @@ class CampaignRun:
         if out.exists():  # a cell that was in flight when the campaign died: start clean
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        cfg = cell.config
-        timeout = float(cfg.get("timeout_s", 900))
         with self._lock:
             self.current = cell.index
         view.phase(cell, "running")
-        try:  # before the clock starts: a llama.cpp cell's synthetic model is built here
-            argv: list[str] | None = cell_argv(cfg, self.opts.python, out, self.device)
+        # Before the clock starts: a llama.cpp cell's synthetic model is built here. Where
+        # nothing starts (`argv` None), nothing below reads `launched`.
+        try:
+            launched = launched_config(cell.config)
+            argv: list[str] | None = cell_argv(launched, self.opts.python, out, self.device)
         except AbbenchError as e:
             argv, not_started = None, ChildExit("failed", None, e.message)
         t0w, t0m = time.time(), time.monotonic()
         try:
-            ended = (self._child.run(argv, out, timeout) if argv is not None
+            ended = (self._child.run(argv, out, launched.timeout_s) if argv is not None
                      else not_started)
         finally:
             with self._lock:
                 self.current = None
         t1w, t1m = time.time(), time.monotonic()
-        result = read_result(cfg, out, self.device) if ended.status == "ok" else CellResult()
+        result = (read_result(launched, out, self.device) if ended.status == "ok"
+                  else CellResult())
         status, error = ((ended.status, ended.error) if result.error is None
                          else ("failed", result.error))
         tail = stderr_tail(out / "stderr.txt")

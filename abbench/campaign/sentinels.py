@@ -18,7 +18,6 @@ from abbench.records import (
     PlannedCell,
     SentinelLine,
     append_jsonl,
-    config_key,
     history_file,
     read_journal,
     read_jsonl,
@@ -37,7 +36,7 @@ def append_sentinel(sentinels_dir: Path, device: Device, plan: Plan, folder: Pat
     sentinels_dir.mkdir(parents=True, exist_ok=True)
     append_jsonl(history_file(sentinels_dir, device.name), SentinelLine(
         device=device.name, simulated=device.simulated, campaign=plan.campaign,
-        run=str(folder), cell=cell.label, name=cell.name, config_key=config_key(cell.config),
+        run=str(folder), cell=cell.label, name=cell.name, config_key=cell.config.key,
         t_wall=record.t_start_wall, tokens_per_s=record.tokens_per_s,
         fingerprint=record.fingerprint, entry=record.entry.to_json()).to_json())
 

@@ -17,6 +17,7 @@ from abbench.campaign.llamacpp import TOOLS, LlamaCell
 from abbench.engine.config import EngineConfig
 from abbench.errors import Key
 from abbench.records import DecisionSpec, GateSpec, MatchSpec
+from abbench.records.cell_config import OUTPUT, CellConfig, cell_config
 from abbench.records.plan import EXPECT, METRICS
 from abbench.records.schema import did_you_mean, show
 from abbench.records.toml import dump_value
@@ -31,7 +32,6 @@ ENGINES_TEXT = "`embedded`, `external`, " + ", ".join(f"`{t}`" for t in TOOLS)
 MAX_REPEAT = 100
 MAX_CELLS = 10_000  # cells one campaign may run (planned and appended)
 WEEK_S = 7 * 86400.0  # the longest wait or timeout a campaign may ask for
-_OUTPUT = re.compile(r"(bmoe-csv|json):.+\Z|stdout-summary\Z")
 _TRANSPORT = re.compile(r"local\Z|(adb|ssh|sim):[^\s-]\S*\Z")
 
 # TOML key -> EngineConfig field. The file uses the engine's long flag names with `-` as
@@ -247,7 +247,7 @@ class CellSpec:
             if not self.command or not self.command[0]:
                 fail(("command",), "must be a non-empty array of strings, the program first",
                      tip='command = ["adb", "shell", "sh", "/data/local/tmp/run.sh"]')
-            if self.output is None or not _OUTPUT.match(self.output):
+            if self.output is None or not OUTPUT.match(self.output):
                 fail(("output",), f"{show(self.output)} is not an output",
                      tip='one of "bmoe-csv:PATH", "json:PATH", "stdout-summary"')
         elif self.engine in TOOLS:
@@ -258,8 +258,13 @@ class CellSpec:
         if self.engine not in TOOLS and self.llama is not None:
             fail(("llama",), f"applies to llama.cpp cells only (this one is {self.engine})")
 
+    def planned(self) -> CellConfig:
+        """The configuration a plan carries, as its kind (`records.cell_config`)."""
+        return cell_config(self.to_config())
+
     def to_config(self) -> dict[str, Any]:
-        """The configuration a plan carries: JSON-able, with EngineConfig field names."""
+        """The configuration as plan.json holds it: JSON-able, with EngineConfig field
+        names (the order of its keys is the order on disk)."""
         if self.llama is not None:
             m = self.llama
             return {"engine": m.tool, "model": m.model, "tokens": m.tokens,

@@ -19,22 +19,18 @@ from typing import Any
 
 from abbench.engine.experts import MIB
 from abbench.engine.predictor import predict_lines_from_dict
-from abbench.engine.session import RunResult, TokenRecord
+from abbench.engine.run_result import RunResult, TokenRecord
 from abbench.fsutil import atomic_write_text
 from abbench.records.bmoe_csv import CACHE_BUDGET, format_bmoe_csv, trailer
-from abbench.records.summary import JSON_FORMAT, RunSummary, generation_line
-
-CSV_COLUMNS = [
-    "step", "steps", "wall_ms", "io_ms", "compute_ms", "read_bytes", "cache_hit_pct",
-    "stall_ms", "mgmt_ms", "majflt", "cpu_ms", "rss_mib", "token", "hits", "misses",
-    "evictions", "experts_routed", "experts_dropped", "spec_read_bytes", "spec_experts",
-    "spec_useful",
-]
-PER_TOKEN_KEYS = [
-    "wall_ms", "io_ms", "compute_ms", "stall_ms", "mgmt_ms", "read_bytes", "hits", "misses",
-    "evictions", "majflt", "cpu_ms", "rss_mib", "experts_routed", "experts_dropped",
-    "spec_read_bytes", "spec_experts", "spec_useful",
-]
+from abbench.records.cell_doc import PREAMBLE, Resolved, engine_doc
+from abbench.records.summary import RunSummary, generation_line
+from abbench.records.tokens import (
+    CSV_COLUMNS,
+    PER_TOKEN_COLUMNS,
+    PREFILL_COLUMNS,
+    STEPS,
+    csv_row,
+)
 
 
 def fingerprint(result: RunResult) -> str:
@@ -193,7 +189,7 @@ def _preamble(result: RunResult) -> dict[str, Any]:
         "repeat_penalty": f"{result.repeat_penalty:g}",
         "repeat_last_n": result.repeat_last_n,
     }
-    pairs.update(result.extra.get("preamble", {}))
+    pairs.update(result.extra.get(PREAMBLE, {}))
     return pairs
 
 
@@ -211,40 +207,29 @@ def _fmt(v: Any) -> str:
 
 
 def _row(r: TokenRecord, steps: int) -> dict[str, Any]:
-    return {
-        "step": r.step, "steps": steps, "wall_ms": f"{r.wall_ms:.3f}", "io_ms": f"{r.io_ms:.3f}",
-        "compute_ms": f"{r.compute_ms:.3f}", "read_bytes": r.read_bytes,
-        "cache_hit_pct": f"{r.cache_hit_pct:.2f}", "stall_ms": f"{r.stall_ms:.3f}",
-        "mgmt_ms": f"{r.mgmt_ms:.3f}", "majflt": r.majflt, "cpu_ms": f"{r.cpu_ms:.3f}",
-        "rss_mib": f"{r.rss_mib:.1f}", "token": r.token, "hits": r.hits, "misses": r.misses,
-        "evictions": r.evictions, "experts_routed": r.experts_routed,
-        "experts_dropped": r.experts_dropped, "spec_read_bytes": r.spec_read_bytes,
-        "spec_experts": r.spec_experts, "spec_useful": r.spec_useful,
-    }
+    # A column is named as the record's attribute; `steps` is the run's, on every row.
+    return csv_row({c: steps if c == STEPS else getattr(r, c) for c in CSV_COLUMNS})
+
+
+def _columns(records: tuple[TokenRecord, ...], names: tuple[str, ...]) -> dict[str, list[Any]]:
+    """Per-token columns of the records (NaN as None: JSON has none)."""
+    return {k: [_num(getattr(r, k)) for r in records] for k in names}
 
 
 def json_doc(result: RunResult) -> dict[str, Any]:
     s = summarize(result)
-    dec, pre = result.decode, result.prefill
-    return {
-        "format": JSON_FORMAT,
-        "config": result.config.to_dict(),
-        "resolved": {"temp": result.temp, "repeat_penalty": result.repeat_penalty,
-                     "repeat_last_n": result.repeat_last_n, "threads": result.threads,
-                     "o_direct": result.o_direct},
-        "model": result.model,
-        "fingerprint": fingerprint(result),
-        "summary": s.to_json(),
-        "lines": summary_lines(result, s),
-        "prompt_ids": list(result.prompt_ids),
-        "output_ids": list(result.output_ids),
-        "text": result.text,
-        "per_token": {k: [_num(getattr(r, k)) for r in dec] for k in PER_TOKEN_KEYS}
-        | {"cache_hit_pct": [r.cache_hit_pct for r in dec], "token": [r.token for r in dec]},
-        "prefill": {k: [_num(getattr(r, k)) for r in pre]
-                    for k in [*PER_TOKEN_KEYS, "tokens"]},  # one entry per batch
-        **{k: v for k, v in result.extra.items() if k != "preamble"},
-    }
+    return engine_doc(
+        config=result.config.to_dict(),
+        resolved=Resolved(temp=result.temp, repeat_penalty=result.repeat_penalty,
+                          repeat_last_n=result.repeat_last_n, threads=result.threads,
+                          o_direct=result.o_direct),
+        model=result.model, fingerprint=fingerprint(result), summary=s,
+        lines=summary_lines(result, s), prompt_ids=result.prompt_ids,
+        output_ids=result.output_ids, text=result.text,
+        per_token=_columns(result.decode, PER_TOKEN_COLUMNS),
+        prefill=_columns(result.prefill, PREFILL_COLUMNS),  # one entry per batch
+        sections={k: v for k, v in result.extra.items() if k != PREAMBLE},
+    )
 
 
 def write_csv(path: str, result: RunResult) -> None:

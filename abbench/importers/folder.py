@@ -49,6 +49,7 @@ from abbench.importers.identity import configuration, decision_specs, group_arms
 from abbench.importers.order import execution_order
 from abbench.importers.write import FORMAT, write_run_folder
 from abbench.records import IMPORT_FILE, DecisionSpec, Plan, PlannedCell, read_plan
+from abbench.records.cell_config import ImportedConfig
 
 
 def is_import(folder: Path) -> bool:
@@ -119,7 +120,10 @@ def _plan(src: Path, names: list[str], arm_of: dict[str, str],
     for i, name in enumerate(names):
         arm = arm_of[name]
         safe = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".") or "run"
-        cells.append(PlannedCell(index=i, name=arm, config={"engine": "imported", **arms[arm]},
+        # The kind first, as plans have always had it; a preamble's own `engine` key (any
+        # `key=value` may be one) does not change it.
+        config = ImportedConfig({"engine": "imported", **arms[arm]} | {"engine": "imported"})
+        cells.append(PlannedCell(index=i, name=arm, config=config,
                                  sentinel_of=first.get(arm), label=f"{i + 1:0{width}d}-{safe}"))
         first.setdefault(arm, i)
     return Plan(campaign=src.resolve().name, cells=tuple(cells), spacing_s=0.0,

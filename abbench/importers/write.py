@@ -30,9 +30,10 @@ from abbench.records import (
     append_jsonl,
     keys,
 )
+from abbench.records.cell_doc import IMPORT_DOC_FORMAT, Resolved, import_doc
 from abbench.records.provenance import FACT_CONFIG, FACT_T_END, FACT_T_START, FACT_TOK_S
 
-FORMAT = "abbench-import v1"
+FORMAT = IMPORT_DOC_FORMAT  # the cells' summary.json, as `records.cell_doc` writes it
 
 
 def write_run_folder(out: Path, plan: Plan, runs: dict[str, Run], order: Order,
@@ -98,14 +99,12 @@ def _summary_doc(run: Run, summary: RunSummary, tps_fact: Fact, fp: str | None,
     cell's output is kept."""
     threads: Any = (run.table.preamble.get("threads") if run.table else None) \
         or config.get("threads")
-    return {
-        "format": FORMAT, "files": [p.name for p in run.files()],
-        "tok/s_source": tps_fact.source, "summary": summary.to_json(), "fingerprint": fp,
-        "preamble": run.table.preamble if run.table else {},
-        "resolved": {"threads": n} if (n := _whole(threads)) is not None else {},
-        "metrics": run.metrics,
-        "per_token": dict(run.table.columns) if run.table else {},
-    }
+    return import_doc(
+        files=[p.name for p in run.files()], tps_source=tps_fact.source, summary=summary,
+        fingerprint=fp, preamble=run.table.preamble if run.table else {},
+        resolved=Resolved(threads=_whole(threads)), metrics=run.metrics,
+        per_token=run.table.columns if run.table else {},
+    )
 
 
 def _samples(run: Run, index: int) -> list[Sample]:

@@ -21,7 +21,9 @@ that is not finite or beyond `LIMIT`, or a label that is not a folder name is a
 
 One module per format: `journal` (journal.jsonl, samples.jsonl), `plan` (plan.json),
 `history` (the device history and noise-floor.json), `provenance` (import.json), `cell_files`
-(a cell's summary.json and tokens.csv), `bmoe_csv` (the seed engine's per-token CSV),
+(a cell's summary.json and tokens.csv read as `CellFiles`), `cell_doc` (the summary.json
+document each kind of cell writes, its top-level keys), `tokens` (the per-token column
+names), `bmoe_csv` (the seed engine's per-token CSV),
 `route_trace` (route-trace CSV), `summary` (`RunSummary`, a cell's run summary with every
 key it carries, kept as the cell reported it, a value of the wrong type included; the
 engine's run JSON and `generation:` line),
@@ -30,7 +32,7 @@ engine's run JSON and `generation:` line),
 """
 
 from abbench.errors import RecordError
-from abbench.records.cell_files import read_cell_files
+from abbench.records.cell_files import CellFiles, read_cell_files
 from abbench.records.history import (
     NOISE_FLOOR_FILE,
     NoiseFloor,
@@ -77,6 +79,7 @@ from abbench.records.provenance import (
 from abbench.records.summary import RunSummary
 
 __all__ = [
+    "CellFiles",
     "CellRecord",
     "EXPECT",
     "EntryState",

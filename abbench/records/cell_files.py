@@ -1,17 +1,98 @@
-"""A cell's own folder (cells/NN-NAME/): the engine's summary.json with its per-token
-columns, else the bmoe CSV the cell wrote (tokens.csv)."""
+"""A cell's own folder (cells/NN-NAME/): its `summary.json` document (`records.cell_doc`)
+with its per-token columns, else the bmoe CSV the cell wrote (tokens.csv), read into
+`CellFiles`."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from abbench.records.bmoe_csv import parse_bmoe_csv, token_columns
+from abbench.records.cell_doc import (
+    FINGERPRINT,
+    METRICS,
+    NOTES,
+    PER_TOKEN,
+    REPETITIONS,
+    RESOLVED,
+    SAMPLES,
+    SUMMARY,
+)
 from abbench.records.schema import is_number
+from abbench.records.summary import RunSummary
+from abbench.records.tokens import WALL_MS
 
-# -- a cell's own files ----------------------------------------------------------------------
+SUMMARY_JSON = "summary.json"
+TOKENS_CSV = "tokens.csv"
+
+
+@dataclass(frozen=True)
+class CellFiles:
+    """What a cell's own files say, as the analysis reads them. Whatever the files lack or
+    hold in the wrong type reads as absent: no columns, an empty summary, None."""
+
+    columns: dict[str, list[float]] = field(default_factory=dict)  # records.tokens names;
+    # each a list of floats, NaN where the cell wrote null or nothing (not measured)
+    source: str = "none"  # where the columns came from: "per_token" | "tokens.csv" | "none"
+    summary: RunSummary = field(default_factory=RunSummary)  # summary.json's `summary`
+    fingerprint: str | None = None
+    threads: int | None = None  # the compute threads `resolved` names
+    notes: tuple[str, ...] = ()  # what the cell's output reader noted (llama-completion)
+    repetitions: bool = False  # each column value is one repetition (llama-bench), not a token
+    metrics: dict[str, float] = field(default_factory=dict)  # an import's `.metrics`, the
+    # finite numbers only
+
+
+def read_cell_files(cell_dir: Path) -> CellFiles:
+    """A cell's per-token columns, where they came from, and what its `summary.json` says.
+
+    Columns come from `summary.json` `per_token` (the engine's --json), else `tokens.csv`
+    (a bmoe_metrics CSV). Fail-soft like the cell that wrote them (an external command's
+    output may be anything): a document that is not JSON counts as absent, a column that
+    is not a list of numbers is left out, a CSV row that does not parse ends the table (a
+    torn file), and a section of the wrong type reads as absent."""
+    doc = _document(cell_dir / SUMMARY_JSON)
+    cols = {k: c for k, v in _object(doc, PER_TOKEN).items() if (c := _column(v)) is not None}
+    source = "per_token"
+    if not cols.get(WALL_MS):
+        cols, source = _tokens_csv(cell_dir / TOKENS_CSV), "tokens.csv"
+    if not cols.get(WALL_MS):
+        cols, source = {}, "none"
+    fingerprint = doc.get(FINGERPRINT)
+    threads = _object(doc, RESOLVED).get("threads")  # `cell_doc.Resolved.threads`
+    notes = doc.get(NOTES)
+    return CellFiles(
+        columns=cols, source=source, summary=_summary(doc),
+        fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+        threads=threads if isinstance(threads, int) else None,
+        notes=tuple(n for n in notes if isinstance(n, str)) if isinstance(notes, list) else (),
+        repetitions=doc.get(SAMPLES) == REPETITIONS,
+        metrics={k: f for k, v in _object(doc, METRICS).items() if (f := _finite(v)) is not None},
+    )
+
+
+def _document(path: Path) -> dict[str, Any]:
+    """summary.json as an object; {} when it is absent, unreadable or not a JSON object."""
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # absent, unreadable, not JSON
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _object(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _summary(doc: dict[str, Any]) -> RunSummary:
+    try:
+        return RunSummary.from_json(_object(doc, SUMMARY))
+    except RecursionError:  # nested past what `finite` walks: garbage, not a summary
+        return RunSummary()
 
 
 def _column(values: Any) -> list[float] | None:
@@ -21,33 +102,16 @@ def _column(values: Any) -> list[float] | None:
     return [math.nan if v is None else float(v) for v in values]
 
 
-def read_cell_files(cell_dir: Path) -> tuple[dict[str, list[float]], str, dict[str, Any]]:
-    """A cell's per-token columns, where they came from, and its `summary.json` document.
-
-    Columns come from `summary.json` `per_token` (the engine's --json), else `tokens.csv`
-    (a bmoe_metrics CSV); source is "per_token", "tokens.csv" or "none". Fail-soft like the
-    cell that wrote them (an external command's output may be anything): a document that is
-    not JSON counts as absent, a column that is not a list of numbers is left out, a CSV row
-    that does not parse ends the table (a torn file), and `summary`, `fingerprint` and
-    `resolved` of the wrong type are dropped."""
-    doc: dict[str, Any] = {}
-    path = cell_dir / "summary.json"
+def _finite(value: Any) -> float | None:
+    """A number as a float when it is one and finite (a whole number too large for a float
+    is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
     try:
-        loaded = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # absent, unreadable, not JSON
-        loaded = None
-    if isinstance(loaded, dict):
-        doc = {k: v for k, v in loaded.items() if not (
-            (k in ("summary", "resolved", "per_token") and not isinstance(v, dict))
-            or (k == "fingerprint" and not isinstance(v, str)))}
-    pt = doc.get("per_token", {})
-    cols = {k: c for k, c in ((k, _column(v)) for k, v in pt.items()) if c is not None}
-    if cols.get("wall_ms"):
-        return cols, "per_token", doc
-    cols = _tokens_csv(cell_dir / "tokens.csv")
-    if cols.get("wall_ms"):
-        return cols, "tokens.csv", doc
-    return {}, "none", doc
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _tokens_csv(path: Path) -> dict[str, list[float]]:
@@ -58,3 +122,6 @@ def _tokens_csv(path: Path) -> dict[str, list[float]]:
     except OSError:
         return {}
     return token_columns(parse_bmoe_csv(text, path, torn_ok=True))
+
+
+__all__ = ["SUMMARY_JSON", "TOKENS_CSV", "CellFiles", "read_cell_files"]

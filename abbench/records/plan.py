@@ -8,9 +8,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import BadField, RecordError
+from abbench.errors import BadField, ConfigError, Key, RecordError, format_key, render
+from abbench.records.cell_config import CellConfig, cell_config
+from abbench.records.cell_config import config_key as config_key  # its historic home
 from abbench.records.journal import FORMAT, check_label
-from abbench.records.schema import from_dict, show
+from abbench.records.schema import as_table, build, fail, show, typed
 
 EXPECT = ("faster", "not-slower")  # a decision's question (`[[decision]] expect`)
 # What a decision compares (`[[decision]] metric`): tokens per second, or energy per token
@@ -85,23 +87,26 @@ class DecisionSpec:
 class PlannedCell:
     index: int  # 0-based execution order
     name: str  # the cell name in cells.toml (sentinels repeat a name)
-    config: dict[str, Any]  # resolved configuration: engine flags or external command
+    config: CellConfig  # resolved configuration, of the kind the cell runs as
     sentinel_of: int | None = None  # index of the earlier cell this one repeats
     label: str = ""  # NN-NAME, the cell's folder name
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"index": self.index, "name": self.name, "config": self.config.to_json(),
+                "sentinel_of": self.sentinel_of, "label": self.label}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> PlannedCell:
-        return from_dict(cls, d)
-
-
-def config_key(config: dict[str, Any]) -> str:
-    """A configuration's identity: its resolved keys as canonical JSON, without the ones
-    that do not change the work (`timeout_s`). Cells with equal keys are one arm."""
-    return json.dumps({k: v for k, v in sorted(config.items()) if k != "timeout_s"},
-                      sort_keys=True, separators=(",", ":"))
+    def from_json(cls, d: Any, key: Key = ()) -> PlannedCell:
+        """A cell as plan.json holds it, its `config` read as the kind it names."""
+        table = as_table(key, d, strict=False)
+        at: Key = (*key, "config")
+        if "config" not in table:
+            fail(key, "missing key `config`")
+        try:
+            config = cell_config(typed(table["config"], dict[str, Any], at))
+        except ConfigError as e:  # a record's problem is a BadField, named by its path
+            raise BadField(f"{format_key(at)}.{e.field}", render(e.problem, str)) from None
+        return build(cls, table, key, strict=False, config=config)
 
 
 @dataclass(frozen=True)
@@ -158,8 +163,14 @@ class Plan:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Plan:
-        return from_dict(cls, d)
+    def from_json(cls, d: Any) -> Plan:
+        """A plan as plan.json holds it, each cell's configuration read as its kind."""
+        table = as_table((), d, strict=False)
+        if "cells" not in table:
+            fail((), "missing key `cells`")
+        rows = typed(table["cells"], tuple[Any, ...], ("cells",))
+        cells = tuple(PlannedCell.from_json(c, ("cells", i)) for i, c in enumerate(rows))
+        return build(cls, table, strict=False, cells=cells)
 
 
 def read_plan(run: Path) -> Plan:

@@ -16,12 +16,23 @@ from abbench.analysis.fleet import Combined, DeviceOutcome, FleetAnalysis
 from abbench.analysis.noise import floor_noise
 from abbench.fsutil import atomic_write_text
 from abbench.records.fleet import FLEET_REPORT_STEM
-from abbench.report.blocks import Bullets, Code, Paragraph, Section, Table
+from abbench.report.blocks import (
+    VERDICT,
+    Bullets,
+    Code,
+    Column,
+    Paragraph,
+    Section,
+    Table,
+    Value,
+    columns,
+)
 from abbench.report.json_report import plain
 from abbench.report.text import interval_text, noise
 from abbench.textsafe import shown
 
 FORMAT = "abbench-fleet-report/1"
+VERDICT_COLUMN = Column("verdict", mark=VERDICT)  # the page colours it
 
 
 def _question(c: Combined) -> str:
@@ -84,7 +95,8 @@ def sections(a: FleetAnalysis) -> tuple[Section, ...]:
                    "device's log ratio (DerSimonian-Laird between-device variance, a "
                    "Hartung-Knapp t interval with devices - 1 df, never narrower than the "
                    "weights alone give; ", Code("docs/fleet.md"), ")."),),
-        Table(("question", "verdict", "ratio", "devices", "between-device sd", "reason"),
+        Table(columns("question", VERDICT_COLUMN, "ratio", "devices", "between-device sd",
+                      "reason"),
               tuple((_question(c), c.verdict, interval_text(c.ratio),
                      f"{len(c.devices)} of {len(c.verdicts)}",
                      f"±{c.tau:.1%}" if c.tau is not None and len(c.devices) > 1 else "-",
@@ -92,11 +104,11 @@ def sections(a: FleetAnalysis) -> tuple[Section, ...]:
         Bullets(tuple(f"{_question(c)}: {d} not in it — {why}" for c in a.combined
                       for d, why in c.excluded)))))
     out.append(Section("Per device class", (Table(
-        ("class", "question", "verdict", "ratio", "devices"),
+        columns("class", "question", VERDICT_COLUMN, "ratio", "devices"),
         tuple((c.scope, _question(c), c.verdict, interval_text(c.ratio),
                f"{len(c.devices)} of {len(c.verdicts)}") for c in a.per_class)),)))
     out.append(Section("Per device", (Table(
-        ("device", "class", "host", "status", "verdicts", "noise", "report"),
+        columns("device", "class", "host", "status", "verdicts", "noise", "report"),
         tuple((o.device, o.class_name, o.host or "-", o.status, _device_verdicts(o),
                _floor(o), _rel(o.folder / "report.md", a.folder) if o.folder else "-")
               for o in a.devices)),)))
@@ -121,12 +133,7 @@ def markdown(a: FleetAnalysis) -> str:
 
 
 def html_page(a: FleetAnalysis) -> str:
-    body = [x for s in sections(a) for x in html.section(s)]
-    return "\n".join(["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-                      f"<title>{html.e(_title(a))}</title>",
-                      f"<style>{html.CSS}</style></head><body>",
-                      f"<h1>{html.e(_title(a))}</h1>", f"<p>{html.e(_intro(a))}</p>", *body,
-                      "</body></html>", ""])
+    return html.page(_title(a), (Paragraph((Value(_intro(a)),)), *sections(a)))
 
 
 def to_json(a: FleetAnalysis) -> dict[str, Any]:

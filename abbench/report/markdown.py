@@ -1,5 +1,6 @@
 """report.md: the report a person reads first, in the order they need it — warnings
-about the run itself, verdicts, cells, pairs, drift, tells. Lays out `report.model`.
+about the run itself, verdicts, cells, pairs, drift, tells. Lays out any block list
+(`blocks.lay_out`); the campaign's is `report.model`'s.
 
 Names, configurations and failure reasons in it can be what a cell or a file from elsewhere
 wrote, and Markdown viewers render HTML: every string goes through `text` (or `cell` in a
@@ -10,26 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+import abbench.report.blocks as blk
 from abbench.analysis.campaign import CampaignAnalysis
-from abbench.report.blocks import (
-    Block,
-    Bullets,
-    Code,
-    Inline,
-    Paragraph,
-    Section,
-    Strong,
-    Table,
-)
-from abbench.report.model import (
-    Cells,
-    DecisionNote,
-    PairNote,
-    Report,
-    Verdicts,
-    build,
-)
+from abbench.report.model import build
 from abbench.textsafe import shown
 
 # A `<` that can open HTML in CommonMark (a tag, comment, declaration, processing
@@ -63,91 +49,88 @@ def code(s: str) -> str:
     return f"{fence}{pad}{s}{pad}{fence}"
 
 
-def inline(parts: Iterable[Inline], escape: bool = True) -> str:
+def inline(xs: Iterable[blk.Inline], escape: bool = True) -> str:
+    """Each part escaped on its own; bold as `**`, a drift verdict in bold, other marks as
+    text."""
     say = text if escape else shown
-    return "".join((code(p.text) if escape else f"`{shown(p.text)}`") if isinstance(p, Code)
-                   else f"**{say(p.text)}**" if isinstance(p, Strong) else say(p)
-                   for p in parts)
+
+    def one(p: blk.Inline) -> str:
+        match p:
+            case str():
+                return say(p)
+            case blk.Code():
+                return code(p.text) if escape else f"`{shown(p.text)}`"
+            case blk.Strong():
+                return f"**{inline(blk.parts(p.text), escape)}**"
+            case blk.Mark() if p.kind == blk.DRIFT:
+                return f"**{say(p.text)}**"
+            case _:
+                return say(p.text)
+
+    return "".join(map(one, xs))
 
 
-def lines(blocks: Iterable[Block], escape: bool = True) -> list[str]:
+@dataclass(frozen=True)
+class Markdown:
     """Blocks as Markdown lines, each block followed by a blank line. `escape=False`: only
     control characters escaped, for a renderer that escapes for its own medium (the
     terminal, report.html's `<pre>`)."""
-    say, in_cell = (text, cell) if escape else (shown, shown)
 
-    def row(xs: Iterable[str]) -> str:
+    escape: bool = True
+    medium: str = blk.MARKDOWN
+
+    def say(self, x: blk.Text) -> str:
+        return inline(blk.parts(x), self.escape)
+
+    def row(self, xs: Iterable[str]) -> str:
+        in_cell = cell if self.escape else shown
         return "| " + " | ".join(map(in_cell, xs)) + " |"
 
-    out: list[str] = []
-    for b in blocks:
-        if isinstance(b, Paragraph):
-            out += [inline(b.parts, escape), ""]
-        elif isinstance(b, Table):
-            out += [row(b.head), "|" + "---|" * len(b.head)]
-            out += [row(r) for r in b.rows] + [""]
-        elif isinstance(b, Bullets):
-            if b.items:
-                out += [f"- {say(x)}" for x in b.items] + [""]
-            elif b.empty:
-                out += [say(b.empty), ""]
-        else:
-            out += section(b, escape)
-    return out
+    def paragraph(self, b: blk.Paragraph) -> list[str]:
+        return [self.say(b.parts), ""]
+
+    def banner(self, b: blk.Banner) -> list[str]:
+        return [f"> {self.say(blk.Strong(b.text))}", ""]
+
+    def table(self, b: blk.Table) -> list[str]:
+        return [self.row(b.head), "|" + "---|" * len(b.head), *map(self.row, b.rows), "",
+                *self.bullets(blk.Bullets(b.notes))]
+
+    def bullets(self, b: blk.Bullets) -> list[str]:
+        """The lead-in line, then the items (or what is said instead) with no blank line
+        between; nothing at all for no lead, no items and nothing to say."""
+        body = [f"- {self.say(x)}" for x in b.items] or ([self.say(b.empty)] if b.empty else [])
+        body = ([self.say(b.lead)] if b.lead else []) + body
+        return [*body, ""] if body else []
+
+    def note(self, b: blk.Note) -> list[str]:
+        return [self.say(b.lead), *(f"  {self.say(x)}" for x in b.details), ""]
+
+    def figure(self, b: blk.Figure) -> list[str]:
+        return []  # report.md draws nothing
+
+    def plain(self, b: blk.Plain) -> list[str]:
+        return blk.lay_out(self, b.blocks)
+
+    def section(self, s: blk.Section) -> list[str]:
+        return [f"{'#' * s.level} {self.say(s.title)}", "", *blk.lay_out(self, s.blocks)]
 
 
-def section(s: Section, escape: bool = True) -> list[str]:
-    return [f"{'#' * s.level} {text(s.title) if escape else shown(s.title)}", "",
-            *lines(s.blocks, escape)]
+def lines(blocks: Iterable[blk.Block], escape: bool = True) -> list[str]:
+    """Blocks as Markdown lines (`Markdown`)."""
+    return blk.lay_out(Markdown(escape), blocks)
 
 
-def decision(n: DecisionNote) -> list[str]:
-    """The verdict in bold, then its details indented."""
-    look = f" at look {n.look}" if n.look is not None else ""
-    return [text(f"**{n.candidate} vs {n.baseline} ({n.question}): {n.label}{look}** — "
-                 f"{n.reason}"), *(f"  {text(x)}" for x in n.details)]
+def section(s: blk.Section, escape: bool = True) -> list[str]:
+    return Markdown(escape).section(s)
 
 
-def verdicts(v: Verdicts) -> list[str]:
-    out = ["## Verdicts", ""]
-    if v.table is None:
-        return out + lines([Paragraph(("No decisions asked." + (f" {v.noise}." if
-                                                               v.noise_known else ""),))])
-    out += lines([Paragraph((f"{v.noise}." + (f" {v.noise_note}." if v.noise_note else ""),)),
-                  v.table, *v.looks, *((v.unverified,) if v.unverified else ())])
-    for n in v.notes:
-        out += [*decision(n), ""]
-    return out
-
-
-def cells(c: Cells) -> list[str]:
-    return section(Section("Cells", (c.table(), Bullets(c.notes))))
-
-
-def pairs(ps: Iterable[PairNote]) -> list[str]:
-    out = ["## Adjacent pairs", ""]
-    for p in ps:
-        out.append(text(f"**{p.title}**" + (f" ({p.note})" if p.note else "")))
-        out += [f"- {text(c.text)}" for c in p.checks] + [""]
-    return out
-
-
-def emit(r: Report) -> str:
-    L = [f"# {text(r.title)}", "", *lines([r.intro])]
-    for b in r.banners:
-        L += [f"> **{text(b)}**", ""]
-    if r.imported is not None:
-        L += section(r.imported.section)
-    L += verdicts(r.verdicts) + cells(r.cells) + pairs(r.pairs)
-    if r.unverified_ratios is not None:
-        L += section(r.unverified_ratios)
-    L += section(r.drift_section(lambda d: f"**{d.verdict}** — {d.summary}"))
-    L += section(r.caps_timeline) + section(r.tells)
-    return "\n".join(L)
+def emit(d: blk.Document) -> str:
+    return "\n".join([f"# {text(d.title)}", "", *lines(d.blocks)])
 
 
 def render(a: CampaignAnalysis) -> str:
     return emit(build(a, samples=()))  # report.md plots nothing
 
 
-__all__ = ["cell", "code", "emit", "lines", "render", "text"]
+__all__ = ["Markdown", "cell", "code", "emit", "lines", "render", "section", "text"]

@@ -1,14 +1,14 @@
-"""The report model: what a report says, built once from an analysis — the header, banners,
-sections of paragraphs, tables and bullets (blocks.py), the verdicts' prose, the cells'
-figures and the series the page plots (series.py). The Markdown, HTML and terminal
-renderers lay it out and compute nothing; report.json (json_report.py) is the analysis' own
-document and is not built from it."""
+"""The report model: what a campaign report says, built once from an analysis as one list
+of blocks (blocks.py) — the header, banners, the import, verdicts, cells (cell_table.py),
+the plots' series (series.py), pairs, drift, tells — each table's columns defined once,
+with `only` where a medium has its own wording: report.md the long method, the page its
+plots, the terminal a compact layout with the verdicts last. The Markdown, HTML and
+terminal renderers lay it out and compute nothing; report.json (json_report.py) is the
+analysis' own document and is not built from it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeAlias
+from collections.abc import Sequence
 
 import abbench.report.text as t
 from abbench.analysis.campaign import CampaignAnalysis
@@ -16,210 +16,85 @@ from abbench.analysis.decide import UNVERIFIED, Decision
 from abbench.analysis.matching import PairMatch
 from abbench.records import Sample
 from abbench.records.provenance import FACT_CONFIG, FACT_T_END, FACT_T_START, FACT_TOK_S
-from abbench.report.blocks import Block, Bullets, Code, Paragraph, Section, Strong, Table
+from abbench.report.blocks import (
+    CAUTION,
+    DRIFT,
+    HTML,
+    MARKDOWN,
+    PAGES,
+    STATE,
+    TERMINAL,
+    VERDICT,
+    WARNING,
+    Banner,
+    Block,
+    Bullets,
+    Code,
+    Column,
+    Document,
+    Figure,
+    Inline,
+    Mark,
+    Note,
+    Paragraph,
+    Plain,
+    Section,
+    Strong,
+    Table,
+    Text,
+    Value,
+    columns,
+    only,
+)
+from abbench.report.cell_table import cell_table
 from abbench.report.series import Rates, Series, Timeline, per_token, rates, samples_of, timeline
 
 MARK = {"ok": "✓", "fail": "✗", "not measured": "–"}
-WARNING = "WARNING: "  # a detail line that warns (the page sets it in bold)
+WARNS = "WARNING: "  # a detail line that warns (the page sets it in bold)
 CELLS_METHOD = ("Cells' intervals: 95%, moving-block bootstrap over per-token times (block "
                 "ceil(n^(1/3)), seeded)")
 VERDICTS_METHOD = ("two levels, tokens within cells and cells (Student t on the cell-to-cell "
                    "noise; docs/method.md)")
 VERDICTS_METHOD_BRIEF = "two levels, tokens and cells (docs/method.md)"  # report.html's
+TIMELINE = ("CPU caps (MHz, per policy; dotted: hardware max), temperatures (°C) and "
+            "MemAvailable over wall time; shaded: each cell's span; hatched red: thermal-gate "
+            "waits before a cell.")
+VERDICT_COLUMNS = columns("candidate", "baseline", "question", Column("verdict", mark=VERDICT),
+                          Column("ratio", PAGES), Column("CI", PAGES),
+                          Column("matched pairs", PAGES), Column("comparison", TERMINAL))
 
 
-@dataclass(frozen=True)
-class Header:
-    campaign: str
-    run: str
-    device: str
-    recorded: int
-    planned: int
-    warmup_tokens: int
-    spacing_s: float
-
-    @property
-    def setup(self) -> str:
-        """"3 of 4 cells, warm-up 4 tokens, spacing 30 s"."""
-        return (f"{self.recorded} of {self.planned} cells, warm-up {self.warmup_tokens} "
-                f"tokens, spacing {self.spacing_s:g} s")
-
-
-@dataclass(frozen=True)
-class Imported:
-    """An import's provenance: the report.md section, and its order and notes apart."""
-
-    order: str
-    order_source: str
-    notes: tuple[str, ...]
-    section: Section
-
-
-@dataclass(frozen=True)
-class DecisionNote:
-    """The prose under one verdict."""
-
-    candidate: str
-    baseline: str
-    question: str
-    verdict: str
-    label: str  # the verdict, or "UNVERIFIED (GO if matched)"
-    look: int | None
-    reason: str
-    details: tuple[str, ...]  # comparison, noise, power, settle, order, warnings, unmatched
-    comparison: str  # "C ran 1.20 ± 0.03 times faster than B", "-" without a matched ratio
-    unverified_pairs: tuple[str, ...]  # "unverified pair: cell 2 (C) vs cell 1 (B): ..."
-
-
-@dataclass(frozen=True)
-class Verdicts:
-    noise: str
-    noise_note: str
-    noise_known: bool
-    table: Table | None  # None: no decision asked
-    looks: tuple[Block, ...]  # a sequential campaign's looks
-    unverified: Section | None  # unverified pairs, never in the verdict table
-    notes: tuple[DecisionNote, ...]
-
-    @property
-    def noise_line(self) -> str:
-        return self.noise + (f" — {self.noise_note}" if self.noise_note else "")
-
-
-@dataclass(frozen=True)
-class CellRow:
-    """One cell's figures as shown; each renderer picks its columns."""
-
-    number: str
-    name: str  # "B (sentinel of 1)"
-    marked: str  # "B *" (a sentinel)
-    config: str
-    status: str
-    rate: str
-    drop: str
-    median: str
-    median_range: str  # "25.1 (24.0–26.3)"
-    mib: str
-    hit: str
-    stall: str
-    majflt: str
-    cpu: str
-    spec: str
-    caps: str
-    entry: str
-    pressure: str
-    gate: str  # "waited 12 s", wherever a wait is recorded
-    gate_polled: str  # the same where the gate polled or gave up, "-" otherwise
-    prefill: str  # prompt tokens per second until the first token
-    ttft: str  # time to first token, seconds
-    stability: str  # worst over best window throughput ("0.94")
-    power: str  # mean power over the cell ("3.21 ± 0.12 W")
-    energy: str  # energy per token ("0.0451 ± 0.002 J/tok")
-
-
-Column: TypeAlias = tuple[str, str]  # (heading, CellRow field)
-CELL_COLUMNS: tuple[Column, ...] = (
-    ("#", "number"), ("cell", "name"), ("config", "config"), ("status", "status"),
-    ("tok/s", "rate"), ("stability", "stability"), ("drop rate", "drop"),
-    ("median ms (p5–p95)", "median_range"), ("prefill tok/s", "prefill"), ("TTFT s", "ttft"),
-    ("power", "power"), ("J/tok", "energy"), ("MiB/tok", "mib"), ("hit %", "hit"),
-    ("stall ms/tok", "stall"),
-    ("majflt/tok", "majflt"), ("CPU occ.", "cpu"), ("spec useful", "spec"),
-    ("caps during", "caps"), ("entry", "entry"), ("pressure", "pressure"),
-    ("gate", "gate_polled"))  # report.md's
-
-
-@dataclass(frozen=True)
-class Cells:
-    rows: tuple[CellRow, ...]
-    notes: tuple[str, ...]  # "cell 2 (C): no per-token times ..."
-
-    def table(self, columns: Sequence[Column] = CELL_COLUMNS) -> Table:
-        return Table(tuple(h for h, _ in columns),
-                     tuple(tuple(str(getattr(r, f)) for _, f in columns) for r in self.rows))
-
-
-@dataclass(frozen=True)
-class Check:
-    ok: bool
-    text: str  # "✗ caps: ..."
-
-
-@dataclass(frozen=True)
-class PairNote:
-    """Two adjacent cells and whether they are matched."""
-
-    first: str
-    second: str
-    state: str
-    note: str
-    checks: tuple[Check, ...]
-
-    @property
-    def title(self) -> str:
-        return f"{self.first} → {self.second}: {self.state}"
-
-
-@dataclass(frozen=True)
-class DriftLine:
-    verdict: str
-    summary: str
-
-
-@dataclass(frozen=True)
-class Report:
-    title: str
-    header: Header
-    intro: Paragraph  # report.md's
-    intro_brief: Paragraph  # report.html's shorter wording of the verdicts' method
-    banners: tuple[str, ...]
-    imported: Imported | None
-    verdicts: Verdicts
-    cells: Cells
-    pairs: tuple[PairNote, ...]
-    unverified_ratios: Section | None
-    drift: tuple[DriftLine, ...]
-    caps_timeline: Section
-    tells: Section
-    timeline: Timeline
-    rates: Rates
-    per_token: tuple[Series, ...]  # wall ms per decode token index, one per cell
-
-    def drift_section(self, line: Callable[[DriftLine], str]) -> Section:
-        """The sentinels' drift, each as `line` writes it (report.md sets the verdict in
-        bold, the page does not)."""
-        return Section("Drift (sentinels)", (Bullets(tuple(map(line, self.drift)),
-                                                     "No sentinels in this plan."),))
-
-
-# -- building it -------------------------------------------------------------------------
-
-
-def build(a: CampaignAnalysis, samples: Sequence[Sample] | None = None) -> Report:
+def build(a: CampaignAnalysis, samples: Sequence[Sample] | None = None) -> Document:
     """The report of an analysis. `samples` feed the timeline only (default: the run
     folder's; pass () where nothing is plotted)."""
     ticks = samples_of(a.run) if samples is None else samples
-    header = Header(a.plan.campaign, str(a.run), a.plan.device, len(a.records),
-                    len(a.plan.cells), a.plan.warmup_tokens, a.plan.spacing_s)
-    return Report(
-        title=f"{a.plan.campaign} — abbench report", header=header,
-        intro=_intro(header, f"{CELLS_METHOD}. Verdicts' intervals: {VERDICTS_METHOD}."),
-        intro_brief=_intro(header, f"{CELLS_METHOD}; verdicts' intervals: "
-                                   f"{VERDICTS_METHOD_BRIEF}."),
-        banners=banners(a), imported=_imported(a), verdicts=_verdicts(a), cells=_cells(a),
-        pairs=tuple(_pair(a, m) for m in a.pairs), unverified_ratios=_unverified_ratios(a),
-        drift=tuple(DriftLine(d.verdict, d.summary) for d in a.drift),
-        caps_timeline=Section("Caps timeline", (Bullets(
-            tuple(a.caps_timeline), "No policy was capped (or caps not measured)."),)),
-        tells=Section("Contamination tells", (Bullets(tuple(
+    cells = cell_table(a)
+    page_verdicts, terminal_verdicts = _verdicts(a)
+    return Document(f"{a.plan.campaign} — abbench report", (
+        only(TERMINAL, Paragraph((
+            Strong(a.plan.campaign), f" — {len(a.records)} of {len(a.plan.cells)} cells, "
+            "device ", Value(a.plan.device), ", run folder ", Value(str(a.run))))),
+        only(MARKDOWN, _intro(a, f"{CELLS_METHOD}. Verdicts' intervals: {VERDICTS_METHOD}.")),
+        only(HTML, _intro(a, f"{CELLS_METHOD}; verdicts' intervals: {VERDICTS_METHOD_BRIEF}.")),
+        *(Banner(b) for b in banners(a)), *_imported(a),
+        only(PAGES, page_verdicts, Section("Cells", (cells,))), only(TERMINAL, cells),
+        only(HTML, *_figures(a, ticks)), *_pairs(a), *_unverified_ratios(a),
+        *_listed("Drift (sentinels)", tuple(
+            (Mark(d.verdict, DRIFT), " — ", Value(d.summary)) for d in a.drift),
+                 "No sentinels in this plan."),
+        only(PAGES, Section("Caps timeline", (Bullets(
+            tuple(a.caps_timeline), "No policy was capped (or caps not measured)."),))),
+        *_listed("Contamination tells", tuple(
             f"{'campaign' if x.cell is None else cell_name(a, x.cell)} [{x.kind}]: {x.detail}"
-            for x in a.tells), "None."),)),
-        timeline=timeline(a, ticks), rates=rates(a), per_token=per_token(a))
+            for x in a.tells), "None."),
+        only(TERMINAL, *terminal_verdicts)))
 
 
-def _intro(h: Header, method: str) -> Paragraph:
-    return Paragraph(("Run folder ", Code(h.run), ", device ", Code(h.device),
-                      f", {h.setup}. {method}"))
+def _intro(a: CampaignAnalysis, method: str) -> Paragraph:
+    setup = (f"{len(a.records)} of {len(a.plan.cells)} cells, warm-up {a.plan.warmup_tokens} "
+             f"tokens, spacing {a.plan.spacing_s:g} s")
+    return Paragraph(("Run folder ", Code(str(a.run)), ", device ", Code(a.plan.device),
+                      f", {setup}. {method}"))
 
 
 def banners(a: CampaignAnalysis) -> tuple[str, ...]:
@@ -244,12 +119,12 @@ def cell_name(a: CampaignAnalysis, index: int) -> str:
     return f"cell {index + 1} ({a.cells[index].name})"
 
 
-def _imported(a: CampaignAnalysis) -> Imported | None:
+def _imported(a: CampaignAnalysis) -> tuple[Block, ...]:
     """Where the order and each cell's times came from, what each cell's configuration
-    rests on, and what the import could not read."""
+    rests on, and what the import could not read (the terminal: the order and the notes)."""
     info = a.imported
     if info is None:
-        return None
+        return ()
     blocks: list[Block] = [Paragraph((
         "Imported from ", Code(info.source), ". Execution order: ", Strong(info.order.kind),
         f" — {info.order.source}."))]
@@ -262,33 +137,91 @@ def _imported(a: CampaignAnalysis) -> Imported | None:
         rows.append((str(k + 1), c.label, ", ".join(c.files),
                      *(shown.get(key, "-") for key in (FACT_T_START, FACT_T_END, FACT_TOK_S,
                                                       FACT_CONFIG))))
-    blocks.append(Table(("#", "run", "files", "start", "end", "tok/s", "configuration"),
+    blocks.append(Table(columns("#", "run", "files", "start", "end", "tok/s", "configuration"),
                         tuple(rows)))
-    return Imported(info.order.kind, info.order.source, tuple(info.notes),
-                    Section("Import", tuple(blocks)))
+    return (only(PAGES, Section("Import", (Plain(tuple(blocks)),))),
+            only(TERMINAL,
+                 Paragraph((f"import: order {info.order.kind} ({info.order.source})",)),
+                 Bullets(tuple(f"{WARNS}{n}" for n in info.notes))))
 
 
-def _verdicts(a: CampaignAnalysis) -> Verdicts:
-    rows = []
-    for d in a.decisions:
-        ratio, ci_s, pairs = t.verdict_cells(d)
-        rows.append((d.candidate, d.baseline, t.question(d), d.verdict, ratio, ci_s, pairs))
-    table = Table(("candidate", "baseline", "question", "verdict", "ratio", "CI",
-                   "matched pairs"), tuple(rows)) if a.decisions else None
-    unv = tuple((cell_name(a, p.candidate), cell_name(a, p.baseline),
-                 t.num(p.ratio.estimate if p.ratio else None, ".3f"), t.ci(p.ratio))
-                for d in a.decisions if d.verdict == UNVERIFIED for p in d.pairs)
-    unverified = Section("Unverified pairs (device state or times not recorded — not matched)",
-                         (Table(("candidate", "baseline", "ratio", "95% CI"), unv),),
-                         level=3) if unv else None
-    return Verdicts(t.noise(a.noise), a.noise.note or "", a.noise.known, table, _looks(a),
-                    unverified, tuple(_decision(a, d) for d in a.decisions))
+def _verdicts(a: CampaignAnalysis) -> tuple[Section, tuple[Block, ...]]:
+    """The pages' Verdicts section, and the terminal's verdict blocks: the noise the
+    verdicts rest on, the verdict table, the looks, the unverified pairs, each verdict's
+    prose and evidence."""
+    noise = t.noise(a.noise)
+    if not a.decisions:
+        asked = "No decisions asked."
+        return (Section("Verdicts", (
+            only(MARKDOWN, Paragraph((asked + (f" {noise}." if a.noise.known else ""),))),
+            only(HTML, Paragraph((asked,))))),
+            (Paragraph(("no decisions asked" + (f"; {noise}" if a.noise.known else ""),)),))
+    note = a.noise.note or ""
+    noise_line = Paragraph((Value(noise + (f" — {note}" if note else "")),))
+    table = Table(VERDICT_COLUMNS, tuple(map(_verdict_row, a.decisions)),
+                  "verdicts (matched pairs only)")
+    looks = (Plain(_looks(a)),) if a.looks else ()
+    details = [_details(a, d) for d in a.decisions]
+    page = (only(MARKDOWN, Paragraph((f"{noise}." + (f" {note}." if note else ""),))),
+            only(HTML, noise_line), table, only(MARKDOWN, *looks), *_unverified(a),
+            only(HTML, *looks), *(x for d, ds in zip(a.decisions, details)
+                                  for x in _notes(d, ds)))
+    terminal = (noise_line, table, *looks,
+                Bullets(tuple(x for d, ds in zip(a.decisions, details)
+                              for x in (*_unverified_pairs(a, d), *ds))))
+    return Section("Verdicts", page), terminal
+
+
+def _verdict_row(d: Decision) -> tuple[str, ...]:
+    ratio, ci_s, pairs = t.verdict_cells(d)
+    comparison = ("-" if d.ratio is None or d.verdict == UNVERIFIED
+                  else t.times(d.candidate, d.baseline, d.ratio, d.metric))
+    return d.candidate, d.baseline, t.question(d), d.verdict, ratio, ci_s, pairs, comparison
+
+
+def _notes(d: Decision, details: tuple[str, ...]) -> tuple[Block, ...]:
+    """The verdict in bold and its details: report.md with the question and the look, the
+    page with the verdict coloured."""
+    label = d.verdict
+    if d.verdict == UNVERIFIED:
+        label = f"UNVERIFIED ({d.unverified_verdict} if matched)"
+    look = f" at look {d.look}" if d.look is not None else ""
+    return (only(MARKDOWN, Note((Strong(f"{d.candidate} vs {d.baseline} ({t.question(d)}): "
+                                       f"{label}{look}"), f" — {d.reason}"),
+                                tuple(map(_warns, details)))),
+            only(HTML, Note((Strong((Value(d.candidate), " vs ", Value(d.baseline), ": ",
+                                     Mark(label, VERDICT))), " — ", Value(d.reason)),
+                            tuple(_warns(x.strip()) for x in details))))
+
+
+def _warns(x: str) -> Text:
+    """A detail line, its leading "WARNING:" marked."""
+    if x.startswith(WARNS):
+        return Mark(WARNS.strip(), WARNING), " ", Value(x[len(WARNS):])
+    return Value(x)
+
+
+def _unverified(a: CampaignAnalysis) -> tuple[Block, ...]:
+    """The unverified pairs' ratios, never in the verdict table."""
+    rows = tuple((cell_name(a, p.candidate), cell_name(a, p.baseline),
+                  t.num(p.ratio.estimate if p.ratio else None, ".3f"), t.ci(p.ratio))
+                 for d in a.decisions if d.verdict == UNVERIFIED for p in d.pairs)
+    if not rows:
+        return ()
+    return (Section("Unverified pairs (device state or times not recorded — not matched)",
+                    (Table(columns("candidate", "baseline", "ratio", "95% CI"), rows),),
+                    level=3),)
+
+
+def _unverified_pairs(a: CampaignAnalysis, d: Decision) -> tuple[str, ...]:
+    return tuple(
+        f"unverified pair: {cell_name(a, p.candidate)} vs {cell_name(a, p.baseline)}: "
+        f"{t.times(d.candidate, d.baseline, p.ratio, d.metric) if p.ratio else '-'}"
+        for p in (d.pairs if d.verdict == UNVERIFIED else ()))
 
 
 def _looks(a: CampaignAnalysis) -> tuple[Block, ...]:
     """A sequential campaign's looks: cells, alpha spent, each decision's interval."""
-    if not a.looks:
-        return ()
     s = a.plan.sequential
     budget = ", ".join(x for x in (f"max {s.max_cells} cells" if s and s.max_cells else "",
                                    f"max {s.max_minutes:g} min" if s and s.max_minutes
@@ -300,25 +233,11 @@ def _looks(a: CampaignAnalysis) -> tuple[Block, ...]:
         Paragraph((f"Sequential campaign ({budget}): {len(a.looks)} look"
                    f"{'s' if len(a.looks) > 1 else ''}, each at the alpha it spends "
                    "(docs/method.md).",)),
-        Table(("look", "cells", "alpha", "decision", "verdict", "interval"), rows)]
+        Table(columns("look", "cells", "alpha", "decision", "verdict", "interval"), rows)]
     if a.pending:
         out.append(Paragraph((f"Cells {', '.join(str(i + 1) for i in a.pending)} ran after "
                               "the last look and are not in a verdict yet.",)))
     return tuple(out)
-
-
-def _decision(a: CampaignAnalysis, d: Decision) -> DecisionNote:
-    label = d.verdict
-    if d.verdict == UNVERIFIED:
-        label = f"UNVERIFIED ({d.unverified_verdict} if matched)"
-    comparison = ("-" if d.ratio is None or d.verdict == UNVERIFIED
-                  else t.times(d.candidate, d.baseline, d.ratio, d.metric))
-    unverified = tuple(
-        f"unverified pair: {cell_name(a, p.candidate)} vs {cell_name(a, p.baseline)}: "
-        f"{t.times(d.candidate, d.baseline, p.ratio, d.metric) if p.ratio else '-'}"
-        for p in (d.pairs if d.verdict == UNVERIFIED else ()))
-    return DecisionNote(d.candidate, d.baseline, t.question(d), d.verdict, label, d.look,
-                        d.reason, _details(a, d), comparison, unverified)
 
 
 def _details(a: CampaignAnalysis, d: Decision) -> tuple[str, ...]:
@@ -346,56 +265,59 @@ def _details(a: CampaignAnalysis, d: Decision) -> tuple[str, ...]:
                    + (f" ({p.level:.0%} CI {p.low:.3f} .. {p.high:.3f}): no order effect "
                       "shown" if t.finite(p.low) else " (no interval)"))
     if d.order_warning:
-        out.append(WARNING + d.order_warning)
+        out.append(WARNS + d.order_warning)
     for u in d.unmatched:
         out.append(f"not compared: {cell_name(a, u.candidate)} vs {cell_name(a, u.baseline)}"
                    f" — {'; '.join(u.match.reasons) or u.match.state}")
     return tuple(out)
 
 
-def _cells(a: CampaignAnalysis) -> Cells:
-    apart = t.config_apart(a.cells)
-    rows = []
-    for c in a.cells:
-        rec = next((r for r in a.records if r.index == c.index), None)
-        gate = polled = "-"
-        if rec and (rec.gate.polls or rec.gate.gave_up or rec.gate.waited_s):
-            gate = f"waited {rec.gate.waited_s:.0f} s" + (", GAVE UP" if rec.gate.gave_up
-                                                          else "")
-            polled = gate if rec.gate.polls or rec.gate.gave_up else "-"
-        median = t.num(c.median_ms, ".1f")
-        rows.append(CellRow(
-            number=str(c.index + 1),
-            name=c.name + (f" (sentinel of {c.sentinel_of + 1})" if c.sentinel_of is not None
-                           else ""),
-            marked=c.name + (" *" if c.sentinel_of is not None else ""),
-            config=apart[c.index], status=c.status, rate=t.rate(c.tokens_per_s),
-            drop=t.num(c.drop_rate and 100 * c.drop_rate, ".1f", "%"), median=median,
-            median_range=f"{median} ({t.num(c.p5_ms, '.1f')}–{t.num(c.p95_ms, '.1f')})",
-            mib=t.num(c.read_mib_per_token), hit=t.num(c.hit_pct, ".1f"),
-            stall=t.num(c.stall_ms_per_token, ".1f"), majflt=t.num(c.majflt_per_token),
-            cpu=t.num(c.cpu_occupancy and 100 * c.cpu_occupancy, ".0f", "%"),
-            spec=t.num(c.spec_useful_pct, ".0f", "%"), caps=t.caps_during(c),
-            entry=t.entry(rec.entry) if rec else "-", pressure=t.pressure(c), gate=gate,
-            gate_polled=polled, prefill=t.num(c.prefill_tok_s, ".1f"),
-            ttft=t.num(c.ttft_s, ".3f"), stability=t.num(c.stability, ".2f"),
-            power=t.measure(c.energy.power_w, "W"),
-            energy=t.measure(c.energy.j_per_token, "J/tok")))
-    notes = tuple(f"cell {c.index + 1} ({c.name}): {n}" for c in a.cells
-                  for n in (*c.notes, *((c.energy.note,) if c.energy.note else ())))
-    return Cells(tuple(rows), notes)
+def _figures(a: CampaignAnalysis, ticks: Sequence[Sample]) -> tuple[Block, ...]:
+    tl = timeline(a, ticks)
+    missing = f"Not measured on this device: {', '.join(tl.missing)}." if tl.missing else ""
+    return (Section("Timeline", (Figure(tl, TIMELINE, missing),)),
+            Section("Tokens/s per cell", (Figure(rates(a)),)),
+            Section("Per-token times", (Figure(per_token(a)),)))
 
 
-def _pair(a: CampaignAnalysis, m: PairMatch) -> PairNote:
-    return PairNote(cell_name(a, m.first), cell_name(a, m.second), m.state, m.note or "",
-                    tuple(Check(cr.status == "ok", f"{MARK[cr.status]} {cr.name}: {cr.detail}")
-                          for cr in m.criteria))
+def _pairs(a: CampaignAnalysis) -> tuple[Block, ...]:
+    """Every pair with all its criteria; the terminal colours the state and lists only the
+    criteria that failed."""
+    def note(m: PairMatch) -> tuple[Inline, ...]:
+        return (Value(f" ({m.note})"),) if m.note else ()
+
+    def checks(m: PairMatch, failed: bool = False) -> tuple[str, ...]:
+        return tuple(f"{MARK[c.status]} {c.name}: {c.detail}" for c in m.criteria
+                     if not failed or c.status != "ok")
+
+    def lead(m: PairMatch) -> tuple[Inline, ...]:
+        return (Value(cell_name(a, m.first)), " → ", Value(cell_name(a, m.second)), ": ",
+                Mark(m.state, STATE), *note(m))
+
+    return (only(PAGES, Section("Adjacent pairs", tuple(Bullets(checks(m), "no criteria", (
+                Strong(f"{cell_name(a, m.first)} → {cell_name(a, m.second)}: {m.state}"),
+                *note(m))) for m in a.pairs))),
+            only(TERMINAL, Section("adjacent pairs", tuple(
+                Bullets(checks(m, failed=True), lead=lead(m)) for m in a.pairs))))
 
 
-def _unverified_ratios(a: CampaignAnalysis) -> Section | None:
+def _unverified_ratios(a: CampaignAnalysis) -> tuple[Block, ...]:
     if not a.unverified_ratios:
-        return None
+        return ()
+    why = "device state or times not recorded: not matched, no verdict"
     rows = tuple((f"{cell_name(a, s)} / {cell_name(a, f)}", f"{r.estimate:.3f}",
                   f"{r.low:.3f}–{r.high:.3f}") for f, s, r in a.unverified_ratios)
-    return Section("Unverified ratios (device state or times not recorded: not matched, no "
-                   "verdict)", (Table(("second / first", "ratio", "95% CI"), rows),), level=3)
+    return (only(MARKDOWN, Section(f"Unverified ratios ({why})", (
+                Table(columns("second / first", "ratio", "95% CI"), rows),), level=3)),
+            only(TERMINAL, Paragraph((Mark("unverified ratios", CAUTION), f" ({why})")),
+                 Bullets(tuple(f"{p}: {ratio} (95% CI {ci})" for p, ratio, ci in rows))))
+
+
+def _listed(title: str, items: tuple[Text, ...], empty: str) -> tuple[Block, ...]:
+    """A section of bullets on the pages (`empty` said where there are none); on the
+    terminal, its title in lower case and the items, only where there are some."""
+    terminal = (Section(title[0].lower() + title[1:], (Bullets(items),)),) if items else ()
+    return only(PAGES, Section(title, (Bullets(items, empty),))), only(TERMINAL, *terminal)
+
+
+__all__ = ["Rates", "Series", "Timeline", "banners", "build", "samples_of"]

@@ -1,120 +1,112 @@
-"""The terminal report (rich): banners, verdicts in colour, cells, pairs, drift, tells.
-`--style plain` prints the same content with no colour or box characters. A compact
-layout of `report.model`.
+"""The terminal report (rich): lays out any block list (`blocks.lay_out`) as lines and
+tables, verdicts in colour; the campaign's is `report.model`'s compact layout (banners,
+cells, pairs, drift, tells, then the verdicts). `--style plain` prints the same content
+with no colour or box characters.
 
 Names, configurations, notes and failure reasons can be what a cell or a file from elsewhere
-wrote: each is printed through `textsafe.shown` (controls as escapes) and never read as
-rich markup (`_m` inside a markup line, `Text` in a table, `markup=False` for a whole
-line)."""
+wrote: each is printed through `textsafe.shown` (controls as escapes) into a rich `Text`,
+never read as rich markup."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import IO
 
 from rich import box
-from rich.console import Console
-from rich.markup import escape
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+import abbench.report.blocks as blk
 import abbench.report.markdown as markdown
 from abbench.analysis.campaign import CampaignAnalysis
 from abbench.analysis.decide import UNVERIFIED
-from abbench.report.model import Cells, Column, Report, Verdicts, build
+from abbench.report.model import build
 from abbench.textsafe import shown
 
 COLOUR = {"GO": "bold green", "NO-GO": "bold red", "INCONCLUSIVE": "bold yellow",
           "OWED": "bold magenta", UNVERIFIED: "bold yellow"}
-CELL_COLUMNS: tuple[Column, ...] = (
-    ("#", "number"), ("cell", "marked"), ("config", "config"), ("status", "status"),
-    ("tok/s", "rate"), ("stab.", "stability"), ("drop", "drop"), ("median ms", "median"),
-    ("prefill tok/s", "prefill"), ("TTFT s", "ttft"), ("J/tok", "energy"), ("MiB/tok", "mib"),
-    ("hit %", "hit"), ("majflt/tok", "majflt"), ("CPU occ.", "cpu"),
-    ("caps during", "caps"), ("entry", "entry"))
 PAIR_STYLE = {"matched": "green", "unverified": "yellow"}  # any other state: red
 
 
-def _m(x: object) -> str:
-    """A value inside a markup line: controls escaped, its `[` not read as a style."""
-    return escape(shown(x))
+def mark_style(m: blk.Mark) -> str:
+    """The colour of a marked word: a verdict, a pair's state, a drift verdict."""
+    if m.kind == blk.VERDICT:
+        return COLOUR.get(m.text, "bold yellow")
+    if m.kind == blk.STATE:
+        return PAIR_STYLE.get(m.text, "red")
+    if m.kind == blk.DRIFT:
+        return "red" if m.text == "drift" else "yellow" if m.text != "stable" else "default"
+    return "bold yellow" if m.kind == blk.CAUTION else ""
 
 
-def cells(c: Console, cs: Cells, table_box: box.Box) -> None:
-    """The cell table (the config column only where the cells' configurations differ)."""
-    show_config = any(r.config != "-" for r in cs.rows)
-    tb = cs.table([x for x in CELL_COLUMNS if show_config or x[1] != "config"])
-    out = Table(title="cells (steady window; ± is the 95% bootstrap interval)", box=table_box)
-    for col in tb.head:
-        out.add_column(col, overflow="fold")
-    for row in tb.rows:
-        out.add_row(*(Text(shown(x)) for x in row))
-    c.print(out)
-    for n in cs.notes:
-        c.print(f"  {shown(n)}", markup=False)
+def text(xs: Iterable[blk.Inline], indent: str = "", style: str = "") -> Text:
+    out = Text(indent)
+    for p in xs:
+        match p:
+            case str():
+                out.append(shown(p), style or None)
+            case blk.Strong():
+                out.append(text(blk.parts(p.text), style="bold"))
+            case blk.Mark():
+                out.append(shown(p.text), mark_style(p) or style or None)
+            case _:
+                out.append(shown(p.text), style or None)
+    return out
 
 
-def pairs_drift_tells(c: Console, r: Report) -> None:
-    c.print("[bold]adjacent pairs[/]")
-    for p in r.pairs:
-        c.print(f"  {_m(p.first)} → {_m(p.second)}: "
-                f"[{PAIR_STYLE.get(p.state, 'red')}]{_m(p.state)}[/]"
-                + (f" ({_m(p.note)})" if p.note else ""))
-        for ck in p.checks:
-            if not ck.ok:
-                c.print(f"    {shown(ck.text)}", markup=False)
-    if r.unverified_ratios is not None:
-        c.print("[bold yellow]unverified ratios[/] (device state or times not recorded: not "
-                "matched, no verdict)")
-        for tb in r.unverified_ratios.tables():
-            for pair, ratio, ci in tb.rows:
-                c.print(shown(f"  {pair}: {ratio} (95% CI {ci})"), markup=False)
-    if r.drift:
-        c.print("[bold]drift (sentinels)[/]")
-        for d in r.drift:
-            style = "red" if d.verdict == "drift" else "yellow" if d.verdict != "stable" else ""
-            c.print(f"  [{style or 'default'}]{_m(d.verdict)}[/] — ", end="")
-            c.print(shown(d.summary), markup=False)
-    if tells := r.tells.items():
-        c.print("[bold]contamination tells[/]")
-        for x in tells:
-            c.print(f"  {shown(x)}", markup=False)
+@dataclass(frozen=True)
+class Terminal:
+    """Blocks as rich renderables, one a line or a table."""
+
+    table_box: box.Box = box.SIMPLE
+    medium: str = blk.TERMINAL
+
+    def lines(self, xs: Iterable[blk.Text], indent: str) -> list[RenderableType]:
+        return [text(blk.parts(x), indent) for x in xs]
+
+    def paragraph(self, b: blk.Paragraph) -> list[RenderableType]:
+        return [text(b.parts)]
+
+    def banner(self, b: blk.Banner) -> list[RenderableType]:
+        return [text((b.text,), style="bold red")]
+
+    def table(self, b: blk.Table) -> list[RenderableType]:
+        out = Table(title=b.title or None, box=self.table_box)
+        for c in b.columns:
+            out.add_column(c.short or c.head, overflow="fold")
+        for row in b.rows:
+            out.add_row(*(text((blk.Mark(x, c.mark) if c.mark else x,))
+                          for c, x in zip(b.columns, row)))
+        return [out, *self.lines(b.notes, "  ")]
+
+    def bullets(self, b: blk.Bullets) -> list[RenderableType]:
+        """The items (or what is said instead) indented, further under a lead-in line."""
+        items = b.items or ((b.empty,) if b.empty else ())
+        if not b.lead:
+            return self.lines(items, "  ")
+        return [text(b.lead, "  "), *self.lines(items, "    ")]
+
+    def note(self, b: blk.Note) -> list[RenderableType]:
+        return [text(b.lead), *self.lines(b.details, "  ")]
+
+    def figure(self, b: blk.Figure) -> list[RenderableType]:
+        return []  # the terminal draws nothing
+
+    def plain(self, b: blk.Plain) -> list[RenderableType]:
+        return [Text(x) for x in markdown.lines(b.blocks, escape=False)]
+
+    def section(self, s: blk.Section) -> list[RenderableType]:
+        return [text((s.title,), style="bold"), *blk.lay_out(self, s.blocks)]
 
 
-def verdicts(c: Console, v: Verdicts, table_box: box.Box) -> None:
-    if v.table is None:
-        c.print(shown("no decisions asked" + (f"; {v.noise}" if v.noise_known else "")),
-                markup=False)
-        return
-    c.print(shown(v.noise_line), markup=False)
-    out = Table(title="verdicts (matched pairs only)", box=table_box)
-    for col in ("candidate", "baseline", "question", "verdict", "comparison"):
-        out.add_column(col)
-    for n in v.notes:
-        out.add_row(Text(shown(n.candidate)), Text(shown(n.baseline)), Text(shown(n.question)),
-                    f"[{COLOUR[n.verdict]}]{n.verdict}[/]", Text(shown(n.comparison)))
-    c.print(out)
-    for line in markdown.lines(v.looks, escape=False):
-        c.print(line, markup=False)
-    for n in v.notes:
-        for line in (*n.unverified_pairs, *n.details):
-            c.print(f"  {shown(line)}", markup=False)
-
-
-def emit(r: Report, console: Console, table_box: box.Box = box.SIMPLE) -> None:
-    c, h = console, r.header
-    c.print(f"[bold]{_m(h.campaign)}[/] — {h.recorded} of {h.planned} cells, device "
-            f"{_m(h.device)}, run folder {_m(h.run)}")
-    for b in r.banners:
-        c.print(f"[bold red]{_m(b)}[/]")
-    if r.imported is not None:
-        c.print(shown(f"import: order {r.imported.order} ({r.imported.order_source})"),
-                markup=False)
-        for n in r.imported.notes:
-            c.print(f"  WARNING: {shown(n)}", markup=False)
-    cells(c, r.cells, table_box)
-    pairs_drift_tells(c, r)
-    verdicts(c, r.verdicts, table_box)
+def emit(d: blk.Document, console: Console, table_box: box.Box = box.SIMPLE) -> None:
+    """The blocks, one a line or a table (the terminal prints no title: its first line
+    says what the report is)."""
+    for x in blk.lay_out(Terminal(table_box), d.blocks):
+        console.print(x)
 
 
 def render(a: CampaignAnalysis, console: Console, table_box: box.Box = box.SIMPLE) -> None:

@@ -110,31 +110,30 @@ def verdict_cells(d: Decision) -> tuple[str, str, str]:
     return f"{d.ratio.estimate:.3f}", ci(d.ratio), pairs
 
 
+def listed(*readings: tuple[str, Any], none: str = "-") -> str:
+    """Each `(format, value)` whose value was measured (not None), formatted and joined
+    with commas; `none` where nothing was."""
+    return ", ".join(fmt.format(x) for fmt, x in readings if x is not None) or none
+
+
 def entry(e: EntryState) -> str:
     """One line of entry state: caps, temperatures, memory, probe (what was measured)."""
-    parts: list[str] = []
+    caps: list[str] = []
     if e.caps_khz:
         capped = e.capped()
         blind = sorted(p for p in e.caps_khz if p not in e.hw_max_khz)
         if capped:
-            parts.append("capped " + ",".join(capped))
+            caps.append("capped " + ",".join(capped))
         if blind:  # a cap with no hardware maximum is not "at max": unknown
-            parts.append(", ".join(f"{p} cap "
-                                   f"{e.caps_khz[p] / 1e6:.2f} GHz" for p in blind)
-                         + " (hardware max unknown)")
+            caps.append(", ".join(f"{p} cap "
+                                  f"{e.caps_khz[p] / 1e6:.2f} GHz" for p in blind)
+                        + " (hardware max unknown)")
         elif not capped:
-            parts.append("caps at max")
-    if e.cpu_temp_c is not None:
-        parts.append(f"cpu {e.cpu_temp_c:.1f} °C")
-    if e.battery_temp_c is not None:
-        parts.append(f"batt {e.battery_temp_c:.1f} °C")
-    if e.mem_available_mib is not None:
-        parts.append(f"avail {e.mem_available_mib:.0f} MiB")
-    if e.probe_index is not None:
-        parts.append(f"probe {e.probe_index:.2f}")
-    if e.thermal_status is not None:
-        parts.append(f"status {e.thermal_status}")
-    return ", ".join(parts) or "not recorded"
+            caps.append("caps at max")
+    return listed(*(("{}", x) for x in caps), ("cpu {:.1f} °C", e.cpu_temp_c),
+                  ("batt {:.1f} °C", e.battery_temp_c), ("avail {:.0f} MiB", e.mem_available_mib),
+                  ("probe {:.2f}", e.probe_index), ("status {}", e.thermal_status),
+                  none="not recorded")
 
 
 def caps_during(c: CellStats) -> str:
@@ -199,13 +198,7 @@ def pressure(c: CellStats) -> str:
     """What a cell did to the rest of the device: the free-RAM floor, the CPU and battery
     maximum temperatures during it, its peak RSS (what was recorded)."""
     d = c.during
-    parts = []
-    if d.mem_available_floor_mib is not None:
-        parts.append(f"floor {d.mem_available_floor_mib:.0f} MiB")
-    if d.cpu_temp_c is not None:
-        parts.append(f"CPU max {d.cpu_temp_c[1]:.1f} °C")
-    if d.battery_temp_c is not None:
-        parts.append(f"batt max {d.battery_temp_c[1]:.1f} °C")
-    if c.peak_rss_mib is not None:
-        parts.append(f"RSS {c.peak_rss_mib / 1024:.2f} GiB")
-    return ", ".join(parts) or "-"
+    return listed(("floor {:.0f} MiB", d.mem_available_floor_mib),
+                  ("CPU max {:.1f} °C", d.cpu_temp_c[1] if d.cpu_temp_c else None),
+                  ("batt max {:.1f} °C", d.battery_temp_c[1] if d.battery_temp_c else None),
+                  ("RSS {:.2f} GiB", None if c.peak_rss_mib is None else c.peak_rss_mib / 1024))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from abbench.analysis.replay.batches import Lookups
@@ -114,45 +114,39 @@ def _evict(heap: list[_Entry], live: dict[int, _Rank], touched: set[int], size: 
 def _lfu(lk: Lookups, budget: float) -> list[bool]:
     """LFU: evict the entry with the fewest lookups so far in the trace (counts survive
     eviction), ties to the least recently used."""
-    hit = [False] * len(lk)
     freq: Counter[int] = Counter()
-    live: dict[int, _Rank] = {}          # key → its current rank (count, last lookup)
-    heap: list[_Entry] = []
-    size = 0
-    for b in range(lk.batches):
-        lo, hi = lk.starts[b], lk.starts[b + 1]
-        for j in range(lo, hi):
-            key = lk.keys[j]
-            freq[key] += 1
-            if key in live:
-                hit[j] = True
-            else:
-                size += lk.cost[j]
-            live[key] = (freq[key], j)
-            heapq.heappush(heap, (freq[key], j, key))
-        if size > budget:
-            size = _evict(heap, live, set(lk.keys[lo:hi]), size, budget, lk.key_bytes)
-    return hit
+
+    def rank(j: int, key: int) -> _Rank:
+        freq[key] += 1
+        return freq[key], j
+    return _ranked(lk, budget, rank)
 
 
 def _belady(lk: Lookups, budget: float) -> list[bool]:
     """Belady: evict the entry whose next use is farthest ahead (never used again first,
     then the larger entry), from the precomputed next-use index."""
+    next_use, cost = lk.next_use, lk.cost
+    return _ranked(lk, budget, lambda j, key: (-next_use[j], -cost[j]))
+
+
+def _ranked(lk: Lookups, budget: float, rank: Callable[[int, int], _Rank]) -> list[bool]:
+    """A policy that evicts the smallest `rank(j, key)`, given at each lookup j (a heap of
+    ranks, stale entries skipped at eviction)."""
     hit = [False] * len(lk)
-    live: dict[int, _Rank] = {}          # key → its current rank (-next use, -bytes)
+    live: dict[int, _Rank] = {}          # key → its current rank
     heap: list[_Entry] = []
     size = 0
     for b in range(lk.batches):
         lo, hi = lk.starts[b], lk.starts[b + 1]
         for j in range(lo, hi):
             key = lk.keys[j]
+            r = rank(j, key)
             if key in live:
                 hit[j] = True
             else:
                 size += lk.cost[j]
-            rank = (-lk.next_use[j], -lk.cost[j])
-            live[key] = rank
-            heapq.heappush(heap, (*rank, key))
+            live[key] = r
+            heapq.heappush(heap, (*r, key))
         if size > budget:
             size = _evict(heap, live, set(lk.keys[lo:hi]), size, budget, lk.key_bytes)
     return hit

@@ -1,0 +1,100 @@
+"""The report's cell table: each cell's figures as shown (`CellRow`), and the columns that
+show them, defined once with where each is shown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import abbench.report.text as t
+from abbench.analysis.campaign import CampaignAnalysis
+from abbench.report.blocks import HTML, MARKDOWN, PAGES, TERMINAL, Column, Table
+
+
+@dataclass(frozen=True)
+class CellRow:
+    """One cell's figures as shown; `CELL_COLUMNS` picks them."""
+
+    number: str
+    name: str  # "B (sentinel of 1)"
+    marked: str  # "B *" (a sentinel)
+    config: str
+    status: str
+    rate: str
+    drop: str
+    median: str
+    median_range: str  # "25.1 (24.0–26.3)"
+    mib: str
+    hit: str
+    stall: str
+    majflt: str
+    cpu: str
+    spec: str
+    caps: str
+    entry: str
+    pressure: str
+    gate: str  # "waited 12 s", wherever a wait is recorded
+    gate_polled: str  # the same where the gate polled or gave up, "-" otherwise
+    prefill: str  # prompt tokens per second until the first token
+    ttft: str  # time to first token, seconds
+    stability: str  # worst over best window throughput ("0.94")
+    power: str  # mean power over the cell ("3.21 ± 0.12 W")
+    energy: str  # energy per token ("0.0451 ± 0.002 J/tok")
+
+
+# Each column with the CellRow field it shows: report.md all but the page's gate; the page
+# without the pressure, and a gate wait wherever one is recorded; the terminal a compact
+# set (its configurations only where they differ: `cell_table`).
+CELL_COLUMNS: tuple[tuple[Column, str], ...] = (
+    (Column("#"), "number"), (Column("cell", PAGES), "name"),
+    (Column("cell", TERMINAL), "marked"), (Column("config"), "config"),
+    (Column("status"), "status"), (Column("tok/s"), "rate"),
+    (Column("stability", short="stab."), "stability"),
+    (Column("drop rate", short="drop"), "drop"),
+    (Column("median ms (p5–p95)", PAGES), "median_range"),
+    (Column("median ms", TERMINAL), "median"), (Column("prefill tok/s"), "prefill"),
+    (Column("TTFT s"), "ttft"), (Column("power", PAGES), "power"), (Column("J/tok"), "energy"),
+    (Column("MiB/tok"), "mib"), (Column("hit %"), "hit"),
+    (Column("stall ms/tok", PAGES), "stall"), (Column("majflt/tok"), "majflt"),
+    (Column("CPU occ."), "cpu"), (Column("spec useful", PAGES), "spec"),
+    (Column("caps during"), "caps"), (Column("entry"), "entry"),
+    (Column("pressure", MARKDOWN), "pressure"), (Column("gate", MARKDOWN), "gate_polled"),
+    (Column("gate", HTML), "gate"))
+
+
+def cell_table(a: CampaignAnalysis) -> Table:
+    """Every cell's row, and the notes on what is missing ("no per-token times ...")."""
+    apart = t.config_apart(a.cells)
+    rows = tuple(cell_row(a, c.index, apart[c.index]) for c in a.cells)
+    cols = tuple(c for c, _ in CELL_COLUMNS)
+    if all(r.config == "-" for r in rows):  # one configuration: the terminal leaves it out
+        cols = tuple(replace(c, media=PAGES) if c.head == "config" else c for c in cols)
+    notes = tuple(f"cell {c.index + 1} ({c.name}): {n}" for c in a.cells
+                  for n in (*c.notes, *((c.energy.note,) if c.energy.note else ())))
+    return Table(cols, tuple(tuple(getattr(r, f) for _, f in CELL_COLUMNS) for r in rows),
+                 "cells (steady window; ± is the 95% bootstrap interval)", notes)
+
+
+def cell_row(a: CampaignAnalysis, index: int, config: str) -> CellRow:
+    c = a.cells[index]
+    rec = next((r for r in a.records if r.index == c.index), None)
+    gate = polled = "-"
+    if rec and (rec.gate.polls or rec.gate.gave_up or rec.gate.waited_s):
+        gate = f"waited {rec.gate.waited_s:.0f} s" + (", GAVE UP" if rec.gate.gave_up else "")
+        polled = gate if rec.gate.polls or rec.gate.gave_up else "-"
+    median = t.num(c.median_ms, ".1f")
+    return CellRow(
+        number=str(c.index + 1),
+        name=c.name + (f" (sentinel of {c.sentinel_of + 1})" if c.sentinel_of is not None
+                       else ""),
+        marked=c.name + (" *" if c.sentinel_of is not None else ""),
+        config=config, status=c.status, rate=t.rate(c.tokens_per_s),
+        drop=t.num(c.drop_rate and 100 * c.drop_rate, ".1f", "%"), median=median,
+        median_range=f"{median} ({t.num(c.p5_ms, '.1f')}–{t.num(c.p95_ms, '.1f')})",
+        mib=t.num(c.read_mib_per_token), hit=t.num(c.hit_pct, ".1f"),
+        stall=t.num(c.stall_ms_per_token, ".1f"), majflt=t.num(c.majflt_per_token),
+        cpu=t.num(c.cpu_occupancy and 100 * c.cpu_occupancy, ".0f", "%"),
+        spec=t.num(c.spec_useful_pct, ".0f", "%"), caps=t.caps_during(c),
+        entry=t.entry(rec.entry) if rec else "-", pressure=t.pressure(c), gate=gate,
+        gate_polled=polled, prefill=t.num(c.prefill_tok_s, ".1f"),
+        ttft=t.num(c.ttft_s, ".3f"), stability=t.num(c.stability, ".2f"),
+        power=t.measure(c.energy.power_w, "W"), energy=t.measure(c.energy.j_per_token, "J/tok"))
