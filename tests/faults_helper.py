@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.analysis.campaign import analyze
-from abbench.records import CellRecord, read_journal, read_samples
+from abbench.records import CellRecord, Sample, keys, read_journal, read_samples
 from abbench.report import json_report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sensors"
@@ -89,6 +89,7 @@ def write_campaign(tmp: Path, cells: str, order: list[str], decisions: str = "",
 
         [match]
         probe_tol = 1.0  # the local speed probe is a timed loop on a shared machine
+        foreign_load_tol = 64  # and other jobs come and go on it
 
         [workload]
         engine = "external"
@@ -128,6 +129,9 @@ def comparable_report(run: Path, scratch: Path) -> dict[str, Any]:
     noise-floor snapshot was taken and the history file it names, and the speed
     probe — a timed loop on a shared machine, which `[match] probe_tol` would turn into
     matched or not at random — pinned to 1 in a copy of the journal before analysing.
+    Likewise the other processes' load (`load.foreign_cores`, `load.runnable_tasks`),
+    taken out of a copy of the samples: whether a tick falls between a cell's tag and its
+    start is timing.
     """
     copy_dir = scratch / f"cmp-{run.name}"
     shutil.copytree(run, copy_dir)
@@ -137,6 +141,12 @@ def comparable_report(run: Path, scratch: Path) -> dict[str, Any]:
         d["entry"]["probe_index"] = 1.0
         pinned.append(json.dumps(d) + "\n")
     (copy_dir / "journal.jsonl").write_text("".join(pinned))
+    host_load = (keys.FOREIGN_CORES, keys.RUNNABLE_TASKS)
+    samples = [Sample(s.t_mono, s.t_wall, {k: v for k, v in s.values.items()
+                                           if k not in host_load}, s.cell)
+               for s in read_samples(copy_dir)]
+    (copy_dir / "samples.jsonl").write_text("".join(json.dumps(s.to_json()) + "\n"
+                                                    for s in samples))
     doc = json_report.build(analyze(copy_dir))
     doc = copy.deepcopy(doc)
     doc.pop("run")

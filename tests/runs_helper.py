@@ -35,7 +35,8 @@ def cell(name: str, rate: float, **kw: Any) -> dict[str, Any]:
     probe, caps_during, fingerprint, sentinel_of, gave_up, status, n, noise, per_token,
     dropped, compute_ms, read_bytes, majflt, cpu_ms, gap_s, wall_ms: the per-token times
     themselves, power: the battery's draw in W (8 samples during the cell, 3% noise,
-    discharging), config: the configuration's identity, by default the name)."""
+    discharging), config: the configuration's identity, by default the name, foreign: the
+    `load.foreign_cores` of each of its samples, with a run queue of 2, 3, ...)."""
     return {"name": name, "rate": rate, **kw}
 
 
@@ -110,6 +111,9 @@ def make_run(tmp: Path, cells: list[dict[str, Any]], decisions: list[dict[str, A
             for p, v in cd.items():
                 values[f"cpu.{p}.cap_khz"] = v
                 values[f"cpu.{p}.hw_max_khz"] = HW[p]
+            if "foreign" in c:
+                values[keys.FOREIGN_CORES] = c["foreign"]
+                values[keys.RUNNABLE_TASKS] = 2 + k
             if "power" in c:
                 values[keys.BATTERY_POWER_W] = c["power"] * (1 + 0.03 * rng.standard_normal())
                 values[keys.BATTERY_STATUS] = "Discharging"

@@ -1,7 +1,7 @@
 """Per-cell measures of analysis/cells.py: the stability ratio (docs/report.md#method) on
 constructed
 per-token series, in the cell's stats, its report row, report.json, and as a match
-requirement."""
+requirement; the foreign load over the cell's ticks, in its row and report.json."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runs_helper import cell, make_run
+from runs_helper import AT_MAX, cell, make_run
 
 from abbench.analysis.campaign import analyze
 from abbench.analysis.cells import STABILITY_WINDOW_TOKENS, stability_ratio
+from abbench.records import Sample, append_jsonl, keys
 from abbench.report import write_reports
 
 W = STABILITY_WINDOW_TOKENS
@@ -82,3 +83,36 @@ def test_min_stability_is_a_match_criterion_only_when_set(tmp_path: Path) -> Non
     assert "below the 0.9 required at cell 2" in s1.detail
     s2 = next(c for c in p2.criteria if c.name == "stability")
     assert s2.status == "fail" and "not measured" in s2.detail  # cell 3: one window
+
+
+def test_the_foreign_load_is_the_mean_of_the_cells_ticks(tmp_path: Path) -> None:
+    run = make_run(tmp_path, [cell("B", 100, foreign=0.2, caps_during=[AT_MAX, AT_MAX]),
+                              cell("C", 100)])
+    # two more ticks of cell 1: a burst, and one without the reading (not a zero)
+    for values in ({keys.FOREIGN_CORES: 1.1, keys.RUNNABLE_TASKS: 9},
+                   {keys.MEM_AVAILABLE_MIB: 8000.0}):
+        append_jsonl(run / "samples.jsonl", Sample(1001.0, 1001.0, values, 0).to_json(),
+                     fsync=False)
+    a = analyze(run)
+    first, second = (c.during for c in a.cells)
+    assert first.foreign_cores == pytest.approx(0.5)  # (0.2 + 0.2 + 1.1) / 3
+    assert first.max_runnable_tasks == 9
+    assert second.foreign_cores is None and second.max_runnable_tasks is None
+    write_reports(run)
+    report = json.loads((run / "report.json").read_text())
+    assert [c["during"]["foreign_cores"] for c in report["cells"]] == [pytest.approx(0.5), None]
+    assert [c["during"]["max_runnable_tasks"] for c in report["cells"]] == [9, None]
+    md = (run / "report.md").read_text().splitlines()
+    header = next(ln for ln in md if ln.startswith("| # |"))
+    heads = [h.strip() for h in header.split("|")]
+    rows = [[v.strip() for v in ln.split("|")] for ln in md if ln.startswith(("| 1 |", "| 2 |"))]
+    k = heads.index("foreign cores")
+    assert [r[k] for r in rows[:2]] == ["0.50", "-"]
+
+
+def test_the_foreign_load_column_is_left_out_when_no_cell_has_it(tmp_path: Path) -> None:
+    run = make_run(tmp_path, [cell("B", 100), cell("C", 100)])
+    write_reports(run)
+    assert "foreign cores" not in (run / "report.md").read_text()
+    report = json.loads((run / "report.json").read_text())
+    assert [c["during"]["foreign_cores"] for c in report["cells"]] == [None, None]

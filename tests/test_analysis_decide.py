@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from runs_helper import cell, make_run
@@ -37,12 +38,43 @@ def test_no_noise_estimate_no_verdict(tmp_path: Path) -> None:
 
 
 def test_repeats_in_the_campaign_give_the_noise(tmp_path: Path) -> None:
-    cells = [cell("B", 40), cell("C", 48), cell("C", 48.5), cell("B", 40.6), cell("B", 39.7)]
+    cells = [cell("B", 40), cell("C", 48), cell("C", 48.5), cell("B", 40.6), cell("B", 39.7),
+             cell("C", 48.2)]
     a, d = one(tmp_path, cells)
     assert a.noise.source == "this campaign"
-    assert a.noise.df == 3 and a.groups == ((0, 3, 4), (1, 2))
-    assert d.verdict == "GO" and len(d.pairs) == 2
+    assert a.noise.df == 4 and a.groups == ((0, 3, 4), (1, 2, 5))
+    assert d.verdict == "GO" and len(d.pairs) == 3
     assert 0 < a.noise.sd < 0.03
+
+
+def test_an_arm_in_one_span_of_cells_gives_no_verdict_and_no_interval(tmp_path: Path) -> None:
+    # B C C B: a burst of load across cells 2-3 would read as the effect, and the two C
+    # cells' agreement as quiet (docs/method.md#bursts); the same cells with each arm
+    # in two spans decide.
+    cells = [cell("B", 40), cell("C", 48), cell("C", 48.5), cell("B", 40.6)]
+    _, d = one(tmp_path, cells)
+    assert d.verdict == "INCONCLUSIVE"
+    assert "every C cell it compares ran in one span (cells 2-3)" in d.reason
+    assert d.ratio is not None and d.ratio.estimate > 1.15
+    assert math.isnan(d.ratio.low) and math.isnan(d.ratio.high)
+    assert "interleave" in (d.settle or "")
+    _, d = one(tmp_path / "two", [cell("C", 48), cell("B", 40), cell("C", 48.5),
+                                  cell("B", 40.6)])
+    assert d.verdict == "GO"
+
+
+def test_a_burst_on_compared_cells_is_in_the_noise(tmp_path: Path) -> None:
+    # C at cells 5-6 was slowed by a burst that its probe saw against cells 2-3, so they
+    # are no repeats of 2-3; each is matched to its B neighbour, so the verdict compares
+    # them, and its noise must see them (the sensors did not tell them from their pair).
+    probes = [1.0, 1.0, 1.0, 1.0, 0.9, 0.9, 0.9]
+    names = ["B", "C", "C", "B", "C", "C", "B"]
+    rates = [40, 40.4, 39.8, 40.2, 28, 30, 29.5]
+    cells = [cell(n, r, probe=p) for n, r, p in zip(names, rates, probes)]
+    a, d = one(tmp_path, cells)
+    assert (1, 2) in a.groups  # the campaign's repeat groups leave 5-6 apart ...
+    assert d.noise is not None and d.noise.sd > 0.1  # ... the decision's noise does not
+    assert d.verdict == "INCONCLUSIVE"
 
 
 def test_repeat_groups_chain_through_comparable_cells(tmp_path: Path) -> None:
@@ -177,8 +209,8 @@ def test_drift_the_sensors_did_not_see_enters_the_noise(tmp_path: Path) -> None:
 def test_sequential_decision_freezes_at_the_look_that_decided_it(tmp_path: Path) -> None:
     from abbench.records import Look
 
-    names = ["B", "C", "C", "B", "C", "C", "B"]
-    rates = [40, 48, 48, 40, 40, 40, 40]  # decided by cell 4; later cells say otherwise
+    names = ["B", "C", "B", "C", "B", "C", "B"]
+    rates = [40, 48, 40, 48, 40, 40, 40]  # decided by cell 4; later cells say otherwise
     looks = (Look(4, 4 / 7, 0.02), Look(7, 1.0, 0.03, True))
     a, d = one(tmp_path, [cell(n, r) for n, r in zip(names, rates)],
                floor=0.02, looks=looks, sequential={"max_cells": 7})

@@ -132,3 +132,42 @@ def test_a_sentinel_that_ran_faster_is_not_blamed_on_a_slower_device(tmp_path: P
     (d,) = analyze(run).drift
     assert d.verdict == "drift" and d.ratio is not None and d.ratio.estimate > 1
     assert d.attribution == () and "ran faster at the end" in d.summary
+
+
+# --- the foreign load (docs/method.md#foreign-load) -----------------------------------------
+
+FOREIGN = {"foreign_load_tol": 0.25}
+
+
+def test_foreign_load_holds_fails_or_is_not_measured(tmp_path: Path) -> None:
+    run = make_run(tmp_path, [cell("B", 40, foreign=0.10), cell("C", 44, foreign=0.30),
+                              cell("B", 40, foreign=1.10), cell("C", 44)], match=FOREIGN)
+    a = analyze(run)
+    assert a.cells[0].during.foreign_cores == 0.10
+    assert a.cells[3].during.foreign_cores is None
+    held, failed, unknown = (crit(p, "foreign_load") for p in a.pairs)
+    assert (held.status, held.first, held.second, held.tolerance) == ("ok", 0.10, 0.30, 0.25)
+    assert held.detail == ("foreign load 0.10 vs 0.30 cores: differ by 0.20 cores "
+                           "(<= 0.25 cores)")
+    assert failed.status == "fail" and a.pairs[1].state == "unmatched"
+    assert "differ by 0.80 cores (> 0.25 cores)" in failed.detail
+    assert failed.detail in a.pairs[1].reasons
+    assert unknown.status == "not measured" and a.pairs[2].state == "matched"
+    assert unknown.detail == "foreign load not measured at cell 4"
+    assert "foreign load" in (a.pairs[2].note or "")
+
+
+def test_foreign_load_is_a_criterion_only_where_the_plan_sets_it(tmp_path: Path) -> None:
+    """Plans written before it hold no tolerance: their pairs stay as they were."""
+    run = make_run(tmp_path, [cell("B", 40, foreign=0.1), cell("C", 44, foreign=2.0)])
+    (p,) = analyze(run).pairs
+    assert "foreign_load" not in {c.name for c in p.criteria} and p.state == "matched"
+
+
+def test_a_pair_unmatched_by_foreign_load_says_what_would_settle_it(tmp_path: Path) -> None:
+    run = make_run(tmp_path, [cell("B", 40, foreign=0.0), cell("C", 44, foreign=1.5)],
+                   decisions=[{"candidate": "C", "baseline": "B", "min_effect": 0.03}],
+                   match=FOREIGN)
+    (d,) = analyze(run).decisions
+    assert d.verdict == "OWED" and "a quieter device" in (d.settle or "")
+    assert "foreign_load_tol" in (d.settle or "")

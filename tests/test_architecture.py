@@ -99,7 +99,8 @@ def test_the_key_check_finds_a_literal(tmp_path: Path) -> None:
 
 
 CELL_KEYS = frozenset({*tokens.CSV_COLUMNS, *tokens.PER_TOKEN_COLUMNS,
-                       *tokens.PREFILL_COLUMNS, *cell_doc.TOP_LEVEL_KEYS})
+                       *tokens.PREFILL_COLUMNS, *tokens.TURN_COLUMNS,
+                       *cell_doc.TOP_LEVEL_KEYS})
 # Modules whose own format has a key spelled like a cell's: these names there are that
 # format's keys, not a cell's.
 OWN_FORMATS = {

@@ -104,7 +104,7 @@ def test_llama_bench_cells_run_with_repetitions_as_samples(tiny_model: Path, fak
                                                            tmp_path: Path) -> None:
     # The probe measures this shared host, whose swings are not what is tested here.
     cells = write_campaign(tmp_path, tiny_model, BENCH_CELLS.format(bin=fake_bin)
-                           + "\n[match]\nprobe_tol = 1\n",
+                           + "\n[match]\nprobe_tol = 1\nforeign_load_tol = 64\n",
                            head='order = ["t1", "t2", "t1", "t2"]')
     p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
                 "--no-live")

@@ -136,7 +136,10 @@ def test_configurations(tmp_path: Path) -> None:
     a = plan.cells[0].config
     # A cell decodes exactly its tokens (ignore_eos), unlike the command line's default.
     config = EngineConfig(model="synthetic:tiny", n_tokens=32, cache_mib=64.0, ignore_eos=True)
-    expected = {f: getattr(config, f) for f in EngineConfig.__dataclass_fields__}
+    # every engine option a cell may set; the one the campaign sets itself (`turn_tokens`,
+    # from `interleave`) is no part of it, so plans stay as they were
+    expected = {f: getattr(config, f) for f in EngineConfig.__dataclass_fields__
+                if f != "turn_tokens"}
     assert isinstance(a, EmbeddedConfig)
     assert a.to_json() == {"engine": "embedded", **expected, "timeout_s": 900.0}
     assert (a.model, a.n_tokens, a.timeout_s) == ("synthetic:tiny", 32, 900.0)
@@ -253,3 +256,76 @@ def test_describe_plan_on_a_simulated_device_counts_simulated_seconds(tmp_path: 
     assert lines[0].endswith("30 s apart (simulated: 3.75 s of wall time)")
     assert "(gives up after 900 s simulated)" in lines[-2]
     assert "3.75 s spacing between cells" in lines[-1]
+
+
+# -- interleaved pairs (interleave = "slices", docs/cells.md#interleaved-slices) -----------
+
+PAIRS = """\
+[workload]
+model = "synthetic:tiny"
+tokens = 32
+
+[cells.B]
+
+[cells.C]
+io_lanes = 1
+
+[cells.E]
+overlap = true
+
+[[decision]]
+candidate = "C"
+baseline = "B"
+"""
+
+
+def pairs(plan: Plan) -> list[tuple[str, str]]:
+    return [(a.name, b.name) for a, b in plan.pairs()]
+
+
+def test_interleaved_abba_runs_abba_blocks_of_invocations(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, 'interleave = "slices"', cells=PAIRS)
+    assert pairs(plan) == [("B", "C"), ("C", "B"), ("B", "E"), ("E", "B")]
+    assert [c.interleaved_with for c in plan.cells] == [1, 0, 3, 2, 5, 4, 7, 6]
+    assert twins(plan) == [None, None, 1, 0, 0, None, 5, 0]
+    assert (plan.interleave, plan.slice_tokens) == ("slices", 16)
+    # "abba", written, is the same; `repeat` runs the pairs again, whole
+    assert plan_of(tmp_path, 'interleave = "slices"\norder = "abba"', cells=PAIRS) == plan
+    again = plan_of(tmp_path, 'interleave = "slices"\nslice_tokens = 8\nrepeat = 2',
+                    cells=PAIRS)
+    assert pairs(again) == pairs(plan) * 2 and again.slice_tokens == 8
+
+
+def test_an_explicit_interleaved_order_is_read_as_pairs(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, 'interleave = "slices"\norder = ["C", "B", "E", "C"]',
+                   cells=PAIRS)
+    assert pairs(plan) == [("C", "B"), ("E", "C")]
+
+
+def test_a_plan_that_does_not_interleave_has_no_pairs(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, 'interleave = "cells"', cells=PAIRS)
+    assert plan.pairs() == [] and plan.interleave == "cells" and plan.slice_tokens is None
+    assert all(c.interleaved_with is None for c in plan.cells)
+    assert "interleave" not in plan.to_json()
+
+
+def test_describe_plan_shows_the_pairs(tmp_path: Path) -> None:
+    plan = plan_of(tmp_path, 'interleave = "slices"\norder = ["B", "C", "C", "B"]\n'
+                   "spacing_s = 30", cells=PAIRS)
+    lines = describe_plan(plan, tok_per_s=10.0)
+    assert lines[0] == "plan t: 4 cells in 2 interleaved pairs on local, 30 s apart"
+    assert [line.split("  ")[-1].split("]")[0] + "]" for line in lines[1:5]] == [
+        "[pair 1, first turn]", "[pair 1]", "[pair 2, first turn]", "[pair 2]"]
+    assert "taking turns every 16 decode tokens" in lines[6]
+    # one spacing between the two pairs, not three between the cells
+    assert lines[-1].startswith("expected duration ~1:18 ")
+    assert "30 s spacing between pairs" in lines[-1]
+
+
+def test_the_reference_shows_the_real_printed_interleaved_plan(tmp_path: Path) -> None:
+    doc = (ROOT / "docs" / "cells.md").read_text(encoding="utf-8")
+    shown = doc.split("takes the first turn), and a line says how the pairs run:\n\n```\n",
+                      1)[1].split("```", 1)[0]
+    cells = PAIRS.split("[cells.E]")[0] + '[[decision]]\ncandidate = "C"\nbaseline = "B"\n'
+    plan = plan_of(tmp_path, 'interleave = "slices"', cells=cells)
+    assert shown.rstrip("\n").split("\n") == describe_plan(plan)

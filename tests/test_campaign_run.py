@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import REFERENCE
 
+from abbench.analysis.campaign import analyze
 from abbench.engine import synth
-from abbench.records import read_journal, read_plan, read_samples
+from abbench.records import keys, read_journal, read_plan, read_samples
 
 REF = REFERENCE
 
@@ -116,6 +117,26 @@ def test_entry_state_and_samples_cover_the_campaign(three_cell_run) -> None:
     for r in records:
         assert r.entry.probe_index is not None and r.entry.probe_index > 0
         assert r.entry.mem_available_mib is not None
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_samples_carry_the_foreign_load_of_each_cell(three_cell_run) -> None:
+    """The cells' own CPU is told apart from other processes' (docs/sensors.md#foreign-load):
+    every cell has readings of the foreign load, and its pairs a criterion on it."""
+    _, tmp = three_cell_run
+    folder = run_folder(tmp / "reports")
+    assert read_plan(folder).match.foreign_load_tol == 0.25
+    samples = read_samples(folder)
+    for index in (0, 1, 2):
+        mine = [s.values for s in samples if s.cell == index]
+        assert any(keys.FOREIGN_CORES in v for v in mine), index
+        assert all(0 <= v[keys.FOREIGN_CORES] < (os.cpu_count() or 1) + 1
+                   for v in mine if keys.FOREIGN_CORES in v)
+        assert all(keys.RUNNABLE_TASKS in v for v in mine)
+    a = analyze(folder)
+    assert all(c.during.foreign_cores is not None for c in a.cells)
+    assert all(any(c.name == "foreign_load" and c.status != "not measured" for c in p.criteria)
+               for p in a.pairs)
 
 
 def test_gate_waits_and_gives_up(tiny_model: Path, tmp_path: Path) -> None:

@@ -134,7 +134,7 @@ def test_full_example_loads(tmp_path: Path) -> None:
     assert isinstance(g.mem_available_min_mib, float)
     m = spec.match
     assert (m.cpu_temp_tol_c, m.battery_temp_tol_c, m.mem_available_tol_frac, m.probe_tol,
-            m.max_gap_s) == (3.0, 0.5, 0.15, 0.03, 900.0)
+            m.max_gap_s, m.foreign_load_tol) == (3.0, 0.5, 0.15, 0.03, 900.0, 0.25)
     assert list(spec.cells) == ["B", "retention-only", "spec-2", "ext"]
     b = spec.cells["B"].config
     assert b is not None
@@ -268,6 +268,10 @@ def test_wrong_types(tmp_path: Path, old: str, new: str, key: str, words: str) -
     ("probe_min = 0.97", "probe_min = 1.5", "gate.probe_min", "in (0, 1]"),
     ("poll_s = 5", "poll_s = 0", "gate.poll_s", "in (0,"),
     ("probe_tol = 0.03", "probe_tol = -0.1", "match.probe_tol", "in [0, 1]"),
+    ("probe_tol = 0.03", "probe_tol = 0.03\nforeign_load_tol = -0.5", "match.foreign_load_tol",
+     "in [0, 4096] cores"),
+    ("probe_tol = 0.03", "probe_tol = 0.03\nforeign_load_tol = nan", "match.foreign_load_tol",
+     "must be a finite number"),
     ("mem_available_tol_frac = 0.15", "mem_available_tol_frac = 2",
      "match.mem_available_tol_frac", "in [0, 1]"),
     ("min_effect = 0.03", "min_effect = -0.03", "decision[0].min_effect", ">= 0"),
@@ -647,7 +651,7 @@ _TABLE_KEYS = {
     "[campaign]": ["name", "spacing_s", "order", "warmup_tokens", "sentinel_every", "repeat"],
     "[device]": ["transport", "sample_hz", "root"],
     "[gate]": ["cpu_temp_max_c", "caps_at_max", "probe_min", "poll_s", "timeout_s"],
-    "[match]": ["probe_tol", "max_gap_s"],
+    "[match]": ["probe_tol", "max_gap_s", "foreign_load_tol"],
     "[workload]": ["engine", "model", "tokens", "cache_mib", "io_lanes", "overlap", "timeout_s",
                    "drop_cold_experts", "predict_prefetch", "prefetch", "seed", "temp"],
     "[cells.A]": ["base", "tokens", "cache_mib", "drop_cold_experts", "dense", "command"],
@@ -666,6 +670,7 @@ _FITTING = {
     "transport": ['"local"', '"sim:phone"'], "sample_hz": ["2"], "root": ['"/"'],
     "cpu_temp_max_c": ["45.0"], "caps_at_max": ["true"], "probe_min": ["0.97"], "poll_s": ["5"],
     "timeout_s": ["60"], "probe_tol": ["0.03"], "max_gap_s": ["900"],
+    "foreign_load_tol": ["0.25", "0"],
     "engine": ['"embedded"', '"external"'], "model": ['"synthetic:tiny"'], "tokens": ["8", "64"],
     "cache_mib": ["0", "64"], "io_lanes": ["1", "4"], "overlap": ["true"],
     "drop_cold_experts": ["0.5"], "predict_prefetch": ["true"], "prefetch": ["0", "2"],
@@ -815,3 +820,92 @@ def test_decision_metric_is_checked_and_kept_in_the_plan(tmp_path: Path) -> None
     (d,) = load_campaign(path).decisions
     assert d.metric == "energy_per_token" and d.to_json()["metric"] == "energy_per_token"
     assert "metric" not in dataclasses.replace(d, metric="tok_per_s").to_json()
+
+
+# -- interleave = "slices" (docs/cells.md#interleaved-slices) ------------------------------
+
+PAIRED = """\
+[campaign]
+interleave = "slices"
+{campaign}
+
+[workload]
+model = "synthetic:tiny"
+tokens = 32
+
+[cells.B]
+
+[cells.C]
+io_lanes = 1
+{cells}
+
+[[decision]]
+candidate = "C"
+baseline = "B"
+"""
+
+
+def paired(campaign: str = "", cells: str = "") -> str:
+    return PAIRED.format(campaign=campaign, cells=cells)
+
+
+@pytest.mark.parametrize(("campaign", "cells", "key", "says"), [
+    ('interleave = "slice"', "", "campaign.interleave",
+     'must be one of `cells`, `slices` (got "slice")'),
+    ("slice_tokens = 0", "", "campaign.slice_tokens", "must be between 1 and 1000000 (got 0)"),
+    ("sentinel_every = 2", "", "campaign.sentinel_every",
+     'cannot be combined with `interleave = "slices"`'),
+    ('order = ["B", "C", "B"]', "", "campaign.order",
+     'is read as pairs with interleave = "slices", but names 3 cells'),
+    ('order = ["B", "C", "C", "C"]', "", "campaign.order[3]", "pairs `C` with itself"),
+    ("", '[cells.E]\ncommand = ["sh", "-c", "true"]\noutput = "stdout-summary"', "campaign."
+     "interleave", "but cell `E` is an external command, which has no turn protocol"),
+    ("", "turn_tokens = 8", "cells.C.turn_tokens", "unknown key"),
+    ("", "[cells.D]\ntokens = 24", "campaign.interleave",
+     "cells `B` and `D` take turns but decode different `tokens` (32 and 24)"),
+    ("", "[[decision]]\ncandidate = \"C\"\nbaseline = \"B\"\nmetric = \"energy_per_token\"",
+     "decision[0].metric", "a power reading is the pair's, not one cell's"),
+], ids=["value", "slice-tokens", "sentinel-every", "odd-order", "self-pair", "external",
+        "set-by-the-campaign", "tokens", "energy"])
+def test_interleave_mistakes_name_the_key(tmp_path: Path, campaign: str, cells: str,
+                                          key: str, says: str) -> None:
+    text = (paired(cells=cells).replace('interleave = "slices"', campaign)
+            if campaign.startswith("interleave") else paired(campaign, cells))
+    e = problem(tmp_path, text)
+    assert f"`{key}`: " in e.message and says in e.message, e.message
+
+
+def test_slice_tokens_needs_interleave(tmp_path: Path) -> None:
+    text = paired("slice_tokens = 8").replace('interleave = "slices"\n', "")
+    e = problem(tmp_path, text)
+    assert '`campaign.slice_tokens`: applies only to `interleave = "slices"`' in e.message
+    assert e.tip == 'add interleave = "slices", or remove it'
+
+
+def test_a_llama_cpp_cell_cannot_interleave_and_the_error_says_why(tmp_path: Path) -> None:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    exe = folder / "llama-bench"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    text = paired(cells=f'[cells.L]\nengine = "llama-bench"\nllama_cpp_bin = "{folder}"')
+    e = problem(tmp_path, text)
+    assert f"cells.toml:{line_of(text, 'interleave = ')}: `campaign.interleave`: " in e.message
+    assert ("cell `L` is a llama-bench cell: llama.cpp's command-line tools cannot pause "
+            "between tokens (a llama.cpp server could, between requests: not built)"
+            in e.message)
+    assert e.tip is not None and 'interleave = "cells"' in e.tip
+    # ... in a pair only: an explicit order without it interleaves the others
+    plan = plan_campaign(load_campaign(write(tmp_path, text.replace(
+        'interleave = "slices"', 'interleave = "slices"\norder = ["B", "C"]'))))
+    assert [c.name for c in plan.cells] == ["B", "C"]
+
+
+def test_an_interleaved_campaign_reads_back_from_its_resolved_toml(tmp_path: Path) -> None:
+    spec = load_campaign(write(tmp_path, paired("slice_tokens = 8")))
+    again = load_campaign(write(tmp_path, resolved_toml(spec), "again.toml"))
+    assert plan_campaign(again) == plan_campaign(spec)
+    assert "interleave = \"slices\"" in resolved_toml(spec)
+    # a campaign that does not interleave writes nothing of it: its file is as before
+    plain = load_campaign(write(tmp_path, paired().replace('interleave = "slices"\n', "")))
+    assert "\ninterleave = " not in resolved_toml(plain)

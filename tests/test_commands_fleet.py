@@ -39,6 +39,7 @@ def fleet_campaign(tmp: Path, model: Path, devices: list[str],
 
         [match]  # the hosts under the simulated devices are shared: match on caps alone
         probe_tol = 1
+        foreign_load_tol = 64
         cpu_temp_tol_c = 50
         battery_temp_tol_c = 50
         mem_available_tol_frac = 1

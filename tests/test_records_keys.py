@@ -15,8 +15,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.mark.parametrize("tree", ["android-qwen", "linux-laptop"])
 def test_every_key_a_device_tree_gives_is_described(tree: str) -> None:
-    values = open_device("local", root=FIXTURES / "sensors" / tree).sample()
-    assert values
+    device = open_device("local", root=FIXTURES / "sensors" / tree)
+    values = {**device.sample(), **device.sample()}  # the foreign load needs two readings
+    assert values and keys.FOREIGN_CORES in values
     unknown = [k for k in values if keys.describe(k) is None]
     assert not unknown, unknown
 
@@ -35,6 +36,8 @@ def test_every_key_of_a_simulated_campaign_is_described() -> None:
     ("cpu.all.hw_max_khz", "hardware maximum (psutil)"),
     ("android.temp.VIRTUAL-SKIN_c", "thermal HAL sensor"),
     ("psi.memory.full_avg10", "pressure stall"),
+    ("load.foreign_cores", "foreign CPU load (other processes)"),
+    ("load.runnable_tasks", "runnable tasks (run queue)"),
     ("gpu.1.temp_c", "a later GPU's reading (as gpu.<name>)"),
 ])
 def test_describe_knows_each_family(key: str, label: str) -> None:

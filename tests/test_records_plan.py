@@ -179,3 +179,62 @@ def test_config_key_is_the_work_not_its_spelling() -> None:
     assert config_key({"cache": {"a": 2, "b": 1}, "threads": 2, "model": "m.gguf",
                        "timeout_s": 60}) == a  # order and the timeout do not change the work
     assert config_key({"threads": 4, "model": "m.gguf", "cache": {"b": 1, "a": 2}}) != a
+
+
+def test_the_foreign_load_tolerance_is_written_only_when_set(tmp_path: Path) -> None:
+    """Plans before it read as no criterion and write back as they were; a plan that sets it
+    (every campaign file's does) keeps it."""
+    assert Plan.from_json(OLD_PLAN).match.foreign_load_tol is None
+    assert "foreign_load_tol" not in MatchSpec().to_json()
+    plan = Plan.from_json({**OLD_PLAN, "match": {"foreign_load_tol": 0.25}})
+    assert plan.to_json()["match"]["foreign_load_tol"] == 0.25
+    assert read_plan(_write(tmp_path, plan.to_json()).parent) == plan
+
+
+# -- interleaved plans (interleave = "slices") ---------------------------------------------
+
+def _interleaved(doc: dict[str, Any]) -> None:
+    doc["cells"].append({"index": 3, "name": "C", "config": {"tokens": 64, "arm": "C"},
+                         "sentinel_of": 1, "label": "04-C"})
+    for i, partner in enumerate((1, 0, 3, 2)):
+        doc["cells"][i]["interleaved_with"] = partner
+    doc["interleave"], doc["slice_tokens"] = "slices", 16
+
+
+def test_an_interleaved_plan_reads_back_as_it_was_written(tmp_path: Path) -> None:
+    doc = _changed(_interleaved)
+    plan = read_plan(_write(tmp_path, doc).parent)
+    assert (plan.interleave, plan.slice_tokens) == ("slices", 16)
+    assert [(a.index, b.index) for a, b in plan.pairs()] == [(0, 1), (2, 3)]
+    written = plan.to_json()
+    assert (written["interleave"], written["slice_tokens"]) == ("slices", 16)
+    assert [c["interleaved_with"] for c in written["cells"]] == [1, 0, 3, 2]
+    assert read_plan(_write(tmp_path / "again", plan.to_json()).parent) == plan
+
+
+def test_a_plan_that_does_not_interleave_writes_nothing_of_it() -> None:
+    # plans before `interleave` stay byte-identical
+    written = Plan.from_json(OLD_PLAN).to_json()
+    assert "interleave" not in written and "slice_tokens" not in written
+    assert all("interleaved_with" not in c for c in written["cells"])
+    assert Plan.from_json(OLD_PLAN).pairs() == []
+
+
+@pytest.mark.parametrize(("edit", "problem"), [
+    (lambda doc: (_interleaved(doc), doc["cells"][0].update(interleaved_with=2)),
+     "`cells[0].interleaved_with`: is 2: not a neighbouring cell"),
+    (lambda doc: (_interleaved(doc), doc["cells"][1].update(interleaved_with=2)),
+     "`cells[0].interleaved_with`: is 1: not a neighbouring cell"),
+    (lambda doc: doc["cells"][0].update(interleaved_with=1),
+     "`cells[0].interleaved_with`: is 1: not a neighbouring cell"),
+    (lambda doc: (_interleaved(doc), doc.update(interleave="pairs")),
+     '`interleave`: is "pairs", expected one of cells, slices'),
+    (lambda doc: (_interleaved(doc), doc.update(slice_tokens=0)),
+     "`slice_tokens`: is 0, expected a count >= 1"),
+])
+def test_an_interleaved_plan_the_runner_cannot_rely_on_names_the_key(
+        tmp_path: Path, edit: Any, problem: str) -> None:
+    path = _write(tmp_path, _changed(edit))
+    with pytest.raises(RecordError) as e:
+        read_plan(tmp_path)
+    assert str(e.value).startswith(f"{path}: malformed plan: {problem}")

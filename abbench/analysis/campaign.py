@@ -10,11 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from abbench.analysis.cells import CellStats, cell_stats
-from abbench.analysis.decide import Decision, decide, exit_status
+from abbench.analysis.decide import Decision, compared_cells, decide, exit_status
 from abbench.analysis.drift import Drift, Tell, _capped_from, contamination_tells, sentinel_drift
+from abbench.analysis.interleave import interleaved_decision, run_pairs
 from abbench.analysis.matching import PairMatch, device_state_recorded, match_pair, tolerances
-from abbench.analysis.metrics import metric
-from abbench.analysis.noise import comparable, noise_for, repeat_groups
+from abbench.analysis.metrics import SPEED, metric
+from abbench.analysis.noise import (
+    comparable,
+    floor_noise,
+    noise_for,
+    repeat_groups,
+    with_cells,
+)
 from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
 from abbench.errors import EXIT_NO_GO, EXIT_NO_MEASUREMENT, RecordError
@@ -29,6 +36,7 @@ from abbench.records import (
     read_plan,
     read_samples,
 )
+from abbench.records.plan import SLICES
 
 
 @dataclass(frozen=True)
@@ -171,8 +179,15 @@ def decisions_at(plan: Plan, cells: list[CellStats], matches: dict[tuple[int, in
     noise = noise_for(groups, floor)
     decisions = []
     for d in plan.decisions:
-        read_cells, read_matches, read_noise = metric(d.metric).read(prefix, matches, groups,
-                                                                      noise)
+        if plan.interleave == SLICES and d.metric == SPEED.name:
+            pairs = run_pairs(plan, d, {c.index: c.slices for c in prefix},
+                              {c.index for c in prefix if c.ok}, n)
+            decisions.append(interleaved_decision(d, pairs, floor_noise(floor), alpha))
+            continue
+        # the noise of this decision sees every cell it compares (`noise.with_cells`)
+        seen = with_cells(groups, compared_cells(d, prefix, matches))
+        read_cells, read_matches, read_noise = metric(d.metric).read(
+            prefix, matches, seen, noise_for(seen, floor))
         decisions.append(decide(d, read_cells, read_matches, read_noise, alpha))
     return tuple(decisions), noise
 

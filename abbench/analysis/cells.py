@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from abbench.analysis.energy import NO_ENERGY, CellEnergy, cell_energy
+from abbench.analysis.slices import SliceStat, slice_stats
 from abbench.analysis.stats import (
     Interval,
     log_rate,
@@ -36,6 +37,7 @@ from abbench.records import (
     read_cell_files,
     tokens,
 )
+from abbench.records.slices import read_slices
 
 CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
 
@@ -55,6 +57,10 @@ class DeviceDuring:
     # sampler records in this run that the cell had (at entry or in a sample) and then lost
     # in some sample (a sensor that vanished or read garbage mid-cell).
     gaps: dict[str, int] = field(default_factory=dict)
+    # Other processes' CPU load: the mean of the cell's `load.foreign_cores` ticks (busy
+    # cores; None: not measured) and the longest run queue seen (`load.runnable_tasks`).
+    foreign_cores: float | None = None
+    max_runnable_tasks: int | None = None
 
     @property
     def caps_measured(self) -> bool:
@@ -105,6 +111,8 @@ class CellStats:
     ttft_s: float | None = None  # time to first token (prefill, load excluded)
     stability: float | None = None  # worst over best window throughput (`stability_ratio`)
     energy: CellEnergy = NO_ENERGY  # mean power and J/token (`analysis.energy`)
+    slices: tuple[SliceStat, ...] = ()  # the turns it took (interleaved campaigns)
+    partner: int | None = None  # the cell it took turns with
 
     @property
     def ok(self) -> bool:
@@ -144,9 +152,10 @@ def _float(v: float | None) -> float | None:
 
 
 def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
-    """Caps, temperatures and memory over the cell: its entry state plus every sample the
-    sampler tagged with the cell's index (keys `cpu.<policy>.cap_khz`/`hw_max_khz`,
-    `temp.cpu_c`, `battery.temp_c`, `mem.available_mib`)."""
+    """Caps, temperatures, memory and other processes' load over the cell: its entry state
+    plus every sample the sampler tagged with the cell's index (keys
+    `cpu.<policy>.cap_khz`/`hw_max_khz`, `temp.cpu_c`, `battery.temp_c`,
+    `mem.available_mib`, `load.foreign_cores`, `load.runnable_tasks`)."""
     e = record.entry
     states: list[CapsState] = []
     hw: dict[str, int] = dict(e.hw_max_khz)
@@ -155,12 +164,20 @@ def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
     cpu: list[float] = [e.cpu_temp_c] if e.cpu_temp_c is not None else []
     bat: list[float] = [e.battery_temp_c] if e.battery_temp_c is not None else []
     mem: list[float] = [e.mem_available_mib] if e.mem_available_mib is not None else []
+    foreign: list[float] = []
+    runnable: list[int] = []
     n = 0
     for s in samples:
         if s.cell != record.index:
             continue
         n += 1
         v = s.values
+        x = v.get(keys.FOREIGN_CORES)
+        if _number(x):
+            foreign.append(float(x))
+        x = v.get(keys.RUNNABLE_TASKS)
+        if _number(x):
+            runnable.append(int(x))
         caps = {p: int(x) for p, x in keys.policies(v, "cap_khz").items() if x is not None}
         for p, x in keys.policies(v, "hw_max_khz").items():
             if x is not None:
@@ -181,7 +198,14 @@ def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
         battery_temp_c=(min(bat), max(bat)) if bat else None,
         mem_available_floor_mib=min(mem) if mem else None, samples=n,
         gaps=sensor_gaps(record, samples),
+        foreign_cores=float(np.mean(foreign)) if foreign else None,
+        max_runnable_tasks=max(runnable) if runnable else None,
     )
+
+
+def _number(x: Any) -> bool:
+    """A finite number as a sample holds one (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _matched_keys(values: dict[str, Any]) -> set[str]:
@@ -259,6 +283,9 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         stability=stability_ratio(steady, 1 if repetitions else STABILITY_WINDOW_TOKENS),
         energy=cell_energy([s for s in samples if s.cell == record.index], steady,
                            seed_for("energy", record.label)),
+        slices=slice_stats(read_slices(run / "cells" / record.label), wall,
+                           cols.get(tokens.SLICE, []), samples),
+        partner=planned.interleaved_with,
     )
 
 

@@ -100,6 +100,8 @@ class Decision:
     consistency: str | None = None  # how the verdict squares with drift in the same cells
     look: int | None = None  # sequential: the look (1-based) the verdict was reached at
     metric: str = "tok_per_s"  # or "energy_per_token" (the ratio: tokens per joule)
+    # interleaved campaigns: the run pairs and slice pairs the verdict rests on, in words
+    slices: str | None = None
 
     @property
     def decided(self) -> bool:
@@ -196,6 +198,10 @@ def _settle_owed(cand: str, base: str, comps: list[Comparison]) -> str:
                      "at the same caps and temperatures")
     if "mem_available" in failed:
         hints.append("free memory before the campaign ([gate] mem_available_min_mib)")
+    if "foreign_load" in failed:
+        hints.append("a quieter device: other processes took CPU during one cell of a pair "
+                     "(the cells' foreign load); stop background work, or a larger [match] "
+                     "foreign_load_tol if that load is part of what you measure")
     if "gap" in failed:
         hints.append("a shorter spacing so the cells run within max_gap_s")
     if "status" in failed:
@@ -235,9 +241,12 @@ def _order(cand: str, base: str, pairs: list[Comparison], by: dict[int, CellStat
     return warning, OrderEffect(len(cf), len(bf), position, flagged)
 
 
-def _settle_inconclusive(d_expect: str, ratio: Interval, noise: Noise, se: float,
-                         threshold: float, pairs: int, min_effect: float) -> str:
-    """What would settle an INCONCLUSIVE verdict, and whether more cells can."""
+def settle_inconclusive(d_expect: str, ratio: Interval, noise: Noise, se: float,
+                         threshold: float, pairs: int, min_effect: float,
+                         unit: str = "matched pair",
+                         round_adds: str = "an ABBA round adds two or three") -> str:
+    """What would settle an INCONCLUSIVE verdict, and whether more cells can (`unit`: what
+    the evidence counts, `round_adds`: what a round of the design adds of it)."""
     if not noise.known:
         return ("an estimate of the cell-to-cell noise: `abbench calibrate` on this device "
                 "(an A/A campaign whose repeats go into the device history), or an order that "
@@ -253,7 +262,7 @@ def _settle_inconclusive(d_expect: str, ratio: Interval, noise: Noise, se: float
     distance = abs(math.log(threshold)) if d_expect == "not-slower" else math.log(threshold)
     z = t_quantile(1 - ALPHA / 2, math.inf) + t_quantile(POWER, math.inf)
     if distance <= 0 or not math.isfinite(se) or se <= 0:
-        return "more matched pairs (an ABBA round adds two or three) narrow the interval"
+        return f"more {unit}s ({round_adds}) narrow the interval"
     needed = math.ceil(pairs * (z * se / distance) ** 2)
     few = ""
     if noise.df < FEW_DF:
@@ -262,11 +271,54 @@ def _settle_inconclusive(d_expect: str, ratio: Interval, noise: Noise, se: float
                "2.0 with 30): `abbench calibrate` on this device, or more repeats of a "
                "configuration that does equal work, narrow the interval as much as pairs do")
     if needed <= pairs:
-        return ("more matched pairs narrow the interval (`[campaign] until = \"decided\"` "
-                "appends ABBA rounds until it decides)" + few)
-    return (f"about {needed - pairs} more matched pair{'s' if needed - pairs > 1 else ''} "
-            f"(an ABBA round adds two or three) to resolve the threshold {threshold:g} at "
+        return (f"more {unit}s narrow the interval (`[campaign] until = \"decided\"` "
+                "appends rounds until it decides)" + few)
+    return (f"about {needed - pairs} more {unit}{'s' if needed - pairs > 1 else ''} "
+            f"({round_adds}) to resolve the threshold {threshold:g} at "
             f"{POWER:.0%} power, at this noise (±{noise.sd:.1%} per cell)" + few)
+
+
+SETTLE_SPAN = ("another round, so that each arm runs in two separate spans of cells "
+               "(`until = \"decided\"` adds them), or `interleave = \"slices\"`")
+
+
+def one_span(spec: DecisionSpec, pairs: Sequence[Comparison]) -> str | None:
+    """Why a verdict may not rest on these pairs, or None: the cells of one arm, two or
+    more, all ran in one span of consecutive cells, so one burst of load across that span
+    — which no sensor need show — would read as the effect, and the span's repeats, slowed
+    alike, as quiet (docs/method.md#bursts). A single cell of an arm is one draw of the
+    cell-to-cell noise, which the noise estimate covers."""
+    for name, cells in ((spec.candidate, {p.candidate for p in pairs}),
+                        (spec.baseline, {p.baseline for p in pairs})):
+        ordered = sorted(cells)
+        if len(ordered) >= 2 and all(b == a + 1 for a, b in zip(ordered, ordered[1:])):
+            return (f"every {name} cell it compares ran in one span (cells {ordered[0] + 1}-"
+                    f"{ordered[-1] + 1}): a burst of load across that span would read as "
+                    "this effect, and their agreement as quiet")
+    return None
+
+
+def _comparisons(cc: Sequence[CellStats], bc: Sequence[CellStats],
+                 matches: dict[tuple[int, int], PairMatch]
+                 ) -> tuple[list[Comparison], list[Comparison], list[Comparison]]:
+    """Every (candidate, baseline) comparison, the matched ones, and those a verdict rests
+    on (the matched, or the unverified where none is matched)."""
+    comps = [Comparison(c.index, b.index, matches[(min(c.index, b.index),
+                                                   max(c.index, b.index))], None)
+             for c in cc for b in bc]
+    matched = [c for c in comps if c.match.state == "matched"]
+    unverified = [c for c in comps if c.match.state == "unverified"]
+    return comps, matched, matched or unverified
+
+
+def compared_cells(spec: DecisionSpec, cells: Sequence[CellStats],
+                   matches: dict[tuple[int, int], PairMatch]) -> list[CellStats]:
+    """The cells a decision's verdict rests on: each in a pair it compares."""
+    by = {c.index: c for c in cells}
+    _, _, behind = _comparisons([c for c in cells if c.name == spec.candidate],
+                                [c for c in cells if c.name == spec.baseline], matches)
+    used = sorted({i for p in behind for i in (p.candidate, p.baseline)})
+    return [by[i] for i in used]
 
 
 def decide(spec: DecisionSpec, cells: list[CellStats],
@@ -281,14 +333,7 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
     cc = [c for c in cells if c.name == cand]
     bc = [c for c in cells if c.name == base]
     by = {c.index: c for c in cells}
-    comps: list[Comparison] = []
-    for c in cc:
-        for b in bc:
-            m = matches[(min(c.index, b.index), max(c.index, b.index))]
-            comps.append(Comparison(c.index, b.index, m, None))
-    matched = [c for c in comps if c.match.state == "matched"]
-    unverified = [c for c in comps if c.match.state == "unverified"]
-    behind = matched or unverified
+    comps, matched, behind = _comparisons(cc, bc, matches)
     unmatched = tuple(c for c in comps if c not in behind)
     keys = {c.config_key for c in cc + bc}
     identical = bool(cc and bc) and len(keys) == 1 and None not in keys
@@ -311,8 +356,13 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
                                metric(spec.metric).worse)
     threshold = 1.0 - (max_regression or 0.0) if expect == "not-slower" else 1.0 + min_effect
     settle = None
-    if verdict == INCONCLUSIVE:
-        settle = _settle_inconclusive(expect, pooled, noise, se, threshold, len(with_ratio),
+    if noise.known and (span := one_span(spec, with_ratio)) is not None:
+        # nor an interval: what it would cover leaves out the burst it cannot see
+        verdict, settle = INCONCLUSIVE, SETTLE_SPAN
+        reason = f"ratio {pooled.estimate:.3f}, no interval: {span}"
+        pooled = Interval(pooled.estimate, math.nan, math.nan, pooled.level)
+    elif verdict == INCONCLUSIVE:
+        settle = settle_inconclusive(expect, pooled, noise, se, threshold, len(with_ratio),
                                       min_effect)
     warning, order = _order(cand, base, with_ratio, by, noise, alpha)
     resolvable = resolvable_effect(se, noise.df, alpha, POWER)

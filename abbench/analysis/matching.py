@@ -12,7 +12,7 @@ is *unverified*, never matched.
 |---|---|---|
 | status | both cells finished ok with a throughput | |
 | adjacent | consecutive in execution order | |
-| gap | end of the first to start of the second <= max_gap_s | max_gap_s (900) |
+| gap | end of first to start of second <= max_gap_s, or they took turns | max_gap_s (900) |
 | gate | the thermal gate gave up before neither cell | |
 | caps | one cap set for the whole of both cells, the same one | |
 | cpu_temp | entry CPU temperatures differ by <= tol | cpu_temp_tol_c (3.0) |
@@ -21,6 +21,14 @@ is *unverified*, never matched.
 | probe | entry speed-probe indices differ by <= tol | probe_tol (0.03) |
 | thermal_status | the same Android thermal status at entry | |
 | stability | both cells' stability ratios >= min_stability (only when it is set) | min_stability |
+| foreign_load | other processes' busy cores, cell means, differ by <= tol | foreign_load_tol |
+
+The foreign load (`DeviceDuring.foreign_cores`, docs/method.md#foreign-load) is measured
+over the whole cell, not at entry, and is a criterion where the plan sets its tolerance
+(every campaign file's plan does, 0.25 cores unless told; plans written before it do not).
+It is "not measured" when either cell lacks it (a remote device, a kernel without
+/proc/stat): not a sensor gap that fails the pair, since a cell too short for a sampler
+tick says nothing of its neighbour.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from abbench.analysis.cells import CapsState, CellStats
 from abbench.records import CellRecord, MatchSpec, keys
 
 DEVICE_CRITERIA = ("caps", "cpu_temp", "battery_temp", "mem_available", "probe",
-                   "thermal_status")
+                   "thermal_status", "foreign_load")
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,9 @@ def _adjacent(a: CellStats, b: CellStats, order_known: bool) -> Criterion:
 def _gap_between(a: CellStats, b: CellStats, ra: CellRecord, rb: CellRecord,
                  max_gap_s: float) -> Criterion:
     gap = rb.t_start_wall - ra.t_end_wall
+    if a.partner == b.index:
+        return Criterion("gap", "ok", ra.t_end_wall, rb.t_start_wall, max_gap_s,
+                         "the cells ran side by side, taking turns (interleaved slices)")
     if ra.t_end_wall <= 0 or rb.t_start_wall <= 0:  # 0: nothing recorded when it ran
         return Criterion("gap", "not measured", None, None, max_gap_s,
                          "the gap between the cells is unknown (nothing recorded when they "
@@ -222,8 +233,11 @@ def _gate(ra: CellRecord, rb: CellRecord) -> Criterion:
 
 def _entry_criteria(a: CellStats, b: CellStats, ra: CellRecord, rb: CellRecord,
                     match: MatchSpec) -> list[Criterion]:
-    """The device-state criteria: caps, temperatures, memory, probe, thermal status."""
+    """The device-state criteria: caps, temperatures, memory, probe, thermal status, and
+    the foreign load where the plan asks for it."""
     ea, eb = ra.entry, rb.entry
+    foreign = ([] if match.foreign_load_tol is None
+               else [_foreign_load(a, b, match.foreign_load_tol)])
     return [
         _caps(a, b),
         _abs("cpu_temp", " °C", ea.cpu_temp_c, eb.cpu_temp_c, match.cpu_temp_tol_c, a, b,
@@ -233,7 +247,24 @@ def _entry_criteria(a: CellStats, b: CellStats, ra: CellRecord, rb: CellRecord,
         _mem(ea.mem_available_mib, eb.mem_available_mib, match.mem_available_tol_frac, a, b),
         _abs("probe", "", ea.probe_index, eb.probe_index, match.probe_tol, a, b),
         _thermal_status(ea.thermal_status, eb.thermal_status, a, b),
+        *foreign,
     ]
+
+
+def _foreign_load(a: CellStats, b: CellStats, tol: float) -> Criterion:
+    """Other processes took about as much CPU during both cells: a burst of background load
+    on one side is a difference the ratio would otherwise credit to the configuration."""
+    x, y = a.during.foreign_cores, b.during.foreign_cores
+    if x is None or y is None:
+        lacking = [c.index + 1 for c, v in ((a, x), (b, y)) if v is None]
+        return Criterion("foreign_load", "not measured", x, y, tol,
+                         "foreign load not measured at cell "
+                         + " and ".join(str(i) for i in lacking))
+    d = abs(x - y)
+    held = d <= tol
+    return Criterion("foreign_load", "ok" if held else "fail", x, y, tol,
+                     f"foreign load {x:.2f} vs {y:.2f} cores: differ by {d:.2f} cores "
+                     f"({'<=' if held else '>'} {tol:g} cores)")
 
 
 def _thermal_status(x: Any, y: Any, a: CellStats, b: CellStats) -> Criterion:

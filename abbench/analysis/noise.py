@@ -4,12 +4,13 @@
 A *repeat group* is a set of cells of one configuration (`records.config_key`) that did
 equal work (equal fingerprints) and are *comparable* to each other: every device criterion
 of a matched pair held between them (caps, temperatures, memory, speed probe, thermal
-status, no gate give-up), adjacency and gap aside. Groups are built greedily in execution
-order: a cell joins the first group all of whose members it is comparable with. Their
-pooled variance of log tokens/s is the campaign's estimate of cell-to-cell noise
-(`stats.pooled_noise`); a difference between repeats that a sensor explains (a cap, a
-hotter entry) is not noise and is kept out, while one that no sensor explains (background
-load, placement, heat the sensors do not see) is exactly what the estimate is for.
+status, other processes' CPU load, no gate give-up), adjacency and gap aside. Groups are
+built greedily in execution order: a cell joins the first group all of whose members it is
+comparable with. Their pooled variance of log tokens/s is the campaign's estimate of
+cell-to-cell noise (`stats.pooled_noise`); a difference between repeats that a sensor
+explains (a cap, a hotter entry, a burst of foreign load) is not noise and is kept out,
+while one that no sensor explains (load the device cannot attribute, placement, heat the
+sensors do not see) is exactly what the estimate is for.
 
 The device history (`sentinels/DEVICE.jsonl`) keeps every campaign's repeats
 (`records.RepeatRecord`); `history_noise` pools the newest of them into the device's noise
@@ -62,6 +63,36 @@ def repeat_groups(cells: Sequence[CellStats],
         merged = sorted([m for g in linked for m in g] + [c], key=lambda x: x.index)
         options[:] = [g for g in options if g not in linked] + [merged]
     out = [g for gs in groups.values() for g in gs if len(g) >= 2]
+    return sorted(out, key=lambda g: g[0].index)
+
+
+def with_cells(groups: Sequence[Sequence[CellStats]], compared: Sequence[CellStats]
+               ) -> list[list[CellStats]]:
+    """The repeat groups with every cell a decision compares in one of them, so that the
+    noise its verdict uses sees every cell the verdict uses: a compared cell that no group
+    holds (it was not comparable with its repeats: a burst of load that slowed it, which
+    the sensors did not tell apart from its partner) joins the group of its configuration
+    and work nearest to it in execution order, or forms one with the other such cells of
+    its configuration and work. Without this, a burst spanning two consecutive cells of one
+    arm is in the ratio and not in the noise: the interval is narrow around a false effect.
+    """
+    out = [list(g) for g in groups]
+    held = {c.index for g in out for c in g}
+    loose: dict[tuple[str, str], list[CellStats]] = defaultdict(list)
+    for c in compared:
+        if c.index in held or c.fingerprint is None or c.config_key is None \
+                or not math.isfinite(cell_log_rate(c)):
+            continue
+        key = (c.config_key, c.fingerprint)
+        mates = [g for g in out if (g[0].config_key, g[0].fingerprint) == key]
+        if mates:
+            nearest = min(mates, key=lambda g: min(abs(m.index - c.index) for m in g))
+            nearest.append(c)
+            nearest.sort(key=lambda x: x.index)
+        else:
+            loose[key].append(c)
+        held.add(c.index)
+    out += [sorted(g, key=lambda x: x.index) for g in loose.values() if len(g) >= 2]
     return sorted(out, key=lambda g: g[0].index)
 
 

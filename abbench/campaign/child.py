@@ -5,7 +5,9 @@ Every cell runs in a child process so that a crash, a hang or a runaway allocati
 that cell and never the campaign. An external cell's command goes through
 `device.command` — the same transport options the sampler's reads use (`ssh -o
 BatchMode=yes HOST`, `adb -s SERIAL shell`) — so a cell can never stop at a prompt the
-sampler would not. A simulated device throttles the child from its first instruction.
+sampler would not. A simulated device throttles the child from its first instruction,
+and the device counts the child's CPU time as the cell's own, not foreign load
+(`Device.watch`: the sampler's `load.foreign_cores`).
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class CellChild:
                                               stdin=subprocess.DEVNULL)
                 try:
                     self.device.throttle(self._proc.pid)
+                    # its CPU time (and its children's) is the cell's, not foreign load
+                    self.device.watch(self._proc.pid)
                     note_child(out_dir / "child.json", self._proc.pid)
                     code = self._proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
@@ -116,6 +120,7 @@ class CellChild:
             return ChildExit("failed", None, f"could not start: {e.strerror or e}")
         finally:
             self.device.unthrottle()
+            self.device.watch()  # reaped by now: its time is in the campaign's cutime
             self._proc = None
 
     def kill(self) -> None:

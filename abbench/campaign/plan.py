@@ -14,6 +14,15 @@ Order rules (docs/cells.md says the same to users):
 
 The baseline is the first decision's baseline, else the first cell. A cell whose name ran
 earlier in the plan is a sentinel: `sentinel_of` is the index of the name's first run.
+
+With `interleave = "slices"` the cells run in pairs, two engine processes taking turns
+(`interleaved_with`), and the order is read as pairs, the first of each taking the first
+turn:
+
+- `order = [...]`: consecutive names are a pair (`["B", "C", "C", "B"]`: B|C, then C|B).
+- `order = "abba"`, or none: for each other cell X in file order the pairs B|X, X|B —
+  ABBA blocks of invocations, so that which arm takes the first turn is balanced.
+- `repeat = R`: the pairs R times (no seam: a pair is run whole).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError
 from abbench.records import DecisionSpec, GateSpec, MatchSpec, Plan, PlannedCell, Sequential
 from abbench.records.cell_config import CellConfig, EmbeddedConfig, ExternalConfig, LlamaConfig
+from abbench.records.plan import SLICE_TOKENS, SLICES
 from abbench.sim.profile import load_profile
 from abbench.textsafe import shown
 
@@ -47,6 +57,10 @@ def run_order(spec: CampaignSpec) -> list[str]:
     c = spec.campaign
     baseline = spec.baseline
     others = [name for name in spec.cells if name != baseline]
+    if c.interleave == SLICES:
+        one = (list(c.order) if isinstance(c.order, tuple)
+               else [n for name in others for n in (baseline, name, name, baseline)])
+        return one * c.repeat
     if isinstance(c.order, tuple):
         one = list(c.order)
     elif c.order == "abba":
@@ -93,7 +107,9 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
                              tip="raise `max_cells`, or shorten `order`")
         sequential = Sequential(c.until, c.max_cells, c.max_minutes)
     width = max(2, len(str(c.max_cells or len(names))))
-    cells = planned_cells([], names, {n: spec.cells[n].planned() for n in names}, width)
+    paired = c.interleave == SLICES
+    cells = planned_cells([], names, {n: spec.cells[n].planned() for n in names}, width,
+                          paired)
     return Plan(
         campaign=c.name, cells=tuple(cells), spacing_s=c.spacing_s,
         warmup_tokens=c.warmup_tokens, device=spec.device.transport,
@@ -101,21 +117,29 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
         match=MatchSpec(**asdict(spec.match)),
         gate=GateSpec(**asdict(spec.gate)) if spec.gate is not None else None,
         sequential=sequential, planned_cells=len(cells) if sequential else None,
+        interleave=c.interleave,
+        slice_tokens=(c.slice_tokens or SLICE_TOKENS) if paired else None,
     )
 
 
 def planned_cells(before: list[PlannedCell], names: list[str],
-                  configs: dict[str, CellConfig], width: int) -> list[PlannedCell]:
+                  configs: dict[str, CellConfig], width: int,
+                  paired: bool = False) -> list[PlannedCell]:
     """`names` as cells following `before`: labelled `NN-NAME` in execution order, a name
-    that ran before a sentinel of its first run."""
+    that ran before a sentinel of its first run; `paired`: `names` are interleaved pairs,
+    and `before` whole pairs."""
     first = {}
     for p in before:
         first.setdefault(p.name, p.index)
     out = []
     for index, name in enumerate(names, len(before)):
+        partner = None
+        if paired:
+            partner = index + 1 if (index - len(before)) % 2 == 0 else index - 1
         out.append(PlannedCell(index=index, name=name, config=configs[name],
                                sentinel_of=first.get(name),
-                               label=f"{index + 1:0{width}d}-{name}"))
+                               label=f"{index + 1:0{width}d}-{name}",
+                               interleaved_with=partner))
         first.setdefault(name, index)
     return out
 
@@ -209,18 +233,27 @@ def describe_plan(plan: Plan, tok_per_s: float = DEFAULT_TOK_PER_S) -> list[str]
     n = len(plan.cells)
     scale = device_time_scale(plan.device)
     sim = f" (simulated: {plan.spacing_s / scale:.3g} s of wall time)" if scale != 1.0 else ""
-    lines = [f"plan {plan.campaign}: {n} cells on {plan.device}, {plan.spacing_s:g} s apart{sim}"]
+    pairs = len(plan.pairs())
+    shape = f"{n} cells in {pairs} interleaved pairs" if pairs else f"{n} cells"
+    lines = [f"plan {plan.campaign}: {shape} on {plan.device}, {plan.spacing_s:g} s apart{sim}"]
     estimates = [estimate_s(c.config, tok_per_s) for c in plan.cells]
     lines += _cell_lines(plan, estimates)
     lines += [_decision_line(d) for d in plan.decisions]
+    if pairs:
+        lines.append(f"interleaved: the two cells of a pair run side by side as engine "
+                     f"processes taking turns every {plan.slice_tokens} decode tokens, the "
+                     "first-named taking the first turn; the spacing and the gate come "
+                     "before each pair")
     if plan.sequential is not None:
         s = plan.sequential
         budget = " and ".join(b for b in (
             f"{s.max_cells} cells" if s.max_cells is not None else "",
             f"{s.max_minutes:g} minutes" if s.max_minutes is not None else "") if b)
-        lines.append(f"sequential: after these {n} cells, ABBA rounds of each open decision "
-                     f"until every decision is GO or NO-GO, within {budget}; each look "
-                     "spends part of the 5% error rate (docs/method.md)")
+        rounds = ("rounds of two pairs of each open decision (each arm taking the first "
+                  "turn once)" if pairs else "ABBA rounds of each open decision")
+        lines.append(f"sequential: after these {n} cells, {rounds} until every decision is "
+                     f"GO or NO-GO, within {budget}; each look spends part of the 5% error "
+                     "rate (docs/method.md)")
     if plan.gate is not None:
         conditions = {k: getattr(plan.gate, k) for k in plan.gate.conditions()}
         lines.append(f"gate before each cell: {_keys(conditions, list(conditions))} "
@@ -239,6 +272,11 @@ def _cell_lines(plan: Plan, estimates: list[float | None]) -> list[str]:
         if c.sentinel_of is not None:
             twin = plan.cells[c.sentinel_of].label.split("-", 1)[0]
             what = f"sentinel of {twin}" + (f"; {what}" if what else "")
+        if c.interleaved_with is not None:
+            first = c.interleaved_with > c.index
+            pair = f"pair {min(c.index, c.interleaved_with) // 2 + 1}" + (
+                ", first turn" if first else "")
+            what = f"[{pair}] {what or 'as the first cell'}"
         clock = f"~{_clock(est)}" if est is not None else "?"
         lines.append(f"  {c.label:<{width}}  {clock:>8}  {what or 'as the first cell'}")
     return lines
@@ -257,11 +295,13 @@ def _duration_line(plan: Plan, estimates: list[float | None], scale: float,
     """The expected duration: spacing plus the cells' estimates (external cells and gate
     waits not counted), and for a sequential campaign what its budget allows at most."""
     n = len(plan.cells)
-    spacing = plan.spacing_s / scale * max(0, n - 1)
+    runs = n - len(plan.pairs())  # a pair runs as one: spaced and gated once
+    spacing = plan.spacing_s / scale * max(0, runs - 1)
     known = [e for e in estimates if e is not None]
     unknown = n - len(known)
     total = spacing + sum(known)
-    note = (f"{plan.spacing_s / scale:.3g} s spacing between cells + per cell (prompt + "
+    note = (f"{plan.spacing_s / scale:.3g} s spacing between "
+            f"{'pairs' if runs < n else 'cells'} + per cell (prompt + "
             f"tokens) / {tok_per_s:g} tok/s + {START_S:g} s start")
     if unknown:
         llama = sum(isinstance(c.config, LlamaConfig) for c in plan.cells)
@@ -275,7 +315,8 @@ def _duration_line(plan: Plan, estimates: list[float | None], scale: float,
     if seq is not None and n and known:
         per_cell = (total - spacing) / len(known)
         if seq.max_cells is not None and seq.max_cells > n:
-            cap = seq.max_cells * per_cell + plan.spacing_s / scale * (seq.max_cells - 1)
+            gaps = (seq.max_cells // 2 if runs < n else seq.max_cells) - 1
+            cap = seq.max_cells * per_cell + plan.spacing_s / scale * gaps
             if seq.max_minutes is not None:
                 cap = min(cap, seq.max_minutes * 60)
             upto = f", up to ~{_clock(cap)} if the rounds run to the budget"

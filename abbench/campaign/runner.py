@@ -13,9 +13,13 @@ history lines a kill kept from being written (`sentinels`). A file that cannot b
 (a full disk) stops the campaign with one error naming it, `status.json` saying so, and
 the journal whole: `--resume` continues once there is room.
 
-The pieces live beside it: `child` (a cell's process), `output` (what it produced),
-`entry` (entry state, speed probe), `run_folder` (the folder's other files), `gate`,
-`sentinels`, `recovery`, `sequential` and `view`.
+An interleaved campaign (`interleave = "slices"`) runs its pairs as one each: spacing,
+gate and entry state once, then both cells side by side taking turns (`interleave`), and
+both journal lines; the sampler tags each tick with the cell whose turn it is.
+
+The pieces live beside it: `child` (a cell's process), `interleave` (a pair's two),
+`output` (what it produced), `entry` (entry state, speed probe), `run_folder` (the folder's
+other files), `gate`, `sentinels`, `recovery`, `sequential` and `view`.
 """
 
 from __future__ import annotations
@@ -41,15 +45,16 @@ from abbench.campaign.child import (
 )
 from abbench.campaign.entry import SpeedIndex, entry_state
 from abbench.campaign.gate import GateSpec, wait_for_gate
+from abbench.campaign.interleave import Arm, InterleavedPair, turn_argv
 from abbench.campaign.output import CellResult, read_result
 from abbench.campaign.plan import planned_cells
 from abbench.campaign.recovery import repair
 from abbench.campaign.run_folder import Prepare, create_run_folder, write_plan, write_status
 from abbench.campaign.sentinels import append_sentinel, resend_sentinels
-from abbench.campaign.sequential import LookFn, fits, fraction, next_round
+from abbench.campaign.sequential import LookFn, fits, fraction, interleaved_round, next_round
 from abbench.campaign.view import CampaignView
 from abbench.engine.models import prepare_models
-from abbench.errors import EXIT_OK, AbbenchError, Interrupted, WriteError
+from abbench.errors import EXIT_OK, AbbenchError, CellOutputError, Interrupted, WriteError
 from abbench.fsutil import fault
 from abbench.records import (
     CellRecord,
@@ -62,7 +67,8 @@ from abbench.records import (
     read_journal,
     read_plan,
 )
-from abbench.records.cell_config import EmbeddedConfig
+from abbench.records.cell_config import EmbeddedConfig, LaunchedConfig
+from abbench.records.plan import SLICE_TOKENS, SLICES
 from abbench.sensors import Device, Sampler
 from abbench.sim import open_device
 
@@ -93,6 +99,7 @@ class CampaignRun:
         self._lock = threading.Lock()
         self._samples = folder / "samples.jsonl"
         self._child = CellChild(device)
+        self._pair = InterleavedPair(device, self._tag)
         self.speed = SpeedIndex(folder, device, opts.python)
 
     # -- sampler sink (sampler thread) ---------------------------------------------
@@ -102,6 +109,11 @@ class CampaignRun:
             cell = self.current
         append_jsonl(self._samples, Sample(t_mono, t_wall, values, cell).to_json(), fsync=False)
 
+    def _tag(self, cell: int | None) -> None:
+        """The cell whose samples the sampler's next ticks are (of a pair: whose turn)."""
+        with self._lock:
+            self.current = cell
+
     # -- the campaign --------------------------------------------------------------
 
     def run(self) -> int:
@@ -109,6 +121,7 @@ class CampaignRun:
             return self._run()
         except OSError as e:
             self._child.kill()
+            self._pair.kill()
             error = WriteError.from_os(e, f"continue with: abbench campaign --resume "
                                           f"{self.folder}")
             with contextlib.suppress(OSError):  # the disk may be too full for this too
@@ -132,6 +145,7 @@ class CampaignRun:
             self._loop(todo, view)
         except KeyboardInterrupt:
             self._child.kill()
+            self._pair.kill()
             write_status(self.folder, "interrupted")
             raise Interrupted(
                 f"interrupted: {len(read_journal(self.folder))} of {len(self.plan.cells)} "
@@ -161,8 +175,8 @@ class CampaignRun:
         with Sampler(self.device, self.hz, self._sink) as sampler, view:
             view.sampler = sampler
             while todo:
-                for cell in todo:
-                    last_end = self._one(cell, sampler, view, last_end, scale)
+                for run in _runs(todo):
+                    last_end = self._one(run, sampler, view, last_end, scale)
                 # A sequential campaign reads its decisions and appends a round while
                 # one is open and the budget allows it.
                 todo = self._look(view) if self.plan.sequential is not None else []
@@ -171,9 +185,11 @@ class CampaignRun:
             with contextlib.suppress(OSError):
                 self._sink(time.monotonic(), time.time(), self.device.sample())
 
-    def _one(self, cell: PlannedCell, sampler: Sampler, view: CampaignView,
+    def _one(self, run: tuple[PlannedCell, ...], sampler: Sampler, view: CampaignView,
              last_end: float | None, scale: float) -> float:
-        """Spacing, gate, entry state, the cell, its journal line; returns when it ended."""
+        """Spacing, gate, entry state, the cell (or an interleaved pair of cells), its
+        journal lines; returns when it ended."""
+        cell = run[0]
         fault("before-cell")
         if last_end is not None and self.plan.spacing_s > 0:
             view.phase(cell, f"spacing {self.plan.spacing_s:g} s"
@@ -188,11 +204,13 @@ class CampaignRun:
         index = self.speed.index()
         values = sampler.latest or self.device.sample()
         entry = entry_state(values, index, self.device.simulated)
-        record = self._run_cell(cell, entry, gate, view)
-        append_jsonl(self.folder / "journal.jsonl", record.to_json())
-        view.finished(cell, record)
-        append_sentinel(self.opts.sentinels_dir, self.device, self.plan, self.folder, cell,
-                        record)
+        records = ([self._run_cell(cell, entry, gate, view)] if len(run) == 1
+                   else self._run_pair(run, entry, gate, view))
+        for c, record in zip(run, records, strict=True):
+            append_jsonl(self.folder / "journal.jsonl", record.to_json())
+            view.finished(c, record)
+            append_sentinel(self.opts.sentinels_dir, self.device, self.plan, self.folder, c,
+                            record)
         return time.monotonic()
 
     # -- sequential rounds -----------------------------------------------------------
@@ -210,9 +228,8 @@ class CampaignRun:
         first = min(records, key=lambda r: r.t_start_wall, default=None)
         began = first.t_start_wall - first.gate.waited_s if first is not None else time.time()
         elapsed = max(0.0, time.time() - began)
-        last = plan.cells[-1].name if plan.cells else None
         pairs = [(d.candidate, d.baseline) for d in plan.decisions]
-        smallest = min(len(next_round(last, [p])) for p in pairs)
+        smallest = min(len(self._round([], p)) for p in pairs)
         final = not fits(n, smallest, seq.max_cells, elapsed, seq.max_minutes)
         outcome = self.opts.look(self.folder, plan,
                                  fraction(n, seq.max_cells, elapsed, seq.max_minutes), final)
@@ -221,13 +238,14 @@ class CampaignRun:
         names: list[str] = []
         if not final:
             for p in outcome.open:
-                block = next_round(names[-1] if names else last, [p])
+                block = self._round(names, p)
                 if fits(n, len(names) + len(block), seq.max_cells, elapsed, seq.max_minutes):
                     names += block
         configs = {c.name: c.config for c in reversed(plan.cells)}
         width = len(plan.cells[0].label.split("-", 1)[0]) if plan.cells else 2
         width = max(width, len(str(n + len(names))))
-        more = planned_cells(list(plan.cells), names, configs, width)
+        more = planned_cells(list(plan.cells), names, configs, width,
+                             paired=plan.interleave == SLICES)
         self.plan = dataclasses.replace(plan, cells=plan.cells + tuple(more),
                                         looks=plan.looks + (outcome.look,))
         write_plan(self.folder, self.plan)
@@ -240,16 +258,22 @@ class CampaignRun:
                       f"({len(records)} cells, {elapsed / 60:.1f} minutes)")
         return more
 
+    def _round(self, names: list[str], decision: tuple[str, str]) -> list[str]:
+        """The round one open (candidate, baseline) decision asks for, after the plan's
+        cells and the `names` this look has appended so far."""
+        plan = self.plan
+        if plan.interleave == SLICES:
+            pairs = [(a.name, b.name) for a, b in plan.pairs()]
+            return interleaved_round(pairs + list(zip(names[::2], names[1::2])), [decision])
+        last = names[-1] if names else (plan.cells[-1].name if plan.cells else None)
+        return next_round(last, [decision])
+
     # -- one cell ------------------------------------------------------------------
 
     def _run_cell(self, cell: PlannedCell, entry: EntryState, gate: GateWait,
                   view: CampaignView) -> CellRecord:
-        out = self.folder / "cells" / cell.label
-        if out.exists():  # a cell that was in flight when the campaign died: start clean
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        with self._lock:
-            self.current = cell.index
+        out = self._cell_folder(cell)
+        self._tag(cell.index)
         view.phase(cell, "running")
         # Before the clock starts: a llama.cpp cell's synthetic model is built here. Where
         # nothing starts (`argv` None), nothing below reads `launched`.
@@ -263,16 +287,60 @@ class CampaignRun:
             ended = (self._child.run(argv, out, launched.timeout_s) if argv is not None
                      else not_started)
         finally:
-            with self._lock:
-                self.current = None
-        t1w, t1m = time.time(), time.monotonic()
-        result = (read_result(launched, out, self.device) if ended.status == "ok"
-                  else CellResult())
+            self._tag(None)
+        span = (t0w, time.time(), t0m, time.monotonic())
+        return self._record(cell, launched if argv is not None else None, ended, span,
+                            entry, gate)
+
+    def _run_pair(self, run: tuple[PlannedCell, ...], entry: EntryState, gate: GateWait,
+                  view: CampaignView) -> list[CellRecord]:
+        """An interleaved pair (`interleave.py`): both cells from one entry state, the
+        gate waited once, before the first; `run[0]` takes the first turn."""
+        gates = (gate, GateWait())
+        try:
+            arms = [self._arm(cell, other, view)
+                    for cell, other in zip(run, run[::-1], strict=True)]
+        except AbbenchError as e:  # nothing started
+            now = (time.time(), time.time(), time.monotonic(), time.monotonic())
+            return [self._record(c, None, ChildExit("failed", None, e.message), now, entry, g)
+                    for c, g in zip(run, gates, strict=True)]
+        ran = self._pair.run(arms[0], arms[1])
+        return [self._record(c, arm.config, arm.ended, arm.span, entry, g)
+                for c, arm, g in zip(run, ran, gates, strict=True)]
+
+    def _arm(self, cell: PlannedCell, other: PlannedCell, view: CampaignView) -> Arm:
+        """One cell of a pair, its folder made and its command line taking turns."""
+        out = self._cell_folder(cell)
+        view.phase(cell, f"running, taking turns with {other.label}")
+        cfg = cell.config
+        if not isinstance(cfg, EmbeddedConfig):  # the plan's checks keep this out
+            raise CellOutputError(f"cell {cell.label} cannot take turns: only an embedded "
+                                  "cell can")
+        argv = cell_argv(cfg, self.opts.python, out, self.device)
+        return Arm(cell.index, cell.label,
+                   turn_argv(argv, self.plan.slice_tokens or SLICE_TOKENS), out, cfg)
+
+    def _cell_folder(self, cell: PlannedCell) -> Path:
+        out = self.folder / "cells" / cell.label
+        if out.exists():  # a cell that was in flight when the campaign died: start clean
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        return out
+
+    def _record(self, cell: PlannedCell, launched: LaunchedConfig | None, ended: ChildExit,
+                span: tuple[float, float, float, float], entry: EntryState,
+                gate: GateWait) -> CellRecord:
+        """The journal's line for a cell whose process ended, its output read and judged;
+        `span`: its wall start and end, then its monotonic start and end."""
+        out = self.folder / "cells" / cell.label
+        result = (read_result(launched, out, self.device)
+                  if ended.status == "ok" and launched is not None else CellResult())
         status, error = ((ended.status, ended.error) if result.error is None
                          else ("failed", result.error))
         tail = stderr_tail(out / "stderr.txt")
         if ended.status == "failed" and ended.exit_code is not None and error is not None:
             error = stated_reason(error, tail)
+        t0w, t1w, t0m, t1m = span
         return CellRecord(
             index=cell.index, name=cell.name, label=cell.label, status=status,
             t_start_wall=t0w, t_end_wall=t1w, t_start_mono=t0m, t_end_mono=t1m,
@@ -280,6 +348,19 @@ class CampaignRun:
             tokens_per_s=result.tokens_per_s, exit_code=ended.exit_code, error=error,
             stderr_tail=tail,
         )
+
+
+def _runs(todo: list[PlannedCell]) -> list[tuple[PlannedCell, ...]]:
+    """`todo` as the runs it makes: an interleaved pair whose both cells are to run is one
+    run, any other cell its own (one whose partner ran already, before a crash: alone)."""
+    runs: list[tuple[PlannedCell, ...]] = []
+    i = 0
+    while i < len(todo):
+        cell, after = todo[i], todo[i + 1] if i + 1 < len(todo) else None
+        run = (cell, after) if after and cell.interleaved_with == after.index else (cell,)
+        runs.append(run)
+        i += len(run)
+    return runs
 
 
 def _sleep_until(deadline: float) -> None:

@@ -28,6 +28,7 @@ from abbench.campaign._check import (
     fail,
     under,
 )
+from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
 from abbench.campaign.model_check import ModelHeaders
 from abbench.campaign.resolve import cell_layers, resolve_cell, spelling
 from abbench.campaign.tables import (
@@ -48,6 +49,7 @@ from abbench.campaign.tables import (
     check_name,
 )
 from abbench.errors import CampaignFileError, Key, format_key
+from abbench.records.plan import CELLS, SLICES
 from abbench.records.schema import did_you_mean, show
 from abbench.records.toml import (
     KeyLines,
@@ -65,6 +67,13 @@ __all__ = [
 
 TOP_KEYS = ("campaign", "device", "gate", "match", "workload", "cells", "decision", "sweep",
             "fleet")
+
+# Why a cell of this kind cannot take turns (docs/cells.md, Interleaved slices).
+_CANNOT_PAUSE = {
+    "external": "an external command, which has no turn protocol",
+    **{tool: f"a {tool} cell: llama.cpp's command-line tools cannot pause between tokens (a "
+       "llama.cpp server could, between requests: not built)" for tool in LLAMA_TOOLS},
+}
 
 _TABLE_KEYS = {
     "campaign": [f.name for f in fields(CampaignTable)],
@@ -143,6 +152,46 @@ class CampaignSpec:
                      f"{warmup} leaves no tokens to measure in cell `{cell.name}` "
                      f"(`tokens` = {cell.config.n_tokens})",
                      tip="lower `warmup_tokens`, or raise that cell's `tokens`")
+        if self.campaign.interleave == SLICES:
+            self._check_pairs()
+
+    def _check_pairs(self) -> None:
+        """Interleaved pairs (`interleave = "slices"`): two different embedded cells each,
+        decoding as many tokens, so that their slices pair up."""
+        order = self.campaign.order
+        at: Key = ("campaign", "interleave")
+        if isinstance(order, tuple):
+            if len(order) % 2:
+                fail(("campaign", "order"), f'is read as pairs with interleave = "slices", '
+                     f"but names {len(order)} cells", tip='name the cells pair by pair, the '
+                     'one taking the first turn first: ["B", "C", "C", "B"]')
+            pairs = list(zip(order[::2], order[1::2], strict=True))
+            for k, (a, b) in enumerate(pairs):
+                if a == b:
+                    fail(("campaign", "order", 2 * k + 1), f"pairs `{a}` with itself",
+                         tip="an interleaved pair is two different cells taking turns")
+        elif len(self.cells) < 2:
+            fail(at, '"slices" needs at least two cells: it runs them in pairs')
+        else:
+            pairs = [(self.baseline, name) for name in self.cells if name != self.baseline]
+        for name in dict.fromkeys(n for pair in pairs for n in pair):
+            cell = self.cells[name]
+            if cell.engine != "embedded":
+                fail(at, f'"slices" runs a pair\'s cells as two engine processes that pause '
+                     f"between turns, but cell `{name}` is {_CANNOT_PAUSE.get(cell.engine, '')}",
+                     tip='interleave embedded cells only, or set interleave = "cells" '
+                     "(docs/cells.md, Interleaved slices)")
+        for i, d in enumerate(self.decisions):
+            if d.metric != "tok_per_s":
+                fail(("decision", i, "metric"), f'is "{d.metric}", but interleaved cells '
+                     "run side by side: a power reading is the pair's, not one cell's",
+                     tip='decide energy with interleave = "cells"')
+        for a, b in pairs:
+            ta, tb = (self.cells[x].config.n_tokens for x in (a, b))  # type: ignore[union-attr]
+            if ta != tb:
+                fail(at, f"cells `{a}` and `{b}` take turns but decode different `tokens` "
+                     f"({ta} and {tb}): their slices would not pair up",
+                     tip="give the cells of a pair the same `tokens`")
 
     def error(self, key: Key, problem: str, tip: str | None = None) -> CampaignFileError:
         """A problem with this campaign's file, located as `load_campaign` locates them."""
@@ -280,6 +329,8 @@ def resolved_toml(spec: CampaignSpec) -> str:
     campaign = asdict(c)
     if isinstance(c.order, tuple):
         campaign["order"] = list(c.order)
+    if c.interleave == CELLS:  # the default: files before it stay as they were
+        del campaign["interleave"]
     lines += [*dump_table(["campaign"], campaign), ""]
     lines += [*dump_table(["device"], asdict(spec.device)), ""]
     if spec.gate is not None:

@@ -5,7 +5,10 @@ A round is an ABBA of every open decision — baseline, candidate, candidate, ba
 each round is balanced over both orders and its baselines are sentinels. Where the campaign
 (or the round before) ended with that decision's baseline, the round starts with the
 candidate instead: the baseline that ended one block opens the next, as in `order =
-"abba"`. The looks and the alpha each spends are the analysis's (`analysis.sequential`).
+"abba"`. In an interleaved campaign a round is two more pairs of each open decision, the
+first started by the arm that did not start that decision's last pair, the second by the
+other (`interleaved_round`): ABBA blocks of invocations. The looks and the alpha each
+spends are the analysis's (`analysis.sequential`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,22 @@ def next_round(last: str | None, open_decisions: Sequence[tuple[str, str]]) -> l
         block = [baseline, candidate, candidate, baseline]
         before = names[-1] if names else last
         names += block[1:] if before == baseline else block
+    return names
+
+
+def interleaved_round(pairs: Sequence[tuple[str, str]],
+                      open_decisions: Sequence[tuple[str, str]]) -> list[str]:
+    """Cell names of one round for the open (candidate, baseline) decisions, as pairs (the
+    one taking the first turn first), after the interleaved `pairs` (first, second) run or
+    planned so far."""
+    done = list(pairs)
+    names: list[str] = []
+    for candidate, baseline in open_decisions:
+        last = next((p for p in reversed(done) if set(p) == {candidate, baseline}), None)
+        first, second = (candidate, baseline) if last == (baseline, candidate) else \
+            (baseline, candidate)
+        done += [(first, second), (second, first)]
+        names += [first, second, second, first]
     return names
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from abbench.campaign._check import fail, in_range
 from abbench.campaign.llamacpp import TOOLS, LlamaCell
-from abbench.engine.config import EngineConfig
+from abbench.engine.config import MAX_TURN_TOKENS, EngineConfig
 from abbench.errors import Key
 from abbench.records import DecisionSpec, GateSpec, MatchSpec
 from abbench.records.cell_config import OUTPUT, CellConfig, cell_config
-from abbench.records.plan import EXPECT, METRICS
+from abbench.records.plan import CELLS, EXPECT, FOREIGN_LOAD_TOL, INTERLEAVE, METRICS, SLICES
 from abbench.records.schema import did_you_mean, show
 from abbench.records.toml import dump_value
 
@@ -32,12 +32,16 @@ ENGINES_TEXT = "`embedded`, `external`, " + ", ".join(f"`{t}`" for t in TOOLS)
 MAX_REPEAT = 100
 MAX_CELLS = 10_000  # cells one campaign may run (planned and appended)
 WEEK_S = 7 * 86400.0  # the longest wait or timeout a campaign may ask for
+MAX_CORES = 4096  # a foreign-load tolerance above any machine's core count is a typo
 _TRANSPORT = re.compile(r"local\Z|(adb|ssh|sim):[^\s-]\S*\Z")
 
 # TOML key -> EngineConfig field. The file uses the engine's long flag names with `-` as
-# `_`, except `tokens` for `--n-tokens`; a new EngineConfig field becomes a key by itself.
+# `_`, except `tokens` for `--n-tokens`; a new EngineConfig field becomes a key by itself,
+# unless the campaign sets it itself (`option(..., cell_key=False)`: `turn_tokens`, which
+# `[campaign] interleave` sets), which is no key and no part of a cell's configuration.
 _RENAMED = {"n_tokens": "tokens"}
-ENGINE_KEYS: dict[str, str] = {_RENAMED.get(f.name, f.name): f.name for f in fields(EngineConfig)}
+CELL_FIELDS = tuple(f for f in fields(EngineConfig) if f.metadata["cell_key"])
+ENGINE_KEYS: dict[str, str] = {_RENAMED.get(f.name, f.name): f.name for f in CELL_FIELDS}
 TOML_KEY: dict[str, str] = {f: k for k, f in ENGINE_KEYS.items()}
 
 # What a cell table may hold, with the TOML type each key takes.
@@ -83,6 +87,10 @@ class CampaignTable:
     until: str | None = None
     max_cells: int | None = None  # every cell of the campaign, the planned ones included
     max_minutes: float | None = None  # wall minutes from the first cell's start
+    # "slices": cells run in pairs, two engine processes taking turns every `slice_tokens`
+    # decode tokens (records.plan INTERLEAVE); "cells": one cell at a time
+    interleave: str = CELLS
+    slice_tokens: int | None = None  # None: SLICE_TOKENS, with interleave = "slices"
 
     def __post_init__(self) -> None:
         check_name(("name",), self.name, "campaign name")
@@ -120,6 +128,23 @@ class CampaignTable:
             key = "max_cells" if self.max_cells is not None else "max_minutes"
             fail((key,), 'applies only to a sequential campaign (`until = "decided"`)',
                  tip='add until = "decided", or remove it')
+        self._check_interleave()
+
+    def _check_interleave(self) -> None:
+        if self.interleave not in INTERLEAVE:
+            fail(("interleave",), f"must be one of {', '.join(f'`{x}`' for x in INTERLEAVE)} "
+                 f"(got {show(self.interleave)})",
+                 tip=did_you_mean(self.interleave, INTERLEAVE, "values"))
+        if self.slice_tokens is not None:
+            in_range("slice_tokens", 1 <= self.slice_tokens <= MAX_TURN_TOKENS,
+                     f"between 1 and {MAX_TURN_TOKENS}", self.slice_tokens)
+            if self.interleave != SLICES:
+                fail(("slice_tokens",), 'applies only to `interleave = "slices"`',
+                     tip='add interleave = "slices", or remove it')
+        if self.interleave == SLICES and self.sentinel_every is not None:
+            fail(("sentinel_every",), 'cannot be combined with `interleave = "slices"`',
+                 tip='interleaved cells run in pairs: `order = "abba"` (the default there) '
+                 "repeats the baseline in every other pair")
 
 
 @dataclass(frozen=True)
@@ -180,7 +205,10 @@ class GateTable(GateSpec):
 @dataclass(frozen=True)
 class MatchTable(MatchSpec):
     """`[match]`: how close two cells' entry states must be to be compared (the fields and
-    defaults are the plan's `MatchSpec`; the file's ranges are checked here)."""
+    defaults are the plan's `MatchSpec`, but for the foreign load, a criterion of every
+    campaign from now on; the file's ranges are checked here)."""
+
+    foreign_load_tol: float | None = FOREIGN_LOAD_TOL
 
     def __post_init__(self) -> None:
         in_range("cpu_temp_tol_c", self.cpu_temp_tol_c >= 0, ">= 0 °C", self.cpu_temp_tol_c)
@@ -194,6 +222,9 @@ class MatchTable(MatchSpec):
         if self.min_stability is not None:
             in_range("min_stability", 0 < self.min_stability <= 1, "in (0, 1]",
                      self.min_stability)
+        if self.foreign_load_tol is not None:
+            in_range("foreign_load_tol", 0 <= self.foreign_load_tol <= MAX_CORES,
+                     f"in [0, {MAX_CORES}] cores", self.foreign_load_tol)
 
 
 @dataclass(frozen=True)
@@ -274,7 +305,8 @@ class CellSpec:
         if self.config is None:
             return {"engine": "external", "command": list(self.command), "output": self.output,
                     "timeout_s": self.timeout_s}
-        values = asdict(self.config)
+        every = asdict(self.config)
+        values = {f.name: every[f.name] for f in CELL_FIELDS}  # in the fields' order
         if values["prompt_tokens"] is not None:
             values["prompt_tokens"] = list(values["prompt_tokens"])
         return {"engine": "embedded", **values, "timeout_s": self.timeout_s}
@@ -291,7 +323,7 @@ class CellSpec:
         if self.config is None:
             return cfg
         return {"engine": "embedded", "timeout_s": self.timeout_s,
-                **{TOML_KEY[f.name]: cfg[f.name] for f in fields(EngineConfig)}}
+                **{TOML_KEY[f.name]: cfg[f.name] for f in CELL_FIELDS}}
 
 
 @dataclass(frozen=True)

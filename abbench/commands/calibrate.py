@@ -19,6 +19,7 @@ from abbench.campaign.schema import CampaignSpec, load_campaign
 from abbench.commands.campaign import finish, run_new
 from abbench.errors import AbbenchError, UsageError
 from abbench.records import read_repeats
+from abbench.records.plan import CELLS
 from abbench.records.toml import dump_table
 
 # The quickstart's B (cells/quickstart.toml): the configuration a device's noise floor is
@@ -43,13 +44,14 @@ def calibration_toml(device: str, cells: int, model: str, spacing_s: float,
 
 def calibration_like(path: Path, cells: int, device: str | None) -> CampaignSpec:
     """A campaign file's conditions, A/A: its baseline cell `cells` times under its
-    device, gate, match and workload, no decisions."""
+    device, gate, match and workload, no decisions, one cell at a time (the floor is of
+    cells: an interleaved campaign reads it as the noise of a difference of two)."""
     spec = load_campaign(path)
     name = spec.baseline
     c = spec.campaign
     table = dataclasses.replace(c, name=f"calibrate-{c.name}"[:100], order=(name,) * cells,
                                 sentinel_every=None, repeat=1, until=None, max_cells=None,
-                                max_minutes=None)
+                                max_minutes=None, interleave=CELLS, slice_tokens=None)
     try:
         return dataclasses.replace(spec if device is None else spec.on(device),
                                    campaign=table, cells={name: spec.cells[name]},

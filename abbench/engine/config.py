@@ -24,18 +24,23 @@ def default_threads() -> int:
 
 
 MODEL, STREAMING, POLICIES = "model and workload", "streaming", "policies (all off by default)"
+TURNS = "turn-taking (interleaved campaigns)"
+MAX_TURN_TOKENS = 1_000_000
 KERNELS = ("auto", "ggml", "numpy")
 
 
 def option(default: Any, help: str, group: str, *, short: str | None = None,
            metavar: str | None = None, choices: tuple[str, ...] | None = None,
-           toggle: bool = False, parse: Callable[[str], Any] | None = None) -> Any:
+           toggle: bool = False, parse: Callable[[str], Any] | None = None,
+           cell_key: bool = True) -> Any:
     """An engine option: its default and how the command line shows it. Its flag is the
     field name with `-` for `_`; a bool is a switch (`--flag`, or `--flag/--no-flag` when
-    `toggle`), anything else takes a value of the field's type (or `parse`'s)."""
+    `toggle`), anything else takes a value of the field's type (or `parse`'s). `cell_key`
+    False: a campaign sets it itself, so no cell may (it is no campaign key, and no part
+    of a cell's configuration)."""
     return field(default=default, metadata={
         "help": help, "group": group, "short": short, "metavar": metavar, "choices": choices,
-        "toggle": toggle, "parse": parse})
+        "toggle": toggle, "parse": parse, "cell_key": cell_key})
 
 
 def _token_ids(text: str) -> tuple[int, ...]:
@@ -131,6 +136,13 @@ class EngineConfig:
                                    metavar="N")
     route_trace: str | None = option(None, "write one row per routed expert (route_trace v1)",
                                      POLICIES, metavar="FILE")
+    # N: after the prefill and every N decode tokens, settle what is in flight and wait on
+    # stdin for the driver's `go` (records.slices); a campaign's `interleave` sets it
+    turn_tokens: int = option(
+        0, "take turns with another run: after the prefill and after every N decode tokens, "
+        "settle in-flight reads, print `abbench-turn ...` on stdout and wait for a `go` line "
+        "on stdin (end of file or `stop`: finish now, writing the outputs); 0 = off "
+        "(default; docs/engine.md#turn-taking)", TURNS, metavar="N", cell_key=False)
 
     def __post_init__(self) -> None:
         CACHE = Setting("cache_mib")  # noqa: N806
@@ -188,6 +200,9 @@ class EngineConfig:
         if self.prefetch_sync and not (self.prefetch or self.predict_prefetch):
             raise bad("prefetch_sync", "needs ", Setting("prefetch"), " K or ",
                       Setting("predict_prefetch"))
+        if not 0 <= self.turn_tokens <= MAX_TURN_TOKENS:
+            raise bad("turn_tokens", f"must be between 0 (off) and {MAX_TURN_TOKENS} "
+                      f"(got {self.turn_tokens})")
 
     @property
     def speculates(self) -> bool:

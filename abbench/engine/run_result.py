@@ -37,6 +37,7 @@ class TokenRecord:
     spec_cancelled: int = 0
     retained: int = 0
     tokens: int = 1  # how many tokens the pass ran: a prefill batch's size, 1 in decode
+    slice: int | None = None  # a decode token's slice (0-based) in a run that took turns
 
     @property
     def cache_hit_pct(self) -> float:

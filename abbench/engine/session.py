@@ -8,12 +8,14 @@ covers each pass and sampling; counters of what the expert side did are collecte
 How a token is computed: docs/engine.md#how-a-token-is-computed.
 
 Beside it: what a run resolves before loading (`run_settings.py`), what a model file is
-(`model_info.py`), how a pass is measured (`measure.py`), the route trace (`tracing.py`)
-and the records a run returns (`run_result.py`).
+(`model_info.py`), how a pass is measured (`measure.py`), the route trace (`tracing.py`),
+taking turns with another run (`turns.py`) and the records a run returns
+(`run_result.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +43,7 @@ from abbench.engine.sampling import Sampler
 from abbench.engine.streamer import expert_layout
 from abbench.engine.tokenizer import end_of_generation
 from abbench.engine.tracing import open_route_trace
+from abbench.engine.turns import TurnPipe, slice_of
 from abbench.errors import EngineError
 from abbench.records.route_trace import RouteTraceWriter
 
@@ -145,7 +148,12 @@ class Engine:
             return None
         return open_route_trace(path, self.mf, self.layout, self.info, self.model.k)
 
-    def run(self, on_token: Callable[[TokenRecord], None] | None = None) -> RunResult:
+    def run(self, on_token: Callable[[TokenRecord], None] | None = None,
+            turns: TurnPipe | None = None) -> RunResult:
+        """Prefill and decode, measuring each pass. With `--turn-tokens N` the run takes
+        turns through `turns` (default: on stdin and stdout, `turns.py`)."""
+        if self.config.turn_tokens and turns is None:
+            turns = TurnPipe.stdio()
         # The engine parallelises over experts with its own threads (`--threads`). BLAS's
         # threads would fight them: two callers of a threaded OpenBLAS serialise, and its
         # idle workers busy-wait on the cores the compute team needs. So BLAS runs
@@ -154,7 +162,7 @@ class Engine:
         self.runner.trace = trace
         try:
             with threadpool_limits(limits=1, user_api="blas"):
-                result = self._run(on_token)
+                result = self._run(on_token, turns if self.config.turn_tokens else None)
         except BaseException:
             if trace is not None:
                 trace.abandon()
@@ -165,7 +173,8 @@ class Engine:
             trace.close()
         return result
 
-    def _run(self, on_token: Callable[[TokenRecord], None] | None) -> RunResult:
+    def _run(self, on_token: Callable[[TokenRecord], None] | None,
+             turns: TurnPipe | None) -> RunResult:
         cfg = self.config
         # --ignore-eos as llama.cpp's: the end-of-generation tokens are never sampled
         sampler = Sampler(self.temp, cfg.seed, self.repeat_penalty, self.repeat_last_n,
@@ -173,7 +182,11 @@ class Engine:
         for tok in self.prompt_ids:
             sampler.accept(tok)
         records, pos = self._prefill_prompt()
-        output = self._decode(sampler, pos, records, on_token)
+        # Taking turns, the first decode token waits for the driver's first `go`.
+        go = turns is None or turns.ready()
+        output = self._decode(sampler, pos, records, on_token, turns) if go else []
+        if turns is not None:
+            turns.done(len(output))
         return self._result(output, records)
 
     def _prefill_prompt(self) -> tuple[list[TokenRecord], int]:
@@ -191,14 +204,19 @@ class Engine:
         return records, pos
 
     def _decode(self, sampler: Sampler, pos: int, records: list[TokenRecord],
-                on_token: Callable[[TokenRecord], None] | None) -> list[int]:
-        """Decode steps from position `pos` (each appended to `records`) until `-n` tokens
-        or an end-of-generation token; → the tokens sampled."""
+                on_token: Callable[[TokenRecord], None] | None,
+                turns: TurnPipe | None = None) -> list[int]:
+        """Decode steps from position `pos` (each appended to `records`) until `-n` tokens,
+        an end-of-generation token or, taking turns, the driver's `stop`; → the tokens
+        sampled."""
         output: list[int] = []
         current = self.prompt_ids[-1]
-        for step in range(1, self.config.n_tokens + 1):
+        n, every = self.config.n_tokens, self.config.turn_tokens
+        for step in range(1, n + 1):
             holder: list[int] = []
             rec = self._step(current, pos, 1, step, lambda lg, h=holder: h.append(sampler(lg)))
+            if turns is not None:
+                rec = dataclasses.replace(rec, slice=slice_of(step, every))
             records.append(rec)
             if on_token is not None:
                 on_token(rec)
@@ -207,6 +225,12 @@ class Engine:
             pos += 1
             if current in self.end_ids:  # never sampled with --ignore-eos
                 break
+            if turns is not None and step % every == 0 and step < n:
+                # Between passes, off every token's clock; nothing of this run may read
+                # on while the other runs.
+                self.runner.finish()
+                if not turns.pause(step):
+                    break
         self.runner.finish()
         return output
 

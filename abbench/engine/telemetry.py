@@ -29,6 +29,7 @@ from abbench.records.tokens import (
     PER_TOKEN_COLUMNS,
     PREFILL_COLUMNS,
     STEPS,
+    TURN_COLUMNS,
     csv_row,
 )
 
@@ -193,10 +194,18 @@ def _preamble(result: RunResult) -> dict[str, Any]:
     return pairs
 
 
+def _turn_columns(result: RunResult) -> tuple[str, ...]:
+    """The columns a run that took turns adds (none for any other run: its files are as
+    they always were)."""
+    return TURN_COLUMNS if result.config.turn_tokens else ()
+
+
 def csv_text(result: RunResult) -> str:
     dec = result.decode
     figures = trailer(summarize(result))
-    return format_bmoe_csv(_preamble(result), CSV_COLUMNS, (_row(r, len(dec)) for r in dec),
+    columns = (*CSV_COLUMNS, *_turn_columns(result))
+    return format_bmoe_csv(_preamble(result), columns,
+                           (_row(r, len(dec), columns) for r in dec),
                            {k: _fmt(v) for k, v in figures.items()})
 
 
@@ -206,9 +215,9 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _row(r: TokenRecord, steps: int) -> dict[str, Any]:
+def _row(r: TokenRecord, steps: int, columns: tuple[str, ...]) -> dict[str, Any]:
     # A column is named as the record's attribute; `steps` is the run's, on every row.
-    return csv_row({c: steps if c == STEPS else getattr(r, c) for c in CSV_COLUMNS})
+    return csv_row({c: steps if c == STEPS else getattr(r, c) for c in columns}, columns)
 
 
 def _columns(records: tuple[TokenRecord, ...], names: tuple[str, ...]) -> dict[str, list[Any]]:
@@ -226,7 +235,7 @@ def json_doc(result: RunResult) -> dict[str, Any]:
         model=result.model, fingerprint=fingerprint(result), summary=s,
         lines=summary_lines(result, s), prompt_ids=result.prompt_ids,
         output_ids=result.output_ids, text=result.text,
-        per_token=_columns(result.decode, PER_TOKEN_COLUMNS),
+        per_token=_columns(result.decode, (*PER_TOKEN_COLUMNS, *_turn_columns(result))),
         prefill=_columns(result.prefill, PREFILL_COLUMNS),  # one entry per batch
         sections={k: v for k, v in result.extra.items() if k != PREAMBLE},
     )

@@ -9,7 +9,8 @@ RUN/
   journal.jsonl          one CellRecord per finished cell (appended, flushed, fsync'd)
   samples.jsonl          one Sample per sampler tick
   noise-floor.json       NoiseFloor: the device history's cell-to-cell noise when the run began
-  cells/NN-NAME/         tokens.csv, summary.json (the engine's --json), stderr.txt
+  cells/NN-NAME/         tokens.csv, summary.json (the engine's --json), stderr.txt;
+                         slices.jsonl where the cell took turns (interleave = "slices")
   report.md|json|html    rendered by `abbench report RUN`
 ```
 
@@ -23,7 +24,8 @@ One module per format: `journal` (journal.jsonl, samples.jsonl), `plan` (plan.js
 `history` (the device history and noise-floor.json), `provenance` (import.json), `cell_files`
 (a cell's summary.json and tokens.csv read as `CellFiles`), `cell_doc` (the summary.json
 document each kind of cell writes, its top-level keys), `tokens` (the per-token column
-names), `bmoe_csv` (the seed engine's per-token CSV),
+names), `slices` (the turn protocol of an interleaved pair, and a cell's slices.jsonl),
+`bmoe_csv` (the seed engine's per-token CSV),
 `route_trace` (route-trace CSV), `summary` (`RunSummary`, a cell's run summary with every
 key it carries, kept as the cell reported it, a value of the wrong type included; the
 engine's run JSON and `generation:` line),

@@ -43,6 +43,10 @@ ANDROID_BATTERY_OVERRIDDEN = "android.battery_overridden"
 CPU_ALL_CUR_KHZ = "cpu.all.cur_khz"          # psutil: one frequency for the whole CPU
 CPU_ALL_HW_MAX_KHZ = "cpu.all.hw_max_khz"
 LOAD_KEYS = ("load.1m", "load.5m", "load.15m")  # /proc/loadavg, else os.getloadavg()
+# /proc/stat less the cell's and the campaign's own /proc/PID/stat: busy cores that other
+# processes took, averaged since the previous reading (a span's mean is its ticks' mean)
+FOREIGN_CORES = "load.foreign_cores"
+RUNNABLE_TASKS = "load.runnable_tasks"           # /proc/stat procs_running, at the reading
 PSI_PREFIX = "psi."                            # psi.<resource>.<some|full>_<avg10|avg60>
 GPU_TEMP_C = "gpu.temp_c"
 GPU_SM_CLOCK_MHZ = "gpu.sm_clock_mhz"
@@ -87,6 +91,9 @@ TABLE: tuple[SampleKey, ...] = (
               "sensors.android"),
     *(SampleKey(k, "float", "", f"load average ({k[5:]})", "sensors.readers")
       for k in LOAD_KEYS),
+    SampleKey(FOREIGN_CORES, "float", "cores", "foreign CPU load (other processes)",
+              "sensors.cputime"),
+    SampleKey(RUNNABLE_TASKS, "int", "tasks", "runnable tasks (run queue)", "sensors.cputime"),
     SampleKey(PSI_PREFIX + "<resource>.<kind>_<window>", "float", "%", "pressure stall",
               "sensors.readers"),
     SampleKey(GPU_TEMP_C, "float", "°C", "GPU temperature", "sensors.host (NVML)"),

@@ -18,6 +18,14 @@ EXPECT = ("faster", "not-slower")  # a decision's question (`[[decision]] expect
 # What a decision compares (`[[decision]] metric`): tokens per second, or energy per token
 # (read as tokens per joule, so that for both a ratio above 1 favours the candidate).
 METRICS = ("tok_per_s", "energy_per_token")
+# How cells run (`[campaign] interleave`): one at a time, or in pairs of two engine
+# processes taking turns every `slice_tokens` decode tokens (records.slices).
+CELLS, SLICES = "cells", "slices"
+INTERLEAVE = (CELLS, SLICES)
+SLICE_TOKENS = 16  # `slice_tokens` where a campaign interleaves and does not say
+# `[match] foreign_load_tol` when a campaign file does not set it: cores of other processes'
+# CPU load by which two cells may differ (docs/method.md#foreign-load says why 0.25).
+FOREIGN_LOAD_TOL = 0.25
 
 
 @dataclass(frozen=True)
@@ -53,11 +61,15 @@ class MatchSpec:
     probe_tol: float = 0.03
     max_gap_s: float = 900.0
     min_stability: float | None = None  # required of both cells' stability ratio; None: report it
+    # cores by which two cells' mean foreign load may differ; None: not a criterion (plans
+    # written before it; a campaign file's [match] sets FOREIGN_LOAD_TOL unless told)
+    foreign_load_tol: float | None = None
 
     def to_json(self) -> dict[str, float]:
         d = asdict(self)
-        if self.min_stability is None:  # plans before it stay byte-identical
-            del d["min_stability"]
+        for key in ("min_stability", "foreign_load_tol"):
+            if d[key] is None:  # plans before it stay byte-identical
+                del d[key]
         return d
 
 
@@ -90,10 +102,16 @@ class PlannedCell:
     config: CellConfig  # resolved configuration, of the kind the cell runs as
     sentinel_of: int | None = None  # index of the earlier cell this one repeats
     label: str = ""  # NN-NAME, the cell's folder name
+    # interleave = "slices": the index of the cell this one runs beside, taking turns (the
+    # one before it or after it; the lower index takes the first turn)
+    interleaved_with: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "config": self.config.to_json(),
-                "sentinel_of": self.sentinel_of, "label": self.label}
+        d = {"index": self.index, "name": self.name, "config": self.config.to_json(),
+             "sentinel_of": self.sentinel_of, "label": self.label}
+        if self.interleaved_with is not None:  # plans before it stay byte-identical
+            d["interleaved_with"] = self.interleaved_with
+        return d
 
     @classmethod
     def from_json(cls, d: Any, key: Key = ()) -> PlannedCell:
@@ -153,6 +171,8 @@ class Plan:
     # False for imported runs whose execution order nothing recorded: no two cells are
     # adjacent, so none is compared (docs/import.md#provenance-measured-derived-unknown)
     order_known: bool = True
+    interleave: str = CELLS  # SLICES: cells run in the pairs `interleaved_with` names
+    slice_tokens: int | None = None  # with SLICES: decode tokens per turn
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -160,7 +180,15 @@ class Plan:
         d["cells"] = [c.to_json() for c in self.cells]
         d["decisions"] = [x.to_json() for x in self.decisions]
         d["looks"] = [x.to_json() for x in self.looks]
+        if self.interleave == CELLS:  # plans before it stay byte-identical
+            del d["interleave"], d["slice_tokens"]
         return d
+
+    def pairs(self) -> list[tuple[PlannedCell, PlannedCell]]:
+        """The interleaved pairs, in execution order: (the cell that takes the first turn,
+        the other)."""
+        return [(c, self.cells[c.interleaved_with]) for c in self.cells
+                if c.interleaved_with is not None and c.interleaved_with > c.index]
 
     @classmethod
     def from_json(cls, d: Any) -> Plan:
@@ -195,7 +223,13 @@ def read_plan(run: Path) -> Plan:
 
 def _check_plan(plan: Plan) -> None:
     """What the analysis relies on beyond the types: cells in execution order, each in its
-    own folder, sentinels of earlier cells, decisions and tolerances that are numbers."""
+    own folder, sentinels of earlier cells, decisions and tolerances that are numbers,
+    interleaved pairs of neighbours."""
+    if plan.interleave not in INTERLEAVE:
+        raise BadField("interleave", f"is {show(plan.interleave)}, expected one of "
+                       f"{', '.join(INTERLEAVE)}")
+    if plan.interleave == SLICES and not (plan.slice_tokens or 0) >= 1:
+        raise BadField("slice_tokens", f"is {plan.slice_tokens}, expected a count >= 1")
     for i, c in enumerate(plan.cells):
         if c.index != i:
             raise BadField(f"cells[{i}].index", f"is {c.index}, expected {i} (execution "
@@ -204,6 +238,7 @@ def _check_plan(plan: Plan) -> None:
         if c.sentinel_of is not None and not 0 <= c.sentinel_of < i:
             raise BadField(f"cells[{i}].sentinel_of", f"is {c.sentinel_of}, not an earlier "
                             "cell")
+        _check_pair(plan, c)
     for i, d in enumerate(plan.decisions):
         if d.candidate == d.baseline:
             raise BadField(f"decisions[{i}]", f"compares `{d.candidate}` with itself")
@@ -219,3 +254,15 @@ def _check_plan(plan: Plan) -> None:
             raise BadField(f"looks[{i}]", "is not a look at more cells than the one before, "
                             "within the plan, at an alpha in (0, 1)")
         last = look.cells
+
+
+def _check_pair(plan: Plan, c: PlannedCell) -> None:
+    """An interleaved cell's partner: a neighbour naming it back, in an interleaved plan."""
+    j = c.interleaved_with
+    if j is None:
+        return
+    if plan.interleave != SLICES or j not in (c.index - 1, c.index + 1) \
+            or not 0 <= j < len(plan.cells) or plan.cells[j].interleaved_with != c.index:
+        raise BadField(f"cells[{c.index}].interleaved_with", f"is {j}: not a neighbouring "
+                       "cell interleaved with this one, in a plan with interleave = "
+                       f"{SLICES!r}")

@@ -35,6 +35,7 @@ EXPERTS_DROPPED = "experts_dropped"
 SPEC_READ_BYTES = "spec_read_bytes"
 SPEC_EXPERTS = "spec_experts"
 SPEC_USEFUL = "spec_useful"
+SLICE = "slice"  # the slice (0-based turn) a decode token ran in, in a run that took turns
 
 # The measures of a pass, in the order summary.json writes them.
 MEASURES = (WALL_MS, IO_MS, COMPUTE_MS, STALL_MS, MGMT_MS, READ_BYTES, HITS, MISSES,
@@ -45,6 +46,11 @@ MEASURES = (WALL_MS, IO_MS, COMPUTE_MS, STALL_MS, MGMT_MS, READ_BYTES, HITS, MIS
 PER_TOKEN_COLUMNS = (*MEASURES, CACHE_HIT_PCT, TOKEN)
 PREFILL_COLUMNS = (*MEASURES, TOKENS)
 
+# A run that took turns (`--turn-tokens`, records.slices) adds these after the columns
+# above, to its `per_token` and its CSV; other runs' files are as they always were, and a
+# reader finds them absent.
+TURN_COLUMNS = (SLICE,)
+
 # The bmoe_metrics CSV (v2) header abbench's engine writes, in order.
 CSV_COLUMNS = (STEP, STEPS, WALL_MS, IO_MS, COMPUTE_MS, READ_BYTES, CACHE_HIT_PCT, STALL_MS,
                MGMT_MS, MAJFLT, CPU_MS, RSS_MIB, TOKEN, HITS, MISSES, EVICTIONS,
@@ -54,17 +60,18 @@ CSV_DECIMALS = {WALL_MS: 3, IO_MS: 3, COMPUTE_MS: 3, CACHE_HIT_PCT: 2, STALL_MS:
                 MGMT_MS: 3, CPU_MS: 3, RSS_MIB: 1}
 
 
-def csv_row(values: Mapping[str, Any]) -> dict[str, Any]:
-    """One CSV row from a pass's values by column name (CSV_COLUMNS), each fractional one
+def csv_row(values: Mapping[str, Any],
+            columns: tuple[str, ...] = CSV_COLUMNS) -> dict[str, Any]:
+    """One CSV row from a pass's values by column name (`columns`), each fractional one
     formatted to its decimals."""
     return {c: f"{values[c]:.{CSV_DECIMALS[c]}f}" if c in CSV_DECIMALS else values[c]
-            for c in CSV_COLUMNS}
+            for c in columns}
 
 
 __all__ = [
     "CACHE_HIT_PCT", "COMPUTE_MS", "CPU_MS", "CSV_COLUMNS", "CSV_DECIMALS", "EVICTIONS",
     "EXPERTS_DROPPED", "EXPERTS_ROUTED", "HITS", "IO_MS", "MAJFLT", "MEASURES", "MGMT_MS",
-    "MISSES", "PER_TOKEN_COLUMNS", "PREFILL_COLUMNS", "READ_BYTES", "RSS_MIB",
+    "MISSES", "PER_TOKEN_COLUMNS", "PREFILL_COLUMNS", "READ_BYTES", "RSS_MIB", "SLICE",
     "SPEC_EXPERTS", "SPEC_READ_BYTES", "SPEC_USEFUL", "STALL_MS", "STEP", "STEPS", "TOKEN",
-    "TOKENS", "WALL_MS", "csv_row",
+    "TOKENS", "TURN_COLUMNS", "WALL_MS", "csv_row",
 ]

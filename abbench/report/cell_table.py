@@ -39,11 +39,13 @@ class CellRow:
     stability: str  # worst over best window throughput ("0.94")
     power: str  # mean power over the cell ("3.21 ± 0.12 W")
     energy: str  # energy per token ("0.0451 ± 0.002 J/tok")
+    foreign: str  # other processes' mean busy cores during the cell ("0.12")
 
 
 # Each column with the CellRow field it shows: report.md all but the page's gate; the page
 # without the pressure, and a gate wait wherever one is recorded; the terminal a compact
-# set (its configurations only where they differ: `cell_table`).
+# set (its configurations only where they differ, the foreign load only where some cell
+# has it — a run without /proc/stat, or older than it: `cell_table`).
 CELL_COLUMNS: tuple[tuple[Column, str], ...] = (
     (Column("#"), "number"), (Column("cell", PAGES), "name"),
     (Column("cell", TERMINAL), "marked"), (Column("config"), "config"),
@@ -56,7 +58,8 @@ CELL_COLUMNS: tuple[tuple[Column, str], ...] = (
     (Column("MiB/tok"), "mib"), (Column("hit %"), "hit"),
     (Column("stall ms/tok", PAGES), "stall"), (Column("majflt/tok"), "majflt"),
     (Column("CPU occ."), "cpu"), (Column("spec useful", PAGES), "spec"),
-    (Column("caps during"), "caps"), (Column("entry"), "entry"),
+    (Column("caps during"), "caps"), (Column("foreign cores", short="foreign"), "foreign"),
+    (Column("entry"), "entry"),
     (Column("pressure", MARKDOWN), "pressure"), (Column("gate", MARKDOWN), "gate_polled"),
     (Column("gate", HTML), "gate"))
 
@@ -65,12 +68,14 @@ def cell_table(a: CampaignAnalysis) -> Table:
     """Every cell's row, and the notes on what is missing ("no per-token times ...")."""
     apart = t.config_apart(a.cells)
     rows = tuple(cell_row(a, c.index, apart[c.index]) for c in a.cells)
-    cols = tuple(c for c, _ in CELL_COLUMNS)
+    shown = tuple((c, f) for c, f in CELL_COLUMNS
+                  if f != "foreign" or any(r.foreign != "-" for r in rows))
+    cols = tuple(c for c, _ in shown)
     if all(r.config == "-" for r in rows):  # one configuration: the terminal leaves it out
         cols = tuple(replace(c, media=PAGES) if c.head == "config" else c for c in cols)
     notes = tuple(f"cell {c.index + 1} ({c.name}): {n}" for c in a.cells
                   for n in (*c.notes, *((c.energy.note,) if c.energy.note else ())))
-    return Table(cols, tuple(tuple(getattr(r, f) for _, f in CELL_COLUMNS) for r in rows),
+    return Table(cols, tuple(tuple(getattr(r, f) for _, f in shown) for r in rows),
                  "cells (steady window; ± is the 95% bootstrap interval)", notes)
 
 
@@ -97,4 +102,5 @@ def cell_row(a: CampaignAnalysis, index: int, config: str) -> CellRow:
         entry=t.entry(rec.entry) if rec else "-", pressure=t.pressure(c), gate=gate,
         gate_polled=polled, prefill=t.num(c.prefill_tok_s, ".1f"),
         ttft=t.num(c.ttft_s, ".3f"), stability=t.num(c.stability, ".2f"),
-        power=t.measure(c.energy.power_w, "W"), energy=t.measure(c.energy.j_per_token, "J/tok"))
+        power=t.measure(c.energy.power_w, "W"), energy=t.measure(c.energy.j_per_token, "J/tok"),
+        foreign=t.num(c.during.foreign_cores, ".2f"))

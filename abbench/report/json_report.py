@@ -67,6 +67,7 @@ def _cell(c: CellStats, a: CampaignAnalysis) -> dict[str, Any]:
             "capped": list(d.capped), "caps_constant": d.caps_constant,
             "cpu_temp_c": plain(d.cpu_temp_c), "battery_temp_c": plain(d.battery_temp_c),
             "mem_available_floor_mib": plain(d.mem_available_floor_mib), "samples": d.samples,
+            "foreign_cores": plain(d.foreign_cores), "max_runnable_tasks": d.max_runnable_tasks,
         },
         "notes": list(c.notes), "wall_ms": plain(c.wall_ms),
     }
@@ -95,7 +96,9 @@ def _decision(d: Decision) -> dict[str, Any]:
     order = d.order
     cell_se = (math.sqrt(max(0.0, d.se ** 2 - d.token_se ** 2))
                if math.isfinite(d.se) and math.isfinite(d.token_se) else None)
-    return {
+    # interleaved campaigns only: the reports of other runs keep their keys
+    slices = {} if d.slices is None else {"slices": d.slices}
+    return slices | {
         "candidate": d.candidate, "baseline": d.baseline, "min_effect": d.min_effect,
         "expect": d.expect, "max_regression": d.max_regression, "metric": d.metric,
         "threshold": d.threshold,

@@ -246,6 +246,8 @@ def _details(a: CampaignAnalysis, d: Decision) -> tuple[str, ...]:
     out: list[str] = []
     if d.ratio is not None and d.verdict != UNVERIFIED and t.finite(d.ratio.low):
         out.append(t.times(d.candidate, d.baseline, d.ratio, d.metric))
+    if d.slices:
+        out.append(d.slices)
     if d.identical:
         out.append(f"{d.candidate} and {d.baseline} have the same configuration: an A/A "
                    "comparison (the truth is a ratio of 1)")

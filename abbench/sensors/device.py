@@ -30,6 +30,7 @@ from abbench.sensors.android import (
     read_android_thermal,
     status_values,
 )
+from abbench.sensors.cputime import REMOTE_USER_HZ, ForeignLoad, local_user_hz
 from abbench.sensors.readers import CPUFREQ_GLOB, THERMAL_GLOB, Zone, zone_values
 from abbench.sensors.transports import AdbTransport, LocalTransport, SshTransport, Transport
 from abbench.sensors.tree import Tree, natural_key
@@ -97,7 +98,8 @@ class Device:
 
     def __init__(self, transport: Transport, name: str, *, simulated: bool = False,
                  freeze: ZoneFreeze | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 processes: Tree | None = None) -> None:
         self.name = name
         self.transport = transport.spec
         self.kind = transport.kind
@@ -108,6 +110,13 @@ class Device:
         self._clock = clock
         self._lock = threading.Lock()
         self._absent: set[str] = set()   # this machine's fallbacks found empty once
+        # Where the cells' processes and /proc/stat are read: the sampled tree, unless they
+        # run elsewhere (a simulated device's cells run on this machine). The campaign's
+        # own process is on the device only when the transport is local.
+        self._processes = processes
+        local = transport.kind == "local"
+        self._cpu = ForeignLoad(local_user_hz() if local else REMOTE_USER_HZ,
+                                "self" if local else None)
 
     def __repr__(self) -> str:
         return f"Device({self.name!r}, {self.transport!r})"
@@ -141,6 +150,13 @@ class Device:
 
     def unthrottle(self) -> None:
         """Stop `throttle`; the process is left running."""
+
+    def watch(self, *pids: int) -> None:
+        """Count processes `pids` and their descendants as the cell's own, not foreign
+        load (`load.foreign_cores`), from the next reading on; `watch()` forgets them.
+        Call it as the cell's processes start (sensors/cputime.py says why)."""
+        with self._lock:
+            self._cpu.watch(pids)
 
     def close(self) -> None:
         """Release what the device holds (a simulated device's thread and tree)."""
@@ -193,6 +209,7 @@ class Device:
         take("load", readers.collect_loadavg(tree), "/proc/loadavg")
         if on_host and "load" not in r.sources:
             take("load", host.collect_os_loadavg(), "os.getloadavg")
+        take("cpu time", self._cpu.read(self._processes or tree, self._clock), "/proc/stat")
         if on_host:
             take("gpu", host.collect_nvml(), "NVML")
 
@@ -235,6 +252,7 @@ class Device:
         load = v.get(keys.LOAD_KEYS[0])
         rows.append(("load average", f"{load:.2f} ({r.sources['load']})" if load is not None
                      else "missing: no /proc/loadavg"))
+        rows.append(("CPU time", _describe_cpu_time(v, r.sources.get("cpu time"))))
         rows.append(("GPU (NVML)", _describe_nvml(v, self._transport.on_host)))
         status = v.get(keys.ANDROID_THERMAL_STATUS)
         hal = sum(1 for z in r.zones if z.id.startswith("hal:"))
@@ -314,6 +332,16 @@ def _describe_power(v: dict[str, Any], rapl_how: str | None) -> str:
         return ("missing: no power_supply power_now or current_now × voltage_now, no readable "
                 "powercap RAPL energy_uj (root-only since Linux 5.10)")
     return "; ".join(parts)
+
+
+def _describe_cpu_time(v: dict[str, Any], how: str | None) -> str:
+    if how is None:
+        return "missing: no readable /proc/stat (no foreign load, no run queue)"
+    runnable = v.get(keys.RUNNABLE_TASKS)
+    foreign = v.get(keys.FOREIGN_CORES)
+    return (f"{'?' if runnable is None else runnable} tasks runnable; foreign load "
+            + ("from the second reading on" if foreign is None
+               else f"{foreign:.2f} cores since the previous reading") + f" ({how})")
 
 
 def _describe_nvml(v: dict[str, Any], on_host: bool) -> str:

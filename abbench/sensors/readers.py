@@ -52,6 +52,7 @@ REMOTE_GLOBS = (
     f"{POWERCAP_GLOB}/max_energy_range_uj",
     "/proc/meminfo",
     "/proc/loadavg",
+    "/proc/stat",  # sensors/cputime.py: the run queue; the foreign load between cells
     *(f"/proc/pressure/{r}" for r in PSI_RESOURCES),
 )
 

@@ -1,7 +1,7 @@
 """The simulated device (docs/sensors.md#the-simulated-device-simprofile): a profile
-(`profile`), its thermal model (`thermal`), the device that samples and throttles a cell by
-it (`device`), and the fit of a profile to a recorded run (`fit`, with `trips`). Always says
-it is simulated."""
+(`profile`), its thermal model (`thermal`), its bursts of foreign load (`bursts`), the
+device that samples and throttles a cell by them (`device`), and the fit of a profile to a
+recorded run (`fit`, with `trips`). Always says it is simulated."""
 
 from __future__ import annotations
 

@@ -21,10 +21,16 @@ mean over clusters of cap / hardware max.
 
 Throttling without the engine knowing: `attach(pid)` marks the device loaded and starts a
 thread that duty-cycles the process with SIGSTOP/SIGCONT (as `cpulimit` does), letting it
-run the clock fraction of every period; `unthrottle()` stops that and always leaves the process
-continued. `probe_factor()` is the clock fraction (the share of each period the process
-runs). The campaign's speed probe runs in a child process attached the same way, so it
+run the clock fraction of every period (`run_fraction()`: less a burst's depth, below);
+`unthrottle()` stops that and always leaves the process continued. `probe_factor()` is the
+clock fraction. The campaign's speed probe runs in a child process attached the same way, so it
 reads the simulated caps and the host's own load together, as on a real device.
+
+Bursts (a profile's optional `[bursts]`, abbench/sim/bursts.py): foreign load that comes
+and goes in simulated time. During a burst the attached process, whichever it is, runs
+clock fraction × (1 − depth) of each period (`run_fraction()`); a visible burst adds
+depth × this machine's cores to `load.foreign_cores` for the share of each reading's
+interval it covers.
 """
 
 from __future__ import annotations
@@ -41,8 +47,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from abbench.errors import UsageError
+from abbench.records import keys
 from abbench.sensors.device import Device, _Reading
 from abbench.sensors.transports import LocalTransport
+from abbench.sensors.tree import LocalTree
+from abbench.sim.bursts import BurstSchedule
 from abbench.sim.profile import (
     DUTY_PERIOD_S,
     IDLE_CLOCK_SHARE,
@@ -124,6 +133,10 @@ class SimulatedDevice(Device):
         self._sim_lock = threading.RLock()
         self._sim_clock = clock
         self._last = clock()
+        self._sim_t = 0.0  # simulated seconds since the device opened, at `_last`
+        self.bursts = BurstSchedule(profile.bursts) if profile.bursts is not None else None
+        self._reading_sim_t = 0.0  # simulated time of the last reading (foreign load's span)
+        self._cores = os.cpu_count() or 1  # the machine the cells run on
         self._pid: int | None = None
         self._pidfd: int | None = None
         self._loads = True  # the attached process heats the device (a cell; not the probe)
@@ -131,8 +144,9 @@ class SimulatedDevice(Device):
         self._duty: threading.Thread | None = None
         self._write_static()
         self._write_dynamic()
+        # The cells run on this machine: their CPU time and the foreign load are its own.
         super().__init__(LocalTransport(self.root), name or f"sim-{profile.name}",
-                         simulated=True, clock=clock)
+                         simulated=True, clock=clock, processes=LocalTree("/"))
         self.transport = spec or f"sim:{profile.name}"
         self.kind = "sim"
         self._closed = threading.Event()
@@ -150,6 +164,7 @@ class SimulatedDevice(Device):
             now = self._sim_clock()
             dt = max(0.0, now - self._last) * self.profile.time_scale
             self._last = now
+            self._sim_t += dt
             load = 1.0 if self._pid is not None and self._loads else self.profile.idle_load
             self.model.advance(dt, load)
             self._write_dynamic()
@@ -181,10 +196,35 @@ class SimulatedDevice(Device):
         with self._sim_lock:
             return self.model.clock_fraction()
 
+    def sim_time_s(self) -> float:
+        """Simulated seconds since the device opened, now."""
+        with self._sim_lock:
+            now = self._sim_clock()
+            return self._sim_t + max(0.0, now - self._last) * self.profile.time_scale
+
+    def burst_depth(self) -> float:
+        """How much slower a burst makes whatever runs now (0: none, or no `[bursts]`)."""
+        with self._sim_lock:
+            return 0.0 if self.bursts is None else self.bursts.depth_at(self.sim_time_s())
+
+    def run_fraction(self) -> float:
+        """The share of each duty period the attached process runs: the clock fraction,
+        less a burst's depth while one lasts."""
+        with self._sim_lock:
+            return self.model.clock_fraction() * (1.0 - self.burst_depth())
+
     def _sample(self) -> _Reading:
         with self._sim_lock:  # no tree write can interleave with the readers' reads
             self.advance()
-            return super()._sample()
+            reading = super()._sample()
+            t0, self._reading_sim_t = self._reading_sim_t, self._sim_t
+            foreign = reading.values.get(keys.FOREIGN_CORES)
+            if foreign is not None and self.bursts is not None and self.bursts.spec.visible:
+                # the foreign load covers the time since the previous reading, as the burst
+                # share added to it does (unknown stays unknown: nothing added to no value)
+                burst = self.bursts.mean_depth(t0, self._sim_t) * self._cores
+                reading.values[keys.FOREIGN_CORES] = round(foreign + burst, 3)
+            return reading
 
     def _tick_loop(self) -> None:
         while not self._closed.wait(TICK_S):
@@ -281,7 +321,7 @@ class SimulatedDevice(Device):
     def _duty_loop(self, stop: threading.Event) -> None:
         try:
             while not stop.is_set():
-                run = min(1.0, max(0.0, self.probe_factor()))
+                run = min(1.0, max(0.0, self.run_fraction()))
                 if run >= 0.999:
                     stop.wait(DUTY_PERIOD_S)
                     continue

@@ -14,6 +14,7 @@ from typing import Any
 from abbench.errors import BadField, UsageError
 from abbench.records.schema import build, fail, show
 from abbench.records.toml import tomllib
+from abbench.sim.bursts import Bursts
 
 STEP_S = 0.25            # s (simulated): Euler integration step, well below every tau
 MIN_TAU_S = 1.0          # s (simulated): shortest time constant a profile may give
@@ -69,6 +70,8 @@ class Profile:
     base_power_w: float = 0.8
     load_power_w: float = 5.0
     battery_voltage_v: float = 3.85
+    # optional [bursts]: foreign load that comes and goes (abbench/sim/bursts.py)
+    bursts: Bursts | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
