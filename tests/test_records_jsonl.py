@@ -108,3 +108,21 @@ def test_read_record_of_a_file_that_does_not_parse(tmp_path: Path, data: bytes) 
     with pytest.raises(RecordError) as e:
         read_record(path, Point, "point")
     assert str(e.value).startswith(f"{path}: malformed point (")
+
+
+def test_jsonl_records_are_read_in_order_and_a_bad_one_names_its_line(tmp_path: Path) -> None:
+    from abbench.errors import BadField, RecordError
+    from abbench.records.jsonl import read_jsonl_records
+
+    def read(d: dict) -> int:  # type: ignore[type-arg]
+        if not isinstance(d.get("x"), int):
+            raise BadField("x", "is not an integer")
+        return d["x"]
+
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"x": 1}\n\n{"x": 2}\n')
+    assert read_jsonl_records(path, read, "thing") == [1, 2]
+    assert read_jsonl_records(tmp_path / "absent.jsonl", read, "thing") == []
+    path.write_text('{"x": 1}\n{"x": "two"}\n')
+    with pytest.raises(RecordError, match=r"r\.jsonl:2: malformed thing: .*x"):
+        read_jsonl_records(path, read, "thing")

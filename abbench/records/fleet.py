@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import BadField, RecordError
-from abbench.records.jsonl import append_jsonl, numbered_jsonl, read_record
+from abbench.records.jsonl import append_jsonl, read_jsonl_records, read_record
 from abbench.records.schema import from_dict
 
 FLEET_PLAN_FILE = "fleet.json"
@@ -102,14 +102,8 @@ def read_fleet_plan(fleet: Path) -> FleetPlan:
 
 
 def read_fleet_journal(fleet: Path) -> list[FleetEvent]:
-    path = fleet / FLEET_JOURNAL_FILE
-    out = []
-    for n, d in numbered_jsonl(path):
-        try:
-            out.append(FleetEvent.from_json(d))
-        except BadField as e:
-            raise RecordError(f"{path}:{n}: malformed fleet event: {e}") from None
-    return out
+    return read_jsonl_records(fleet / FLEET_JOURNAL_FILE, FleetEvent.from_json,
+                              "fleet event")
 
 
 def append_fleet_event(fleet: Path, event: FleetEvent) -> None:

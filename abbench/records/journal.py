@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import BadField, RecordError
-from abbench.records.jsonl import numbered_jsonl
+from abbench.records.jsonl import numbered_jsonl, read_jsonl_records
 from abbench.records.schema import build, from_dict, show, typed
 from abbench.records.summary import RunSummary
 
@@ -125,16 +125,12 @@ def check_label(label: str, key: str) -> None:
 
 
 def read_journal(run: Path) -> list[CellRecord]:
-    path = run / "journal.jsonl"
-    out = []
-    for n, d in numbered_jsonl(path):
-        try:
-            record = CellRecord.from_json(d)
-            check_label(record.label, "label")
-        except BadField as e:
-            raise RecordError(f"{path}:{n}: malformed cell record: {e}") from None
-        out.append(record)
-    return out
+    def read(d: dict[str, Any]) -> CellRecord:
+        record = CellRecord.from_json(d)
+        check_label(record.label, "label")
+        return record
+
+    return read_jsonl_records(run / "journal.jsonl", read, "cell record")
 
 
 def read_samples(run: Path) -> list[Sample]:

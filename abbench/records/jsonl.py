@@ -4,6 +4,7 @@ every error."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,18 @@ def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
         out.append((n, obj))
     return out
 
+
+
+def read_jsonl_records(path: Path, read: Callable[[dict[str, Any]], T], what: str) -> list[T]:
+    """Every line of a JSON-lines file as a record (`read` raises `BadField` for one that is
+    not), in order; a malformed line is a `RecordError` naming the file, line and `what`."""
+    out = []
+    for n, d in numbered_jsonl(path):
+        try:
+            out.append(read(d))
+        except BadField as e:
+            raise RecordError(f"{path}:{n}: malformed {what}: {e}") from None
+    return out
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Every complete line of a JSON-lines file; a torn last line (a crash mid-write) is

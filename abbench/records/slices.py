@@ -29,9 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from abbench.errors import BadField, RecordError
 from abbench.fsutil import atomic_write_text
-from abbench.records.jsonl import numbered_jsonl
+from abbench.records.jsonl import read_jsonl_records
 from abbench.records.schema import from_dict, show
 
 TURN_PREFIX = "abbench-turn"
@@ -112,14 +111,7 @@ def write_slices(cell_dir: Path, slices: list[SliceRecord]) -> None:
 def read_slices(cell_dir: Path) -> list[SliceRecord]:
     """A cell's slices ([] for a cell that did not take turns); a RecordError names the
     file and line of a malformed one."""
-    path = cell_dir / SLICES_JSONL
-    out = []
-    for n, d in numbered_jsonl(path):
-        try:
-            out.append(SliceRecord.from_json(d))
-        except BadField as e:
-            raise RecordError(f"{path}:{n}: malformed slice: {e}") from None
-    return out
+    return read_jsonl_records(cell_dir / SLICES_JSONL, SliceRecord.from_json, "slice")
 
 
 __all__ = ["DONE", "EVENTS", "GO", "PAUSED", "READY", "SLICES_JSONL", "STOP", "TURN_PREFIX",
