@@ -149,6 +149,7 @@ class ForeignRunError(AbbenchError):
         super().__init__(f"{where}: {message}", tip=tip)
         self.source = str(source)
         self.line = line
+        self.problem = message  # what is wrong there, without the file and line
 
 
 class TraceError(AbbenchError):

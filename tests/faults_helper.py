@@ -124,7 +124,8 @@ def comparable_report(run: Path, scratch: Path) -> dict[str, Any]:
     Equal by construction in both: cells, order, statuses, tok/s and intervals (the CSVs
     are deterministic, the bootstrap seeded by label), fingerprints, entry caps,
     temperatures and memory (a static sensor tree), pairs, drift, tells and decisions.
-    Timing-derived, so left out: wall and monotonic times, the sample count per cell, the
+    Timing-derived, so left out: wall and monotonic times (the readings around a cell's
+    too), the sample count per cell, the
     gap between cells (a resume adds the restart), the run folder's path, when the
     noise-floor snapshot was taken and the history file it names, and the speed
     probe — a timed loop on a shared machine, which `[match] probe_tol` would turn into
@@ -158,6 +159,8 @@ def comparable_report(run: Path, scratch: Path) -> dict[str, Any]:
             c.pop(key)
         c["entry"].pop("t_wall")
         c["during"].pop("samples")
+        for reading in c["around"]:  # the entry reading's time, as the entry's
+            reading.pop("t_wall")
     for p in doc["pairs"]:
         p["criteria"] = [x for x in p["criteria"] if x["name"] != "gap"]
     for d in doc["decisions"]:

@@ -101,8 +101,9 @@ def test_stable_sentinel(tmp_path: Path) -> None:
 def test_contamination_tells(tmp_path: Path) -> None:
     run = make_run(tmp_path, [
         cell("B", 40, cpu_temp=40.0, dropped=16),
-        cell("C", 30, cpu_temp=42.0, compute_ms=14.0, read_bytes=3 * 2**20, majflt=5,
-             cpu_ms=10.0),
+        # B's configuration again (the tells hold a cell against the same kernels)
+        cell("C", 30, config="B", cpu_temp=42.0, compute_ms=14.0, read_bytes=3 * 2**20,
+             majflt=5, cpu_ms=10.0),
         cell("D", 30, cpu_temp=44.0),
     ])
     tells = analyze(run).tells

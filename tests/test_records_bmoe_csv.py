@@ -14,6 +14,7 @@ import pytest
 from abbench.errors import ForeignRunError
 from abbench.records.bmoe_csv import (
     WRITTEN_VERSION,
+    DroppedColumn,
     format_bmoe_csv,
     looks_like_bmoe_csv,
     parse_bmoe_csv,
@@ -94,8 +95,12 @@ def test_an_empty_field_is_a_gap() -> None:
 
 @pytest.mark.parametrize(("text", "line", "problem"), [
     ("step,wall_ms\n1,2\n3\n", 3, "1 fields, the header has 2"),
-    ("step,wall_ms\n1,fast\n", 2, "`wall_ms`: 'fast' is not a number"),
-    ("step,wall_ms\n1,nan\n", 2, "`wall_ms`: 'nan' is not a finite number"),
+    ("step,wall_ms\n1,fast\n", 2, "column `wall_ms`: 'fast' is not a number (the per-token "
+     "columns are numbers, an empty field a gap)"),
+    ("step,wall_ms,overlap\n1,2,off\n", 2, "column `overlap`: 'off' is not a number (the "
+     "per-token columns are numbers, an empty field a gap; a switch as 1 or 0)"),
+    ("step,wall_ms\n1,nan\n", 2, "column `wall_ms`: 'nan' is not a finite number (the "
+     "per-token columns are numbers, an empty field a gap)"),
     ("step,wall_ms,step\n", 1, "header: column `step` appears twice"),
     ("# c\n1,2\n", 2, "header: '1' is not a column name (a bmoe_metrics CSV starts with a "
      "header row)"),
@@ -116,6 +121,29 @@ def test_an_empty_file_is_an_error_without_a_line() -> None:
     with pytest.raises(ForeignRunError) as e:
         parse_bmoe_csv("\n# just a comment\n", "a.csv")
     assert e.value.line is None and "no header row" in str(e.value)
+
+
+def test_an_import_leaves_a_bad_column_out_and_reads_the_rest() -> None:
+    """`drop_bad_columns` (an archive being imported): the column with a value that is not a
+    number goes, with its first bad line; the other columns and rows are read."""
+    run = parse_bmoe_csv("step,wall_ms,overlap,hit\n1,10,on,5\n2,12,off,\n3,11,0,7\n",
+                         "a.csv", drop_bad_columns=True)
+    assert run.columns == {"step": [1.0, 2.0, 3.0], "wall_ms": [10.0, 12.0, 11.0],
+                           "hit": [5.0, None, 7.0]}
+    assert run.dropped == (DroppedColumn(
+        "overlap", 2, "column `overlap`: 'on' is not a number (the per-token columns are "
+        "numbers, an empty field a gap; a switch as 1 or 0): the column is left out, the "
+        "rest of the file is read"),)
+    assert parse_bmoe_csv("wall_ms\n1\n").dropped == ()
+
+
+def test_an_import_still_refuses_a_bad_wall_time() -> None:
+    """`wall_ms` is what the run's tokens/s rests on: the file, not the column, goes."""
+    with pytest.raises(ForeignRunError) as e:
+        parse_bmoe_csv("step,wall_ms\n1,2\n2,n/a\n", "a.csv", drop_bad_columns=True)
+    assert str(e.value) == ("a.csv:3: column `wall_ms`: 'n/a' is not a number (the per-token "
+                            "columns are numbers, an empty field a gap; the run's tokens/s "
+                            "rests on `wall_ms`: the file is not imported)")
 
 
 def test_a_summary_alone_is_a_run() -> None:
@@ -149,7 +177,7 @@ def test_read_bmoe_csv_names_the_path(tmp_path: Path) -> None:
     path.write_text(HEADERLESS + "3,256,x,1,1,1,1,1\n", encoding="utf-8")
     with pytest.raises(ForeignRunError) as e:
         read_bmoe_csv(path)
-    assert str(e.value).startswith(f"{path}:4: `wall_ms`:")
+    assert str(e.value).startswith(f"{path}:4: column `wall_ms`:")
     path.write_text(V1, encoding="utf-8")
     assert read_bmoe_csv(path).source == str(path)
 

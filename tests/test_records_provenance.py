@@ -10,11 +10,13 @@ import pytest
 
 from abbench.errors import RecordError
 from abbench.records.provenance import (
+    FROM_FILE_NAME,
     IMPORT_FILE,
     IMPORT_FORMAT,
     Fact,
     ImportedCell,
     ImportInfo,
+    NotImported,
     read_import_info,
 )
 
@@ -83,3 +85,42 @@ def test_an_import_json_that_is_not_json_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(RecordError) as e:
         read_import_info(tmp_path)
     assert str(e.value).startswith(f"{path}: malformed import provenance (")
+
+
+def test_what_was_not_imported_reads_back_and_an_older_file_has_none(tmp_path: Path) -> None:
+    info = ImportInfo(source="/a", order=Fact("unknown"), not_imported=(
+        NotImported("warmup/", "a folder: subfolders are not read; import it on its own"),
+        NotImported("qwen_a.csv", "column `overlap`: 'on' is not a number", 5)))
+    doc = info.to_json()
+    assert doc["not_imported"][1] == {"path": "qwen_a.csv",
+                                      "reason": "column `overlap`: 'on' is not a number",
+                                      "line": 5}
+    assert info.not_imported[1].shown() == "qwen_a.csv:5: column `overlap`: 'on' is not a number"
+    _write(tmp_path, json.dumps(doc))
+    assert read_import_info(tmp_path) == info
+    _write(tmp_path, json.dumps({"source": "/a", "order": {"kind": "unknown"},
+                                 "notes": ["x.csv: bad: x.csv left out"]}))
+    old = read_import_info(tmp_path)
+    assert old is not None and old.not_imported == () and old.notes == (
+        "x.csv: bad: x.csv left out",)
+
+
+def test_a_not_imported_entry_names_what_and_why(tmp_path: Path) -> None:
+    path = _write(tmp_path, json.dumps({"source": "/a", "order": {"kind": "unknown"},
+                                        "not_imported": [{"path": "a.csv", "reason": ""}]}))
+    with pytest.raises(RecordError) as e:
+        read_import_info(tmp_path)
+    assert str(e.value).startswith(f"{path}: malformed import provenance: `reason`: must not "
+                                   "be empty")
+
+
+def test_a_model_from_the_file_name_is_said_from_the_facts() -> None:
+    """Read from the facts, so an import.json older than the question answers it too."""
+    cell = ImportedCell("01-gemma_sg", facts={
+        "config.model": Fact("derived", f"{FROM_FILE_NAME}'s first word"),
+        "config.top_k": Fact("derived", "the model's default"),
+        "config.threads": Fact("measured", "gemma_sg.csv preamble")})
+    assert cell.from_file_name == ("model",)
+    assert cell.to_json()["from_file_name"] == ["model"]
+    info = ImportInfo(source="/a", order=Fact("unknown"), cells=(cell,))
+    assert ImportInfo.from_json(info.to_json()) == info  # the list is said, not read back

@@ -112,7 +112,7 @@ def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
     adjacent = tuple(matches[(a.index, b.index)] for a, b in zip(cells, cells[1:], strict=False))
     floor = read_noise_floor(run)
     groups = repeat_groups(cells, matches)
-    drift = tuple(sentinel_drift(cells, by_index, plan.match))
+    drift = tuple(sentinel_drift(cells, by_index, plan.match, plan.order_known))
     looks, decisions, noise, pending = _read_decisions(plan, cells, matches, floor)
     decisions = tuple(reconcile(d, drift, matches, cells, noise) for d in decisions)
     by_cell = {c.index: c for c in cells}

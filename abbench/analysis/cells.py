@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from abbench.analysis.energy import NO_ENERGY, CellEnergy, cell_energy
+from abbench.analysis.readings import CapsState, Reading, around, is_during, metrics_after
 from abbench.analysis.slices import SliceStat, slice_stats
 from abbench.analysis.stats import (
     Interval,
@@ -39,14 +40,13 @@ from abbench.records import (
 )
 from abbench.records.slices import read_slices
 
-CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
-
 
 @dataclass(frozen=True)
 class DeviceDuring:
-    """What the samples (and the entry state) show while one cell ran."""
+    """What the samples (and the entry state) show while one cell ran, and what was read
+    before and after it (`analysis.readings`)."""
 
-    caps_states: tuple[CapsState, ...]  # distinct cap sets, in order of appearance
+    caps_states: tuple[CapsState, ...]  # distinct cap sets at entry and during, in order
     hw_max_khz: dict[str, int]
     capped: tuple[str, ...]  # policies below their hardware max at any point
     cpu_temp_c: tuple[float, float] | None  # (min, max)
@@ -61,6 +61,8 @@ class DeviceDuring:
     # cores; None: not measured) and the longest run queue seen (`load.runnable_tasks`).
     foreign_cores: float | None = None
     max_runnable_tasks: int | None = None
+    during_caps: tuple[CapsState, ...] = ()  # distinct cap sets read during the cell only
+    around: tuple[Reading, ...] = ()  # its readings before (entry first), after, at exit
 
     @property
     def caps_measured(self) -> bool:
@@ -152,23 +154,27 @@ def _float(v: float | None) -> float | None:
 
 
 def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
-    """Caps, temperatures, memory and other processes' load over the cell: its entry state
-    plus every sample the sampler tagged with the cell's index (keys
-    `cpu.<policy>.cap_khz`/`hw_max_khz`, `temp.cpu_c`, `battery.temp_c`,
-    `mem.available_mib`, `load.foreign_cores`, `load.runnable_tasks`)."""
-    e = record.entry
+    """Caps, temperatures, memory and other processes' load over the cell: its readings
+    before it (the entry state first) plus every reading during it (`readings.is_during`:
+    keys `cpu.<policy>.cap_khz`/`hw_max_khz`, `temp.cpu_c`, `battery.temp_c`,
+    `mem.available_mib`, `load.foreign_cores`, `load.runnable_tasks`); the readings after
+    it and at its exit are kept apart (`around`), never folded into "during"."""
+    outside = around(record, samples)
+    before = [r for r in outside if r.position == keys.BEFORE]
     states: list[CapsState] = []
-    hw: dict[str, int] = dict(e.hw_max_khz)
-    if e.caps_khz:
-        states.append(tuple(sorted(e.caps_khz.items())))
-    cpu: list[float] = [e.cpu_temp_c] if e.cpu_temp_c is not None else []
-    bat: list[float] = [e.battery_temp_c] if e.battery_temp_c is not None else []
-    mem: list[float] = [e.mem_available_mib] if e.mem_available_mib is not None else []
+    hw: dict[str, int] = {p: v for r in outside for p, v in r.hw_max_khz.items()}
+    for r in before:
+        if r.caps_khz and (st := tuple(sorted(r.caps_khz.items()))) not in states:
+            states.append(st)
+    cpu = [r.cpu_temp_c for r in before if r.cpu_temp_c is not None]
+    bat = [r.battery_temp_c for r in before if r.battery_temp_c is not None]
+    mem = [r.mem_available_mib for r in before if r.mem_available_mib is not None]
     foreign: list[float] = []
     runnable: list[int] = []
+    during: list[CapsState] = []
     n = 0
     for s in samples:
-        if s.cell != record.index:
+        if not is_during(s, record):
             continue
         n += 1
         v = s.values
@@ -186,6 +192,8 @@ def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
             st = tuple(sorted(caps.items()))
             if st not in states:
                 states.append(st)
+            if st not in during:
+                during.append(st)
         for key, acc in ((keys.CPU_TEMP_C, cpu), (keys.BATTERY_TEMP_C, bat),
                          (keys.MEM_AVAILABLE_MIB, mem)):
             x = v.get(key)
@@ -200,6 +208,7 @@ def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
         gaps=sensor_gaps(record, samples),
         foreign_cores=float(np.mean(foreign)) if foreign else None,
         max_runnable_tasks=max(runnable) if runnable else None,
+        during_caps=tuple(during), around=outside,
     )
 
 
@@ -226,9 +235,11 @@ def sensor_gaps(record: CellRecord, samples: list[Sample]) -> dict[str, int]:
     recorded: set[str] = set()
     mine: list[set[str]] = []
     for s in samples:
+        if s.position not in (None, keys.DURING):  # an import's reading around a cell
+            continue
         present = _matched_keys(s.values)
         recorded |= present
-        if s.cell == record.index:
+        if is_during(s, record):
             mine.append(present)
     e = record.entry
     had = {keys.cap_khz(p) for p in e.caps_khz}
@@ -281,7 +292,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         log_rate=log_rate(steady) if len(steady) >= 2 else None,
         token_variance=log_rate_token_variance(steady),
         stability=stability_ratio(steady, 1 if repetitions else STABILITY_WINDOW_TOKENS),
-        energy=cell_energy([s for s in samples if s.cell == record.index], steady,
+        energy=cell_energy([s for s in samples if is_during(s, record)], steady,
                            seed_for("energy", record.label)),
         slices=slice_stats(read_slices(run / "cells" / record.label), wall,
                            cols.get(tokens.SLICE, []), samples),
@@ -383,10 +394,13 @@ def _hit_pct(hits: float | None, misses: float | None, cols: dict[str, list[floa
 
 def _with_metrics(during: DeviceDuring, metrics: dict[str, float]) -> DeviceDuring:
     """What an imported run's `.metrics` recorded over the run — the free-RAM floor, the
-    CPU and battery temperatures before and at their maximum — joined to what the entry
-    state and samples show."""
+    CPU and battery temperatures before and at their maximum (a reading during it without a
+    time) — joined to what the entry state and samples show; its `*_after_*` keys are a
+    reading after it."""
     floor = metrics.get("mem_avail_floor_kb")
     changes: dict[str, Any] = {}
+    if (after := metrics_after(metrics)) is not None:
+        changes["around"] = (*during.around, after)
     if floor is not None:
         seen = during.mem_available_floor_mib
         changes["mem_available_floor_mib"] = min(floor / 1024, seen) if seen is not None \

@@ -18,7 +18,9 @@ With no estimate of the noise there is no GO or NO-GO.
 
 Otherwise INCONCLUSIVE (it straddles, or the noise is unknown); OWED when no matched pair
 exists; UNVERIFIED when only unverified pairs exist (`unverified_verdict` says what they
-would give).
+would give), or when the arms differ in more than the decision asks about (an import's
+`DecisionSpec.confounds`: the ratio measures those changes too, so a GO or NO-GO is
+UNVERIFIED; `confounded`).
 
 `metric = "energy_per_token"` asks the same of energy: the cells, pairs and noise it is
 decided on are its metric's (`analysis/metrics.py`).
@@ -28,9 +30,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from abbench.analysis.cells import CellStats
+from abbench.analysis.confound import describe
 from abbench.analysis.matching import PairMatch
 from abbench.analysis.metrics import metric
 from abbench.analysis.noise import cell_log_rate
@@ -102,10 +105,19 @@ class Decision:
     metric: str = "tok_per_s"  # or "energy_per_token" (the ratio: tokens per joule)
     # interleaved campaigns: the run pairs and slice pairs the verdict rests on, in words
     slices: str | None = None
+    # imports: what else sets the arms apart than what the decision asks about, in words
+    # (`DecisionSpec.confounds`); a GO or NO-GO on it is UNVERIFIED
+    confound: str | None = None
 
     @property
     def decided(self) -> bool:
         return self.verdict in (GO, NO_GO)
+
+    @property
+    def matched(self) -> bool:
+        """Every pair behind the verdict is matched: its ratio was measured at one device
+        state, even where a confound leaves the verdict UNVERIFIED."""
+        return bool(self.pairs) and all(p.match.state == "matched" for p in self.pairs)
 
     @property
     def threshold(self) -> float:
@@ -325,7 +337,29 @@ def decide(spec: DecisionSpec, cells: list[CellStats],
            matches: dict[tuple[int, int], PairMatch], noise: Noise,
            alpha: float = ALPHA) -> Decision:
     """One decision from the campaign file (`candidate`, `baseline`, `min_effect`,
-    `expect`, `max_regression`) at a two-sided `alpha`, with `noise` as the cell level."""
+    `expect`, `max_regression`) at a two-sided `alpha`, with `noise` as the cell level;
+    at most UNVERIFIED where its arms differ in more than it asks about (`confounded`)."""
+    return confounded(spec, _decide(spec, cells, matches, noise, alpha), cells)
+
+
+def confounded(spec: DecisionSpec, d: Decision, cells: Sequence[CellStats]) -> Decision:
+    """`d` where the arms also differ in `spec.confounds`: the ratio measures those
+    changes with the one asked about, so a GO or NO-GO is UNVERIFIED (what it would be is
+    kept), and every verdict says what else differs and what would settle it."""
+    if not spec.confounds:
+        return d
+    confound, settle = describe(spec, cells, d.ratio is not None)
+    if d.verdict in (GO, NO_GO):
+        return replace(d, verdict=UNVERIFIED, unverified_verdict=d.verdict,
+                       reason=f"{d.reason} — but {confound}", settle=settle,
+                       confound=confound)
+    return replace(d, reason=f"{d.reason} — and {confound}", confound=confound,
+                   settle=f"{settle}; {d.settle}" if d.settle else settle)
+
+
+def _decide(spec: DecisionSpec, cells: list[CellStats],
+            matches: dict[tuple[int, int], PairMatch], noise: Noise,
+            alpha: float = ALPHA) -> Decision:
     cand, base, min_effect = spec.candidate, spec.baseline, spec.min_effect
     expect, max_regression = spec.expect, spec.max_regression
     kinds = {"expect": expect, "max_regression": max_regression, "noise": noise,

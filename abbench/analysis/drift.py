@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from abbench.analysis.cells import CellStats
 from abbench.analysis.matching import tolerances
+from abbench.analysis.readings import cap_readings, place
 from abbench.analysis.stats import Interval, ratio_interval, seed_for
-from abbench.records import CellRecord, MatchSpec
+from abbench.records import CellRecord, MatchSpec, keys
 
 COMPUTE_RISE = 1.10  # compute/token up by more than 10% ...
 OCCUPANCY_FALL = 0.85  # CPU occupancy below 85% of the comparable cell's
@@ -26,6 +27,16 @@ OCCUPANCY_FALL = 0.85  # CPU occupancy below 85% of the comparable cell's
 # order of magnitude and more), where a 10x threshold missed it.
 MAJFLT_FACTOR = 5.0
 MAJFLT_FLOOR = 1.0  # ... and at least one major fault per token, so 0.01 vs 0.001 is quiet
+# The configuration key that moves major faults by orders of magnitude on its own (dense
+# weights in the page cache vs anonymous memory: hundreds per token vs single digits), so a
+# run without repeats is held only against its model's runs that agree on it.
+FAULT_KEYS = ("dense_weights",)
+# Keys of a configuration that name a session, not what ran. (An import's partial
+# configuration carries its run's name as `run`, which keeps it from equalling any other.)
+NOT_WORK = frozenset({"session"})
+# The knobs that take work away and leave the kernels as they were — the authors' tell is
+# "compute per token rises as top-k falls" — and the direction in which each does more work.
+LESS_WORK = {"n_expert_used": 1, "drop_cold_frac": -1}
 
 
 @dataclass(frozen=True)
@@ -42,38 +53,66 @@ class Drift:
 @dataclass(frozen=True)
 class Tell:
     cell: int | None  # None: the campaign as a whole
-    kind: str  # compute_up_work_down | majflt | occupancy_fall | entry_degrading | drops
+    # compute_up_work_down | majflt | occupancy_fall | entry_degrading | drops | capped_after
+    kind: str
     detail: str
 
 
 def _capped_from(cells: list[CellStats], upto: int) -> list[str]:
-    """For each policy capped by cell `upto`: "policyN capped from cell k (X → Y GHz)"; for
-    a cap recorded without its hardware maximum, the cell it was first seen at and that
-    the maximum is unknown (never "at max")."""
-    out: list[str] = []
-    first: dict[str, int] = {}
-    lowest: dict[str, int] = {}
-    hw: dict[str, int] = {}
-    blind: dict[str, tuple[int, int]] = {}  # policy -> (first cell, lowest cap)
-    for c in cells:
-        if c.index > upto:
-            break
-        hw.update(c.during.hw_max_khz)
-        for st in c.during.caps_states:
+    """For each policy capped by cell `upto`: "policyN capped from cell k (X → Y GHz)", k the
+    cell whose entry, span, end or exit holds the first capped reading and Y the lowest cap
+    read there; the lowest of all with the cell it was read at, when that is another
+    (`readings.cap_readings`). A cap recorded without its hardware maximum: where it was
+    first seen, and that the maximum is unknown (never "at max")."""
+    ran = [c for c in cells if c.index <= upto]
+    hw = {p: v for c in ran for p, v in c.during.hw_max_khz.items()}
+    first: dict[str, tuple[str, int]] = {}  # policy -> (where, its lowest cap there)
+    lowest: dict[str, tuple[str, int]] = {}
+    for c in ran:
+        for where, st in cap_readings(c.index, c.during.around, c.during.during_caps):
             for p, cap in st:
-                if p in hw and cap < hw[p]:
-                    first.setdefault(p, c.index)
-                    lowest[p] = min(lowest.get(p, cap), cap)
-                elif p not in hw:
-                    at, low = blind.get(p, (c.index, cap))
-                    blind[p] = (at, min(low, cap))
-    for p in sorted(first):
-        out.append(f"{p} capped from cell {first[p] + 1} "
-                   f"({hw[p] / 1e6:.2f} → {lowest[p] / 1e6:.2f} GHz)")
-    for p, (at, low) in sorted(blind.items()):
-        if p not in hw:
-            out.append(f"{p} cap {low / 1e6:.2f} GHz first seen at cell {at + 1}, hardware "
-                       "max unknown (capped or not cannot be told)")
+                if p in hw and cap >= hw[p]:
+                    continue
+                at, low = first.setdefault(p, (where, cap))
+                if at == where and cap < low:
+                    first[p] = (where, cap)
+                if cap < lowest.get(p, (where, cap + 1))[1]:
+                    lowest[p] = (where, cap)
+    out: list[str] = []
+    for p in sorted(first, key=lambda p: (p not in hw, p)):
+        (at, cap), (low_at, low) = first[p], lowest[p]
+        more = f", lowest {low / 1e6:.2f} GHz at {low_at}" if low_at != at else ""
+        if p in hw:
+            out.append(f"{p} capped from {at} ({hw[p] / 1e6:.2f} → {cap / 1e6:.2f} GHz){more}")
+        else:
+            out.append(f"{p} cap {cap / 1e6:.2f} GHz first seen at {at}{more}, hardware max "
+                       "unknown (capped or not cannot be told)")
+    return out
+
+
+def capped_after(cells: list[CellStats]) -> list[Tell]:
+    """A cap read after a cell or at its exit below the hardware maximum (the maximum
+    unknown: below the cap the cell entered with): the device was throttling by the end of
+    that cell, whatever its entry said. It needs no order and no other cell."""
+    out: list[Tell] = []
+    for c in cells:
+        entry = next((r.caps_khz for r in c.during.around if r.position == keys.BEFORE), {})
+        seen: dict[str, str] = {}
+        for r in (r for r in c.during.around if r.position in (keys.AFTER, keys.EXIT)):
+            for p, cap in sorted(r.caps_khz.items()):
+                top = r.hw_max_khz.get(p, c.during.hw_max_khz.get(p))
+                limit = top if top is not None else entry.get(p)
+                if p in seen or limit is None or cap >= limit or not c.ok:
+                    continue
+                against = (f"hardware max {top / 1e6:.2f} GHz" if top is not None
+                           else "hardware max unknown")
+                if p in entry:
+                    against += f", {entry[p] / 1e6:.2f} GHz at entry"
+                seen[p] = f"{p} {cap / 1e6:.2f} GHz at {place(c.index, r.position)} ({against})"
+        if seen:
+            out.append(Tell(c.index, "capped_after", "; ".join(seen.values()) + ": throttled "
+                            "by the end of the cell — its speed may be the device's, not its "
+                            "configuration's"))
     return out
 
 
@@ -103,9 +142,20 @@ def attribute(cells: list[CellStats], rec: dict[int, CellRecord], twin: int, sen
     return out
 
 
+def _twin_ratio(s: CellStats, t: CellStats) -> Interval:
+    """The sentinel's speed over its twin's, with its interval where both have per-token
+    times (NaN bounds where not)."""
+    if s.steady_tokens >= 2 and t.steady_tokens >= 2:
+        return ratio_interval(s.window(), t.window(), seed_for("ratio", s.label, t.label))
+    return Interval(s.tokens_per_s.estimate / t.tokens_per_s.estimate,  # type: ignore[union-attr]
+                    math.nan, math.nan)
+
+
 def sentinel_drift(cells: list[CellStats], rec: dict[int, CellRecord],
-                   match: MatchSpec) -> list[Drift]:
-    """Every sentinel against its twin: fingerprints, speed ratio, and the verdict."""
+                   match: MatchSpec, order_known: bool = True) -> list[Drift]:
+    """Every sentinel against its twin: fingerprints, speed ratio, and the verdict. With
+    the order unknown (an import that recorded none) no drift is read: which of the two ran
+    first is what a drift says, and nothing says it."""
     by = {c.index: c for c in cells}
     tol = match.probe_tol
     out: list[Drift] = []
@@ -122,11 +172,7 @@ def sentinel_drift(cells: list[CellStats], rec: dict[int, CellRecord],
             fp = "not recorded"
         else:
             fp = "equal" if s.fingerprint == t.fingerprint else "different"
-        if s.steady_tokens >= 2 and t.steady_tokens >= 2:
-            ratio = ratio_interval(s.window(), t.window(), seed_for("ratio", s.label, t.label))
-        else:
-            ratio = Interval(s.tokens_per_s.estimate / t.tokens_per_s.estimate,  # type: ignore[union-attr]
-                             math.nan, math.nan)
+        ratio = _twin_ratio(s, t)
         delta = f"{ratio.estimate - 1:+.1%}"
         if math.isfinite(ratio.low):
             delta += f" (95% CI {ratio.low - 1:+.1%} .. {ratio.high - 1:+.1%})"
@@ -137,6 +183,11 @@ def sentinel_drift(cells: list[CellStats], rec: dict[int, CellRecord],
             summary = (f"{s.name}: fingerprints differ between cells {t.index + 1} and "
                        f"{s.index + 1} — the workload is not deterministic in that "
                        f"configuration, so its speed ({delta}) says nothing about the device")
+        elif not order_known:
+            verdict = "unreadable"
+            summary = (f"{s.name}: cells {t.index + 1} and {s.index + 1} differ by {delta}, "
+                       "but the order they ran in is unknown: which ran first, and so "
+                       "whether the device drifted, cannot be told")
         elif beyond:
             verdict = "drift"
             work = "with identical work" if fp == "equal" else "(fingerprints not recorded)"
@@ -173,51 +224,121 @@ def model_of(c: CellStats) -> str | None:
     return str(model) if model is not None else None
 
 
-def _comparables(c: CellStats, cells: list[CellStats],
-                 order_known: bool = True) -> list[CellStats]:
-    """The cells `c` is held against: the one before it (when the order is known), and
-    earlier runs of its configuration — only cells of the same model: a tell across models
-    would read a treatment effect as a slower CPU."""
-    prev = [x for x in cells if order_known and x.index == c.index - 1 and x.ok]
-    same = [x for x in cells if x.index < c.index and x.name == c.name and x.ok]
-    return [x for x in prev + [x for x in same if x not in prev] if model_of(x) == model_of(c)]
+def config_of(c: CellStats) -> dict[str, object]:
+    """A cell's configuration as the tells compare it: its keys without the session (a
+    folder of several sessions carries it; the same configuration in another session is
+    still comparable work)."""
+    if not c.config_key:
+        return {}
+    try:
+        cfg = json.loads(c.config_key)
+    except ValueError:
+        return {}
+    return {k: v for k, v in cfg.items() if k not in NOT_WORK} if isinstance(cfg, dict) else {}
+
+
+def _reference(c: CellStats, cells: list[CellStats]) -> tuple[list[CellStats], str]:
+    """The runs `c` is held against, and how they are named: the other runs of its model and
+    configuration; a configuration with no other run, the model's runs that agree with it
+    on the keys known to move major faults by orders of magnitude (`FAULT_KEYS`). A set,
+    never a neighbour: which runs a tell flags does not depend on the order they ran in."""
+    mine = config_of(c)
+    model = [x for x in cells if x.ok and x.index != c.index and model_of(x) == model_of(c)]
+    same = [x for x in model if config_of(x) == mine]
+    if same:
+        return same, "its configuration's other runs"
+    like = [x for x in model if all(config_of(x).get(k) == mine.get(k) for k in FAULT_KEYS)]
+    return like, "its model's other runs"
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _names(cells: list[CellStats]) -> str:
+    shown = ", ".join(f"{x.index + 1}" for x in cells[:6])
+    more = f" and {len(cells) - 6} more" if len(cells) > 6 else ""
+    return f"cell{'s' if len(cells) > 1 else ''} {shown}{more}"
+
+
+def _more_of_the_same(x: CellStats, c: CellStats) -> bool:
+    """Whether `x` ran the same kernels as `c` with at least as much work: its model and
+    configuration, but for the knobs that only take work away (`LESS_WORK`), where `x` takes
+    away no more than `c`. Anything else that differs (a predictor's GEMV, overlap, a
+    partial configuration's unknowns) can move compute on its own."""
+    mine, theirs = config_of(c), config_of(x)
+    if model_of(x) != model_of(c) or {k: v for k, v in theirs.items() if k not in LESS_WORK} \
+            != {k: v for k, v in mine.items() if k not in LESS_WORK}:
+        return False
+    for key, sign in LESS_WORK.items():
+        a, b = _number(theirs.get(key)), _number(mine.get(key))
+        if (a is None) != (b is None) or (a is not None and sign * (a - b) < 0):  # type: ignore[operator]
+            return False
+    return True
+
+
+def _number(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _cell_tells(c: CellStats, cells: list[CellStats]) -> list[Tell]:
+    """The authors' two tells and the occupancy fall for one cell, each against the median
+    of its reference runs (one contaminated reference run does not move a median of three)."""
+    out: list[Tell] = []
+    ref, what = _reference(c, cells)
+    faults = [x for x in ref if x.majflt_per_token is not None]
+    if c.majflt_per_token is not None and faults:
+        m = _median([x.majflt_per_token for x in faults])  # type: ignore[misc]
+        if c.majflt_per_token >= MAJFLT_FLOOR and c.majflt_per_token > MAJFLT_FACTOR * m:
+            out.append(Tell(c.index, "majflt",
+                            f"{c.majflt_per_token:.1f} major faults/token vs {m:.2f} "
+                            f"(the median of {what}: {_names(faults)}): memory pressure"))
+    busy = [x for x in ref if x.cpu_occupancy]
+    if c.cpu_occupancy is not None and busy:
+        m = _median([x.cpu_occupancy for x in busy])  # type: ignore[misc]
+        if c.cpu_occupancy < OCCUPANCY_FALL * m:
+            out.append(Tell(c.index, "occupancy_fall",
+                            f"CPU occupancy {c.cpu_occupancy:.0%} vs {m:.0%} (the median of "
+                            f"{what}: {_names(busy)}): threads waiting or descheduled"))
+    if c.compute_ms_per_token and c.read_mib_per_token is not None:
+        more = [x for x in cells if x.ok and x.index != c.index and _more_of_the_same(x, c)
+                and x.compute_ms_per_token and x.read_mib_per_token is not None
+                and x.read_mib_per_token >= c.read_mib_per_token]
+        if more:
+            m = _median([x.compute_ms_per_token for x in more])  # type: ignore[misc]
+            r = _median([x.read_mib_per_token for x in more])  # type: ignore[misc]
+            if c.compute_ms_per_token > COMPUTE_RISE * m:
+                out.append(Tell(c.index, "compute_up_work_down",
+                                f"compute {c.compute_ms_per_token:.1f} ms/token vs {m:.1f} (the "
+                                "median of the runs of the same kernels with as much work or "
+                                f"more: {_names(more)}) while flash reads were "
+                                f"{c.read_mib_per_token:.2f} MiB/token against {r:.2f}: slower "
+                                "at the same or less work — a slower CPU"))
+    return out
 
 
 def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord],
                         match: MatchSpec | None = None,
                         order_known: bool = True) -> list[Tell]:
-    """Flags, each with the numbers behind it (thresholds are the module constants)."""
+    """Flags, each with the numbers behind it (thresholds are the module constants). The
+    per-cell tells compare a cell with a set of runs of its model, so they are the same
+    whatever order — known or not — the cells ran in; only the campaign-wide degradation
+    needs the order."""
     out: list[Tell] = []
     for c in cells:
         if not c.ok:
             continue
-        for r in _comparables(c, cells, order_known):
-            ref = f"cell {r.index + 1} ({r.name})"
-            if (c.compute_ms_per_token and r.compute_ms_per_token
-                    and c.read_mib_per_token is not None and r.read_mib_per_token is not None
-                    and c.compute_ms_per_token > COMPUTE_RISE * r.compute_ms_per_token
-                    and c.read_mib_per_token <= r.read_mib_per_token):
-                out.append(Tell(c.index, "compute_up_work_down",
-                                f"compute {c.compute_ms_per_token:.1f} ms/token vs "
-                                f"{r.compute_ms_per_token:.1f} in {ref} while flash reads fell "
-                                f"{r.read_mib_per_token:.2f} → {c.read_mib_per_token:.2f} "
-                                "MiB/token: slower at the same or less work — a slower CPU"))
-            if (c.majflt_per_token is not None and r.majflt_per_token is not None
-                    and c.majflt_per_token >= MAJFLT_FLOOR
-                    and c.majflt_per_token > MAJFLT_FACTOR * r.majflt_per_token):
-                out.append(Tell(c.index, "majflt",
-                                f"{c.majflt_per_token:.1f} major faults/token vs "
-                                f"{r.majflt_per_token:.2f} in {ref}: memory pressure"))
-            if (c.cpu_occupancy is not None and r.cpu_occupancy
-                    and c.cpu_occupancy < OCCUPANCY_FALL * r.cpu_occupancy):
-                out.append(Tell(c.index, "occupancy_fall",
-                                f"CPU occupancy {c.cpu_occupancy:.0%} vs "
-                                f"{r.cpu_occupancy:.0%} in {ref}: threads waiting or "
-                                "descheduled"))
+        out.extend(_cell_tells(c, cells))
         if c.drop_rate:
             out.append(Tell(c.index, "drops",
                             f"drops {c.drop_rate:.1%} of routed experts: quote its drop rate "
                             "next to its speed (it does less work per token)"))
+    out.extend(capped_after(cells))
     if order_known:
         out.extend(_degrading(cells, rec, match))
     return out

@@ -335,6 +335,8 @@ class Decision(DecisionSpec):
         if self.candidate == self.baseline:
             fail(("baseline",), f"is the candidate itself (`{self.candidate}`)",
                  tip="a decision compares two different cells")
+        if self.confounds:  # the plan's record of an import, not a question to ask
+            fail(("confounds",), "is not a `[[decision]]` key: `abbench import` records it")
         if self.metric not in METRICS:
             fail(("metric",), f"must be one of {', '.join(f'`{m}`' for m in METRICS)} "
                  f"(got {show(self.metric)})", tip=did_you_mean(self.metric, METRICS, "values"))

@@ -1,5 +1,7 @@
 """Finding a folder's runs: each file classified by its extension and content, and grouped
-into runs by its file name stem (the file kinds are listed in `importers.folder`)."""
+into runs by its file name stem (the file kinds are listed in `importers.folder`). Every
+file and subfolder that does not become part of a run is listed with the reason
+(`records.NotImported`), hidden ones (a name starting with a dot) aside."""
 
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ from abbench.importers.driverlog import DriverEntry, is_driver_log, parse_driver
 from abbench.importers.enginelog import engine_log_config, parse_engine_log
 from abbench.importers.metrics import parse_metrics
 from abbench.importers.state import DeviceState, parse_state
+from abbench.records import NotImported
 from abbench.records.bmoe_csv import BmoeRun, looks_like_bmoe_csv, parse_bmoe_csv
 from abbench.records.summary import RunSummary
 from abbench.records.text import clip, read_text_lossy
 
 EXTENSIONS = ("csv", "metrics", "log", "state")
+UNKNOWN_KIND = f"not a kind abbench reads ({', '.join('.' + x for x in EXTENSIONS)})"
+SUBFOLDER = "a folder: subfolders are not read; import it on its own"
 
 # Each driver log by its file name, with its entry lines in file order.
 DriverLogs = list[tuple[str, list[DriverEntry]]]
@@ -34,6 +39,8 @@ class Run:
     log_config: dict[str, Any] = field(default_factory=dict)
     log_lines: dict[str, int] = field(default_factory=dict)
     log_command: bool = False
+    # model parameters the log's command line or banner overrode: (the model's value, line)
+    log_defaults: dict[str, tuple[Any, int]] = field(default_factory=dict)
     log_generations: int = 0
     log_file: Path | None = None
     metrics: dict[str, float | None] = field(default_factory=dict)
@@ -46,21 +53,21 @@ class Run:
                 if p is not None]
 
 
-def discover(src: Path, notes: list[str]) -> tuple[dict[str, Run], DriverLogs]:
-    """The runs in `src` by name, and its driver logs. What is left out is said in `notes`;
-    a folder that leaves no run is a ForeignRunError."""
+def discover(src: Path, notes: list[str], not_imported: list[NotImported]
+             ) -> tuple[dict[str, Run], DriverLogs]:
+    """The runs in `src` by name, and its driver logs. What is left out is listed in
+    `not_imported`, what is read only in part said in `notes`; a folder that leaves no run
+    is a ForeignRunError."""
     if not src.is_dir():
         raise ForeignRunError(src, "not a folder")
     root = src.resolve()  # DIR itself may be a link: the user named it
-    found = _Found(notes)
+    found = _Found(notes, not_imported)
     for path in sorted(src.iterdir()):
         stem, ext = path.name.rsplit(".", 1) if "." in path.name else (path.name, "")
-        if path.name.startswith(".") or ext not in EXTENSIONS:
-            continue
-        if (away := _outside(path, root)) is not None:
-            found.skip(path, ForeignRunError(path, away))
-            continue
-        if not path.is_file():
+        if path.name.startswith("."):
+            continue  # hidden: a file manager's or a tool's own (.DS_Store, .git/)
+        if (why := _outside(path, root) or _not_a_run_file(path, ext)) is not None:
+            found.leave(path, why)
             continue
         try:
             found.take(path, stem, ext, _read(path, notes))
@@ -69,12 +76,28 @@ def discover(src: Path, notes: list[str]) -> tuple[dict[str, Run], DriverLogs]:
     found.attach_logs()
     found.drop_incomplete()
     if not found.runs:
-        why = "; ".join(found.skipped[:3]) if found.skipped else ""
+        why = "; ".join(shown_in(src, x) for x in not_imported[:3])
         raise ForeignRunError(src, "no runs here (no bmoe_metrics CSV, no .log with a "
                               "`generation:` line)" + (f": {why}" if why else ""),
                               tip="abbench import reads bmoe_metrics CSVs, .metrics, .state "
                               "and driver logs; see docs/import.md")
     return found.runs, found.drivers
+
+
+def shown_in(src: Path, x: NotImported) -> str:
+    """A not-imported entry with its full path, control characters escaped, as an error
+    or a warning names a file: `SRC/a.csv:5: column ...`."""
+    folder = "/" if x.path.endswith("/") else ""  # a Path would drop it
+    return ForeignRunError(f"{src / x.path}{folder}", x.reason, x.line).message
+
+
+def _not_a_run_file(path: Path, ext: str) -> str | None:
+    """Why `path` (inside the folder) is no file of a run; None when it may be one."""
+    if path.is_dir():
+        return SUBFOLDER
+    if not path.is_file():
+        return "not a regular file (a broken link, a pipe or a device): not read"
+    return None if ext in EXTENSIONS else UNKNOWN_KIND
 
 
 def _outside(path: Path, root: Path) -> str | None:
@@ -103,18 +126,22 @@ class _Found:
     is known: a log becomes part of a run, or a run of its own only when nothing else is."""
 
     notes: list[str]
+    not_imported: list[NotImported]
     runs: dict[str, Run] = field(default_factory=dict)
     drivers: DriverLogs = field(default_factory=list)
     logs: dict[str, tuple[Path, str]] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)  # why each file that failed did
+
+    def leave(self, path: Path, reason: str, line: int | None = None) -> None:
+        name = path.name + ("/" if path.is_dir() and not path.is_symlink() else "")
+        self.not_imported.append(NotImported(name, reason, line))
 
     def skip(self, path: Path, error: ForeignRunError) -> None:
-        self.notes.append(f"{error.message}: {path.name} left out")
-        self.skipped.append(error.message)
+        self.leave(path, error.problem, error.line)
 
     def take(self, path: Path, stem: str, ext: str, text: str) -> None:
         if ext == "csv" and text.lstrip().startswith("# route_trace"):
-            return  # a route trace: `abbench replay` reads it, it is not a run
+            self.leave(path, "a route trace: `abbench replay` reads it")
+            return
         if ext == "log":
             if is_driver_log(text):
                 self.drivers.append((path.name, parse_driver_log(text, path, self.notes)))
@@ -122,14 +149,15 @@ class _Found:
                 self.logs[stem] = (path, text)
             return
         if ext == "csv" or (ext == "metrics" and looks_like_bmoe_csv(text)):
-            table = parse_bmoe_csv(text, path)
+            table = parse_bmoe_csv(text, path, drop_bad_columns=True)
             run = self.runs.setdefault(stem, Run(stem))
             if run.table_file is not None:
-                self.notes.append(f"{path.name}: a second per-token table for run "
-                                  f"`{clip(stem)}` (the first is {run.table_file.name}): "
-                                  "left out")
+                self.leave(path, f"a second per-token table for run `{clip(stem)}` (the "
+                           f"first is {run.table_file.name})")
                 return
             run.table, run.table_file = table, path
+            for col in table.dropped:
+                self.leave(path, col.problem, col.line)
         elif ext == "metrics":
             metrics = parse_metrics(text, path)
             run = self.runs.setdefault(stem, Run(stem))
@@ -148,20 +176,22 @@ class _Found:
                 continue
             generations = text.count("generation:")
             if stem not in self.runs and (summary is None or generations != 1):
-                self.notes.append(f"{path.name}: an engine log that matches no run (no "
-                                  f"{stem}.csv, {generations} `generation:` lines): not a "
-                                  "run, left out")
+                self.leave(path, f"an engine log that matches no run (no {stem}.csv, "
+                           f"{generations} `generation:` lines): not a run")
                 continue
             run = self.runs.setdefault(stem, Run(stem))
             run.log_summary, run.log_file, run.log_generations = summary, path, generations
-            run.log_config, run.log_lines, run.log_command = engine_log_config(text)
+            cfg = engine_log_config(text)
+            run.log_config, run.log_lines, run.log_command = cfg.values, cfg.lines, cfg.command
+            run.log_defaults = cfg.defaults
 
     def drop_incomplete(self) -> None:
         for name, run in list(self.runs.items()):
             if run.table is None and run.log_summary is None:
                 del self.runs[name]
-                self.notes.append(f"{', '.join(p.name for p in run.files())}: no per-token "
-                                  "CSV and no `generation:` line for this run: left out")
+                for path in run.files():
+                    self.leave(path, f"no per-token CSV and no `generation:` line for run "
+                               f"`{clip(name)}`")
 
 
-__all__ = ["DriverLogs", "Run", "discover"]
+__all__ = ["DriverLogs", "Run", "discover", "shown_in"]

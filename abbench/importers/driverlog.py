@@ -23,6 +23,15 @@ ENTRY STATE: batt=420 dC, memavail=6837980 kB, freq=1555200, waited=0s
 - `waited=S` is how long the driver's gate waited before the run.
 - A timestamp at the start of the line (`2026-07-12 09:30:12`, `20260712-093012`) is the
   run's start when no `t_wall=` says it: its differences are exact, its zone unknown.
+- `EXIT STATE:` (and `AFTER STATE:`) lines are the device after a run, in the same grammar:
+  the run is `cell=NAME`, else the run of the last entry line above it (the one the driver
+  was running). Each is kept with its entry line (`DriverEntry.after`); its time is when it
+  was read, and the run's end when it is the exit line's.
+
+```
+ENTRY STATE: cell=qwen_sg t_wall=1783846872 caps=policy0:3300000/3300000
+EXIT STATE: cell=qwen_sg t_wall=1783846931 cpu_temp_c=71.2 caps=policy0:1900000/3300000
+```
 
 A value that does not read is reported for its line and left out; unknown keys are kept
 out silently. Nothing on such a line aborts the log, and no line aborts the folder.
@@ -32,14 +41,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from abbench.records import keys
 from abbench.records.text import clip, quote, read_text
 
 MARK = "ENTRY STATE:"
+# The lines read after a run, each with the position its reading stands at (`keys`).
+AFTER_MARKS = {"EXIT STATE:": keys.EXIT, "AFTER STATE:": keys.AFTER}
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*$")
 BANNER = re.compile(r"^\s*={3,}\s*(\S(?:.*?\S)?)\s*={3,}\s*$")
 ITEM = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*([^\s,]*)(?:\s+([A-Za-z°%]+)(?=[\s,]|$))?")
@@ -72,7 +84,9 @@ class DriverEntry:
     source: str = ""  # the log's file name
     gate_waited_s: float | None = None
     t_wall_how: str = ""  # "t_wall=" | "line timestamp": how the start time was read
-    named_by: str = "cell="  # "cell=" | "banner line N"
+    named_by: str = "cell="  # "cell=" | "banner line N" | "entry line N" (an exit line)
+    position: str = keys.BEFORE  # an entry line; `keys.EXIT`/`AFTER` for the lines after
+    after: tuple[DriverEntry, ...] = ()  # the run's exit (and after) lines, in file order
 
     @property
     def where(self) -> str:
@@ -126,22 +140,29 @@ def _line_stamp(text: str) -> float | None:
 
 def parse_driver_log(text: str, source: str | Path = "<text>",
                      notes: list[str] | None = None) -> list[DriverEntry]:
-    """The log's entry lines, in file order. What could not be read is appended to `notes`
-    (one line each, naming the file and line) and left out."""
+    """The log's entry lines, in file order, each with the exit lines of its run. What could
+    not be read is appended to `notes` (one line each, naming the file and line) and left
+    out."""
     name = Path(str(source)).name
     notes = notes if notes is not None else []
     entries: list[DriverEntry] = []
     banner: tuple[str, int] | None = None
     for n, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
-        if MARK not in raw:
+        mark = next((m for m in (MARK, *AFTER_MARKS) if m in raw), None)
+        if mark is None:
             if m := BANNER.match(raw):
                 banner = (m[1], n)
             continue
         where = f"{name}:{n}"
-        prefix, _, body = raw.partition(MARK)
-        caps_text, kv = _items(body, where, notes)
+        prefix, _, body = raw.partition(mark)
+        caps_text, kv = _items(body, where, notes, mark)
         cell = (kv.get("cell") or kv.get("name") or ("", ""))[0]
         named_by = "cell="
+        if mark != MARK:
+            _attach(entries, cell, DriverEntry(
+                cell=cell, line=n, source=name, position=AFTER_MARKS[mark],
+                **_readings(kv, caps_text, prefix, where, notes)), where, notes)
+            continue
         if not cell and banner is not None:  # a banner names the one run under it
             cell, named_by = banner[0], f"banner line {banner[1]}"
             banner = None
@@ -155,7 +176,23 @@ def parse_driver_log(text: str, source: str | Path = "<text>",
     return entries
 
 
-def _items(body: str, where: str, notes: list[str]) -> tuple[str, dict[str, tuple[str, str]]]:
+def _attach(entries: list[DriverEntry], cell: str, line: DriverEntry, where: str,
+            notes: list[str]) -> None:
+    """An exit (or after) line kept with its run's last entry line above it: the run it
+    names, else the run that entry line started."""
+    at = next((i for i in range(len(entries) - 1, -1, -1)
+               if not cell or entries[i].cell == cell), None)
+    if at is None:
+        notes.append(f"{where}: {'run ' + quote(cell) if cell else 'an exit line'} has no "
+                     f"`{MARK}` line above it: its reading is left out")
+        return
+    e = entries[at]
+    named = "cell=" if cell else f"entry line {e.line}"
+    entries[at] = replace(e, after=(*e.after, replace(line, cell=e.cell, named_by=named)))
+
+
+def _items(body: str, where: str, notes: list[str],
+           mark: str = MARK) -> tuple[str, dict[str, tuple[str, str]]]:
     """An entry line's text after the mark as its `caps=` value and its other items, each
     key (lower case; the first of a repeated key) with its value and unit."""
     caps_text = ""
@@ -166,7 +203,7 @@ def _items(body: str, where: str, notes: list[str]) -> tuple[str, dict[str, tupl
         kv.setdefault(m[1].lower(), (m[2], m[3] or ""))
     leftover = ITEM.sub("", body).replace(",", " ").split()
     if leftover:
-        notes.append(f"{where}: `{MARK}` {quote(' '.join(leftover))} is not key=value: "
+        notes.append(f"{where}: `{mark}` {quote(' '.join(leftover))} is not key=value: "
                      "left out")
     return caps_text, kv
 
@@ -185,7 +222,7 @@ def _readings(kv: dict[str, tuple[str, str]], caps_text: str, prefix: str, where
     mem = read(MEM_KEYS, MEM_UNITS, 1.0, "MemAvailable",
                {"memavail": 1 / 1024, "memavailable": 1 / 1024})
     waited = read(("waited", "gate_waited_s", "wait"), TIME_UNITS, 1.0, "the gate wait")
-    t_wall = read(("t_wall", "time", "ts", "epoch"), TIME_UNITS, 1.0, "the start time")
+    t_wall = read(("t_wall", "time", "ts", "epoch"), TIME_UNITS, 1.0, "the time of the line")
     how = "t_wall=" if t_wall is not None else ""
     if t_wall is None and (t_wall := _line_stamp(prefix)) is not None:
         how = "line timestamp"

@@ -10,7 +10,7 @@ from abbench.errors import ForeignRunError
 from abbench.importers.discover import Run
 from abbench.importers.driverlog import DriverEntry
 from abbench.importers.state import Snapshot
-from abbench.records import EntryState, Fact, GateWait, RunSummary
+from abbench.records import EntryState, Fact, GateWait, RunSummary, keys
 from abbench.records.bmoe_csv import BmoeRun, work_fingerprint
 
 UNKNOWN = "unknown"
@@ -140,6 +140,8 @@ def times(run: Run, driver: DriverEntry | None, summary: RunSummary
                         "unknown: differences between lines are exact)"))
     elif before is not None and before.t_wall is not None and run.state_file:
         start, sf = before.t_wall, Fact("measured", f"{run.state_file.name}:{before.line} date")
+    if (end := _exit_time(driver)) is not None and end[0] >= start:  # the driver's own clock
+        return start, end[0], sf, end[1]
     if after is not None and after.t_wall is not None and run.state_file and start:
         return start, after.t_wall, sf, Fact("measured",
                                              f"{run.state_file.name}:{after.line} date")
@@ -151,6 +153,19 @@ def times(run: Run, driver: DriverEntry | None, summary: RunSummary
     own = decode + float(summary.load_s or 0.0) + float(summary.prefill_s or 0.0)
     return start, start + own, sf, Fact("derived", f"the start + the run's own time ({own:.0f} "
                                         "s: load, prefill and decode as its files give them)")
+
+
+def _exit_time(driver: DriverEntry | None) -> tuple[float, Fact] | None:
+    """The run's end by the driver's exit line, when its entry line gave the start."""
+    if driver is None or driver.t_wall is None:
+        return None
+    line = next((e for e in driver.after if e.position == keys.EXIT and e.t_wall is not None),
+                None)
+    if line is None or line.t_wall is None:
+        return None
+    how = "measured" if line.t_wall_how == "t_wall=" else "derived"
+    return line.t_wall, Fact(how, f"{line.where} (`EXIT STATE:` t_wall=)" if how == "measured"
+                             else f"the timestamp at the start of {line.where}")
 
 
 def fingerprint(table: BmoeRun | None) -> str | None:

@@ -25,7 +25,9 @@ arm: repeats of an arm are sentinels, and its cells pool (`identity` says how, a
 run is its own arm).
 
 The steps, one module each: `discover` (the files → runs and driver logs), `order` (the
-execution order and its source), `identity` (configurations, arms, `--decision`s), `facts`
+execution order and its source), `identity` (configurations, arms, `--decision`s), `session`
+(the work each run did and its session, keys of its configuration: runs of different work
+or sessions are never repeats; configurations measured in several sessions), `facts`
 (what one run's files say of it, with provenance) and `write` (the run folder); this module
 checks the destination, builds the plan and replaces the destination atomically.
 """
@@ -44,11 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import OrderWarning, UsageError, WriteError
-from abbench.importers.discover import discover
+from abbench.importers.discover import discover, shown_in
 from abbench.importers.identity import configuration, decision_specs, group_arms
 from abbench.importers.order import execution_order
+from abbench.importers.session import add_work_and_session, cross_sessions, split_sessions
 from abbench.importers.write import FORMAT, write_run_folder
-from abbench.records import IMPORT_FILE, DecisionSpec, Plan, PlannedCell, read_plan
+from abbench.records import IMPORT_FILE, DecisionSpec, NotImported, Plan, PlannedCell, read_plan
 from abbench.records.cell_config import ImportedConfig
 
 
@@ -75,17 +78,24 @@ def import_folder(src: Path, dest: Path, order: list[str] | None = None,
     if warmup < 0:
         raise UsageError(f"--warmup {warmup}: expected a number of tokens >= 0")
     notes: list[str] = []
-    runs, drivers = discover(src, notes)
+    not_imported: list[NotImported] = []
+    runs, drivers = discover(src, notes, not_imported)
     order_info = execution_order(runs, order, drivers, notes)
     names = order_info.names
     identities = {n: configuration(runs[n]) for n in names}
+    sessions = split_sessions(names, runs, order_info)
+    for n in names:  # equal work in one session, or not repeats (`session`)
+        add_work_and_session(identities[n][0], identities[n][1], runs[n], sessions)
     arm_of, arms = group_arms(names, identities)
     specs = decision_specs(decisions or (), arms, arm_of)
     plan = _plan(src, names, arm_of, arms, specs, warmup, order_info.known)
+    across = cross_sessions(plan, names, runs, arms, sessions)
     for note in notes:
         warnings.warn(note, OrderWarning, stacklevel=2)
+    for x in not_imported:
+        warnings.warn(f"not imported: {shown_in(src, x)}", OrderWarning, stacklevel=2)
     _replace(target, lambda out: write_run_folder(out, plan, runs, order_info, identities,
-                                                  notes, src))
+                                                  notes, src, not_imported, across))
     return dest
 
 

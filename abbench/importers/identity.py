@@ -1,12 +1,14 @@
 """Each run's configuration identity, the arms it groups the runs into, and the decisions
 between arms that `--decision` names.
 
-A run's configuration comes from its files (the CSV preamble, the engine log's command
-line, loader lines and optional summary lines; the model, at worst, from the file name's
-first word, marked derived). Runs with equal configurations are one arm, named after the
-first of them. Where a file gives only part of a configuration (no preamble, no command
-line), the run is its own arm, so that two runs are never taken for repeats on too little
-evidence.
+A run's configuration is every option its files record (the CSV preamble; the engine
+log's command line, banner lines and loader lines, `enginelog`, where a logged override
+beats the model's default; the model, at worst, from the file name's first word, marked
+derived). Runs with equal configurations are one arm, named after the first of them, and
+two runs that differ in any recorded option are two arms whatever their names. Where a
+file gives only part of a configuration (no preamble, no command line), the run is its own
+arm, so that two runs are never taken for repeats on too little evidence. A decision whose
+arms differ in more than the keys it names carries those keys as its `confounds`.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from abbench.errors import UsageError
 from abbench.importers.discover import Run
 from abbench.importers.order import resolve_run, run_names
 from abbench.records import DecisionSpec, Fact
+from abbench.records.provenance import FACT_CONFIG, FROM_FILE_NAME
 from abbench.records.text import clip
 
 # Preamble keys that say how a run was measured, not what it ran: not identity.
 NOT_IDENTITY = frozenset({"n_ctx", "turn", "seed"})
 SELECTOR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+# The key that makes a partial configuration its own arm: the run's name, not an option.
+OWN_ARM = "run"
 
 # A run's configuration, where each key came from, and whether it is the whole of it.
 Identity = tuple[dict[str, Any], dict[str, Fact], bool]
@@ -42,19 +47,36 @@ def configuration(run: Run) -> Identity:
             config[k] = v
             facts[f"config.{k}"] = Fact("measured", f"{tf} preamble")
     log = run.log_file.name if run.log_file else ""
+    overrides = []
     for k, v in run.log_config.items():
-        if k not in config:
+        if k not in config and k not in NOT_IDENTITY:
             config[k] = str(v)
-            facts[f"config.{k}"] = Fact("measured", f"{log}:{run.log_lines.get(k, 0)}")
+            where = f"{log}:{run.log_lines.get(k, 0)}"
+            if k in run.log_defaults:  # measured beats default: the run's value, not the model's
+                default, line = run.log_defaults[k]
+                where += f", overriding the model's default {k}={default} ({log}:{line})"
+                overrides.append(f"{k}={v} ({where})")
+            facts[f"config.{k}"] = Fact("measured", where)
     if "model" in config:
         config["model"] = str(config["model"]).replace("\\", "/").rsplit("/", 1)[-1]
     else:
         word = re.match(r"[A-Za-z]+", run.name)
         config["model"] = word[0].lower() if word else run.name
-        facts["config.model"] = Fact("derived", "the file name's first word (no file names "
-                                     "the model)")
-    complete = bool(pre) or run.log_command
-    return config, facts, complete
+        facts["config.model"] = Fact("derived", f"{FROM_FILE_NAME}'s first word (no file "
+                                     "names the model)")
+    whole = [w for w, given in ((f"{tf} preamble", pre), (f"{log} command line",
+                                                          run.log_command)) if given]
+    facts[FACT_CONFIG] = _whole(whole, overrides)
+    return config, facts, bool(whole)
+
+
+def _whole(whole: list[str], overrides: list[str]) -> Fact:
+    """Where the configuration as a whole comes from, and the model parameters the run
+    overrode (shown, so that the model's value is never read as what ran)."""
+    over = "; " + "; ".join(overrides) if overrides else ""
+    if whole:
+        return Fact("measured", f"whole: {' and '.join(whole)}{over}")
+    return Fact("derived", f"partial (no preamble, no command line): its own arm{over}")
 
 
 def group_arms(names: list[str], identities: dict[str, Identity]
@@ -65,7 +87,7 @@ def group_arms(names: list[str], identities: dict[str, Identity]
     arms: dict[str, dict[str, Any]] = {}
     for n in names:
         cfg, _, complete = identities[n]
-        key = cfg if complete else {**cfg, "run": n}
+        key = cfg if complete else {**cfg, OWN_ARM: n}
         arm = next((a for a, c in arms.items() if c == key), None)
         if arm is None:
             arm = n
@@ -87,8 +109,30 @@ def decision_specs(decisions: Iterable[tuple[str, str, float]],
             raise UsageError(f"--decision: `{clip(c)}` against itself")
         if not effect >= 0:
             raise UsageError(f"--decision: min_effect {effect} is not >= 0")
-        specs.append(DecisionSpec(c, b, effect))
+        named = {k for side in (cand, base) for k in selected_keys(side)}
+        specs.append(DecisionSpec(c, b, effect, confounds=confounds(arms[c], arms[b], named)))
     return specs
+
+
+def selected_keys(item: str) -> list[str]:
+    """The configuration keys a `--decision` side names (`key=value[,key=value]`); none
+    for an arm named by its name, a run's or a glob."""
+    if not SELECTOR.match(item):
+        return []
+    return [kv.split("=", 1)[0] for kv in item.split(",") if "=" in kv]
+
+
+def confounds(cand: dict[str, Any], base: dict[str, Any], named: set[str]
+              ) -> tuple[str, ...]:
+    """The keys that set two arms apart besides those a decision names: with keys named,
+    every other key that differs; with none named, every key that differs where more than
+    one does (one key apart is what the decision asks about). A key one arm's files do not
+    record differs from any value."""
+    differ = [k for k in sorted(set(cand) | set(base))
+              if k != OWN_ARM and (k in cand, str(cand.get(k))) != (k in base, str(base.get(k)))]
+    if not named and len(differ) <= 1:
+        return ()
+    return tuple(k for k in differ if k not in named)
 
 
 def find_arm(item: str, arms: dict[str, dict[str, Any]], stems: dict[str, str],
@@ -100,7 +144,7 @@ def find_arm(item: str, arms: dict[str, dict[str, Any]], stems: dict[str, str],
     if SELECTOR.match(item):
         want = dict(kv.split("=", 1) for kv in item.split(",") if "=" in kv)
         hits = [a for a, cfg in arms.items()
-                if all(str(cfg.get(k)) == v for k, v in want.items())]
+                if all(_selects(cfg, k, v) for k, v in want.items())]
     elif any(c in item for c in "*?["):
         hits = sorted({stems[s] for s in stems if fnmatch.fnmatchcase(s, item)})
     else:
@@ -119,4 +163,12 @@ def find_arm(item: str, arms: dict[str, dict[str, Any]], stems: dict[str, str],
                      tip="add a key=value, or name the arm")
 
 
-__all__ = ["Identity", "configuration", "decision_specs", "find_arm", "group_arms"]
+def _selects(cfg: dict[str, Any], key: str, value: str) -> bool:
+    """Whether `key=value` names this configuration; `key=0` also names a whole one that
+    does not record `key`: a switch its command line did not give is off."""
+    if key in cfg:
+        return str(cfg[key]) == value
+    return value == "0" and OWN_ARM not in cfg
+
+
+__all__ = ["Identity", "configuration", "confounds", "decision_specs", "find_arm", "group_arms"]

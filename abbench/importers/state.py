@@ -12,6 +12,11 @@ Thermal Status: 1                                          `dumpsys thermalservi
 ...
 ```
 
+A section's first word says where its snapshot stands in the run (`Snapshot.position`):
+`BEFORE` (`ENTRY`, `START`, `PRE`) the entry, `AFTER` (`END`, `POST`) after it, `EXIT` the
+exit; any other name (`--- DURING ---`, `--- MID 2 ---`) is a reading during the run, and
+may repeat (BEFORE and AFTER may not).
+
 Lines of other kinds are skipped (devices print more than we use); a line of a known kind
 that does not parse is an error naming the file and line. `Temperature` types follow
 Android's `Temperature.TYPE_*` (0 CPU, 1 GPU, 2 battery, 3 skin).
@@ -26,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import ForeignRunError
+from abbench.records import keys
 from abbench.records.text import clip, number, quote, read_text
 
-SECTION = re.compile(r"---\s*([A-Za-z_ ]+?)\s*---$")
+SECTION = re.compile(r"---\s*([A-Za-z][A-Za-z0-9_ +.:-]*?)\s*---$")
+ONCE = ("BEFORE", "AFTER")  # the entry and the end: one of each
 POLICY = re.compile(r"(policy\d+):\s*(.*)$")
 TEMPERATURE = re.compile(r"Temperature\{(.*)\}$")
 # `date` prints the zone's abbreviation; these are the ones whose offset is unambiguous.
@@ -37,6 +44,10 @@ ZONES = {"UTC": 0, "GMT": 0, "WET": 0, "WEST": 1, "CET": 1, "CEST": 2, "EET": 2,
          "MSK": 3, "BST": 1, "IST": 5.5, "JST": 9, "KST": 9, "EST": -5, "EDT": -4,
          "CDT": -5, "MST": -7, "MDT": -6, "PST": -8, "PDT": -7}
 TYPE_CPU, TYPE_BATTERY = 0, 2
+# A section's position by its name's first word; any other name is a reading during the run.
+POSITIONS = {"BEFORE": keys.BEFORE, "ENTRY": keys.BEFORE, "START": keys.BEFORE,
+             "PRE": keys.BEFORE, "AFTER": keys.AFTER, "END": keys.AFTER, "POST": keys.AFTER,
+             "EXIT": keys.EXIT}
 
 
 @dataclass(frozen=True)
@@ -48,7 +59,7 @@ class Policy:
 
 @dataclass(frozen=True)
 class Snapshot:
-    section: str  # "BEFORE", "AFTER"
+    section: str  # "BEFORE", "AFTER", "DURING", ... (upper case)
     line: int
     date: str | None = None
     t_wall: float | None = None  # None: no date, or a zone we do not know
@@ -57,6 +68,12 @@ class Snapshot:
     battery_temp_dC: float | None = None
     thermal_status: int | None = None
     temperatures: dict[str, tuple[float, int]] = field(default_factory=dict)  # name: (C, type)
+
+    @property
+    def position(self) -> str:
+        """Where the snapshot stands in its run (`keys.POSITIONS`), by its section's name."""
+        first = re.split(r"[^A-Z]+", self.section, maxsplit=1)[0]
+        return POSITIONS.get(first, keys.DURING)
 
     def hottest(self, kind: int) -> float | None:
         values = [c for c, t in self.temperatures.values() if t == kind]
@@ -88,11 +105,13 @@ class DeviceState:
 
     @property
     def before(self) -> Snapshot | None:
-        return self.section("BEFORE")
+        """The entry snapshot: the first of position before (`--- BEFORE ---`, `PRE` ...)."""
+        return next((s for s in self.snapshots if s.position == keys.BEFORE), None)
 
     @property
     def after(self) -> Snapshot | None:
-        return self.section("AFTER")
+        """The end snapshot: the first of position after (`--- AFTER ---`, `END` ...)."""
+        return next((s for s in self.snapshots if s.position == keys.AFTER), None)
 
 
 def parse_date(text: str) -> float | None:
@@ -161,7 +180,7 @@ def parse_state(text: str, source: str | Path = "<text>") -> DeviceState:
         if m := SECTION.match(line):
             close()
             name = m[1].upper()
-            if any(s.section == name for s in snapshots):
+            if name in ONCE and any(s.section == name for s in snapshots):
                 raise ForeignRunError(source, f"a second `--- {name} ---` section", n)
             cur = {"section": name, "line": n}
             continue

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from abbench.fsutil import atomic_write_text
 from abbench.importers.discover import Run
+from abbench.importers.driverlog import DriverEntry
 from abbench.importers.facts import entry_state, fingerprint, hit_pct, run_summary, times
 from abbench.importers.identity import Identity
 from abbench.importers.order import Order
@@ -23,6 +25,7 @@ from abbench.records import (
     Fact,
     ImportedCell,
     ImportInfo,
+    NotImported,
     Plan,
     PlannedCell,
     RunSummary,
@@ -31,14 +34,18 @@ from abbench.records import (
     keys,
 )
 from abbench.records.cell_doc import IMPORT_DOC_FORMAT, Resolved, import_doc
-from abbench.records.provenance import FACT_CONFIG, FACT_T_END, FACT_T_START, FACT_TOK_S
+from abbench.records.provenance import FACT_T_END, FACT_T_START, FACT_TOK_S, CrossSession
+from abbench.records.text import clip
 
 FORMAT = IMPORT_DOC_FORMAT  # the cells' summary.json, as `records.cell_doc` writes it
 
 
 def write_run_folder(out: Path, plan: Plan, runs: dict[str, Run], order: Order,
-                     identities: dict[str, Identity], notes: list[str], src: Path) -> None:
-    """Write the run folder of `plan` into the (empty) folder `out`."""
+                     identities: dict[str, Identity], notes: list[str], src: Path,
+                     not_imported: Sequence[NotImported] = (),
+                     sessions: Sequence[CrossSession] = ()) -> None:
+    """Write the run folder of `plan` into the (empty) folder `out`; `sessions`: the
+    configurations measured in more than one session (`importers.session`)."""
     atomic_write_text(out / "plan.json", json.dumps(plan.to_json(), indent=1) + "\n")
     (out / "journal.jsonl").touch()
     samples: list[Sample] = []
@@ -46,11 +53,12 @@ def write_run_folder(out: Path, plan: Plan, runs: dict[str, Run], order: Order,
     for cell in plan.cells:
         name = order.names[cell.index]
         imported.append(_write_cell(out, cell, runs[name], order, identities[name]))
-        samples.extend(_samples(runs[name], cell.index))
+        samples.extend(_samples(runs[name], cell.index, order.entries.get(name), notes))
     for s in sorted(samples, key=lambda s: s.t_wall):
         append_jsonl(out / "samples.jsonl", s.to_json(), fsync=False)
     info = ImportInfo(source=str(src.resolve()), order=order.fact, notes=tuple(notes),
-                      cells=tuple(imported))
+                      cells=tuple(imported), not_imported=tuple(not_imported),
+                      sessions=tuple(sessions))
     atomic_write_text(out / IMPORT_FILE, json.dumps(info.to_json(), indent=1) + "\n")
 
 
@@ -64,10 +72,10 @@ def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
     entry, facts, gate = entry_state(run, driver)
     t_start, t_end, sf, ef = times(run, driver, summary)
     entry = EntryState(**{**entry.to_json(), "t_wall": t_start})
-    config, config_facts, complete = identity
+    config, config_facts, _ = identity  # its facts hold the configuration's (`identity`)
     facts.update(config_facts)
     facts.update({"order": order.fact, FACT_T_START: sf, FACT_T_END: ef, FACT_TOK_S: tps_fact,
-                  "hit_pct": hit_fact, FACT_CONFIG: _config_fact(complete)})
+                  "hit_pct": hit_fact})
     if driver is not None:
         facts["entry"] = Fact("measured", f"{driver.where} (named by {driver.named_by})")
     fp = fingerprint(run.table)
@@ -87,12 +95,6 @@ def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
     return ImportedCell(cell.label, tuple(p.name for p in run.files()), config, facts)
 
 
-def _config_fact(complete: bool) -> Fact:
-    if complete:
-        return Fact("measured", "whole: the CSV preamble or the log's command line")
-    return Fact("derived", "partial (no preamble, no command line): its own arm")
-
-
 def _summary_doc(run: Run, summary: RunSummary, tps_fact: Fact, fp: str | None,
                  config: dict[str, Any]) -> dict[str, Any]:
     """The cell's `summary.json`: the run's figures and per-token columns, as an external
@@ -107,12 +109,27 @@ def _summary_doc(run: Run, summary: RunSummary, tps_fact: Fact, fp: str | None,
     )
 
 
-def _samples(run: Run, index: int) -> list[Sample]:
-    """The run's dated `.state` snapshots as samples; BEFORE belongs to its cell."""
-    return [Sample(t_mono=snap.t_wall, t_wall=snap.t_wall, values=_sample_values(snap),
-                   cell=index if snap.section == "BEFORE" else None)
-            for snap in (run.state.snapshots if run.state else ())
-            if snap.t_wall is not None]
+def _samples(run: Run, index: int, driver: DriverEntry | None,
+             notes: list[str]) -> list[Sample]:
+    """Every reading of the run that has a time, as a sample with its position: the `.state`
+    snapshots (BEFORE, AFTER, any other section: during) and the driver's entry and exit
+    lines. Each names the run's cell; the analysis places a during reading in the cell whose
+    span holds its time (`analysis.readings`). A later reading with no time is said in
+    `notes`: the entry state holds an untimed entry reading, nothing holds a later one."""
+    state = run.state.snapshots if run.state else ()
+    lines = (driver, *driver.after) if driver is not None else ()
+    read = [(snap.t_wall, snap.position, _sample_values(snap),
+             f"{run.state_file.name if run.state_file else run.name}:{snap.line}")
+            for snap in state]
+    read += [(e.t_wall, e.position, _driver_values(e), e.where) for e in lines]
+    untimed = [f"{where} ({position})" for t, position, _, where in read
+               if t is None and position != keys.BEFORE]
+    if untimed:
+        notes.append(f"{', '.join(untimed)}: a reading of run {clip(run.name)} with no time (no "
+                     "date abbench can place, no t_wall=): not on the timeline, and not "
+                     "judged for caps")
+    return [Sample(t_mono=t, t_wall=t, values=values, cell=index, position=position)
+            for t, position, values, _ in read if t is not None and values]
 
 
 def _whole(value: Any) -> int | None:
@@ -140,6 +157,17 @@ def _sample_values(s: Snapshot) -> dict[str, Any]:
             v[key] = val
     for name, (c, _) in s.temperatures.items():
         v[keys.android_zone(name)] = c
+    return v
+
+
+def _driver_values(e: DriverEntry) -> dict[str, Any]:
+    """A driver's entry or exit line in the sampler's flat keys."""
+    v: dict[str, Any] = {keys.cap_khz(p): cap for p, cap in e.caps_khz.items()}
+    v.update({keys.hw_max_khz(p): hw for p, hw in e.hw_max_khz.items()})
+    readings = [(key, getattr(e, name)) for key, name in keys.ENTRY_READINGS]
+    for key, val in (*readings, (keys.ANDROID_THERMAL_STATUS, e.thermal_status)):
+        if val is not None:
+            v[key] = val
     return v
 
 

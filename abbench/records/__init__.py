@@ -76,6 +76,7 @@ from abbench.records.provenance import (
     Fact,
     ImportedCell,
     ImportInfo,
+    NotImported,
     read_import_info,
 )
 from abbench.records.summary import RunSummary
@@ -98,6 +99,7 @@ __all__ = [
     "GateSpec",
     "MatchSpec",
     "NOISE_FLOOR_FILE",
+    "NotImported",
     "NoiseFloor",
     "Plan",
     "PlannedCell",

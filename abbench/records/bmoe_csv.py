@@ -15,8 +15,10 @@ step,steps,wall_ms,io_ms,compute_ms,...              header row (names, any orde
 The oldest files have neither preamble nor summary and only 8 columns; the newest 22 or
 more. Columns are read by name and every one is optional; a cell that is empty is a gap
 (None). A row with the wrong number of fields, a non-numeric value or a header that repeats
-a name is an error naming the file and line — or, read `torn_ok` (a cell's own tokens.csv,
-which a crash can cut mid-row), the end of the table.
+a name is an error naming the file and line (and the column) — or, read `torn_ok` (a cell's
+own tokens.csv, which a crash can cut mid-row), the end of the table; read
+`drop_bad_columns` (an archive being imported), a column holding a value that is not a
+number is left out and said, unless the run's figures need it (`NEEDED_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,23 @@ TRAILER_KEYS = ("tokens", "s/tok", "tok/s", "read_MiB", "cache_hit_pct", "stall_
                 "mgmt_s/tok", "n_prompt", "prefill_s", "ttft_s", "prefill_tok/s", "load_s",
                 "cache_resident_MiB", "cache_budget_MiB", "peak_rss_MiB")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./%-]*$")
+# What a token row's value must be, said wherever one is not.
+EXPECTED = "the per-token columns are numbers, an empty field a gap"
+# Words a switch is written in by hand (`overlap=on`): the column wants it as 1 or 0.
+SWITCH_WORDS = frozenset({"on", "off", "true", "false", "yes", "no"})
+# The columns a run's figures rest on (tokens/s is the tokens over the sum of `wall_ms`): a
+# bad value there is an error even where other columns are left out (`drop_bad_columns`).
+NEEDED_COLUMNS = ("wall_ms",)
+
+
+@dataclass(frozen=True)
+class DroppedColumn:
+    """A column left out of a table read with `drop_bad_columns`: the line of its first
+    value that is not a number, and what is wrong with that value."""
+
+    name: str
+    line: int
+    problem: str  # "column `overlap`: 'off' is not a number (...)"
 
 
 @dataclass(frozen=True)
@@ -58,6 +77,7 @@ class BmoeRun:
     columns: dict[str, list[float | None]]  # header order, one value per token row
     summary: dict[str, Any] = field(default_factory=dict)  # numbers as float, else str
     summary_line: int | None = None
+    dropped: tuple[DroppedColumn, ...] = ()  # read with `drop_bad_columns`: left out
 
     @property
     def n_rows(self) -> int:
@@ -97,19 +117,21 @@ def parse_summary(body: str, source: str | Path, line: int) -> dict[str, Any]:
     return out
 
 
-def parse_bmoe_csv(text: str, source: str | Path = "<text>", *, torn_ok: bool = False
-                   ) -> BmoeRun:
+def parse_bmoe_csv(text: str, source: str | Path = "<text>", *, torn_ok: bool = False,
+                   drop_bad_columns: bool = False) -> BmoeRun:
     """The file's run. `torn_ok`: a row that does not read ends the table instead of being
-    an error, and a file with no header row is an empty run."""
+    an error, and a file with no header row is an empty run. `drop_bad_columns`: a column
+    other than `NEEDED_COLUMNS` with a value that is not a number is left out (in the run's
+    `dropped`) instead of being an error."""
     try:
-        return _parse(text, source, torn_ok)
+        return _parse(text, source, torn_ok, drop_bad_columns)
     except ForeignRunError:
         if not torn_ok:
             raise
         return BmoeRun(str(source), None, {}, {})
 
 
-def _parse(text: str, source: str | Path, torn_ok: bool) -> BmoeRun:
+def _parse(text: str, source: str | Path, torn_ok: bool, drop_bad: bool) -> BmoeRun:
     text = text.removeprefix("\ufeff")
     version: str | None = None
     preamble: dict[str, str] = {}
@@ -118,6 +140,7 @@ def _parse(text: str, source: str | Path, torn_ok: bool) -> BmoeRun:
     columns: dict[str, list[float | None]] = {}
     summary: dict[str, Any] = {}
     summary_line: int | None = None
+    dropped: dict[str, DroppedColumn] | None = {} if drop_bad else None
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line:
@@ -138,15 +161,8 @@ def _parse(text: str, source: str | Path, torn_ok: bool) -> BmoeRun:
             continue
         fields = [f.strip() for f in line.split(",")]
         if header is None:
-            for name in fields:
-                if not NAME.match(name):
-                    raise ForeignRunError(source, f"header: {quote(name)} is not a column name "
-                                          "(a bmoe_metrics CSV starts with a header row)", n)
-            if len(set(fields)) != len(fields):
-                dup = next(f for f in fields if fields.count(f) > 1)
-                raise ForeignRunError(source, f"header: column `{clip(dup)}` appears twice", n)
-            header = fields
-            whats = [f"`{clip(name)}`" for name in header]
+            header = _header(fields, source, n)
+            whats = [f"column `{clip(name)}`" for name in header]
             columns = {name: [] for name in header}
             continue
         try:
@@ -155,8 +171,7 @@ def _parse(text: str, source: str | Path, torn_ok: bool) -> BmoeRun:
             if len(fields) != len(header):
                 raise ForeignRunError(source, f"{len(fields)} fields, the header has "
                                       f"{len(header)}", n)
-            row = [None if value == "" else number(value, source, n, what)
-                   for what, value in zip(whats, fields)]
+            row = _row(header, whats, fields, source, n, dropped)
         except ForeignRunError:
             if torn_ok:
                 break
@@ -166,7 +181,49 @@ def _parse(text: str, source: str | Path, torn_ok: bool) -> BmoeRun:
     if header is None and summary_line is None:
         raise ForeignRunError(source, "no header row, no token rows and no `# summary` line"
                               " (empty, or not a bmoe_metrics CSV)")
-    return BmoeRun(str(source), version, preamble, columns, summary, summary_line)
+    for name in dropped or ():
+        del columns[name]
+    return BmoeRun(str(source), version, preamble, columns, summary, summary_line,
+                   tuple((dropped or {}).values()))
+
+
+def _header(fields: list[str], source: str | Path, line: int) -> list[str]:
+    """The header row's column names, each a name and none twice."""
+    for name in fields:
+        if not NAME.match(name):
+            raise ForeignRunError(source, f"header: {quote(name)} is not a column name "
+                                  "(a bmoe_metrics CSV starts with a header row)", line)
+    if len(set(fields)) != len(fields):
+        dup = next(f for f in fields if fields.count(f) > 1)
+        raise ForeignRunError(source, f"header: column `{clip(dup)}` appears twice", line)
+    return fields
+
+
+def _row(header: list[str], whats: list[str], fields: list[str], source: str | Path,
+         line: int, dropped: dict[str, DroppedColumn] | None) -> list[float | None]:
+    """One token row's values. A value that is not a number is an error naming its column
+    and what was expected; with `dropped` (not None) its column is left out instead and
+    recorded there, unless the run's figures need it."""
+    row: list[float | None] = []
+    for name, what, value in zip(header, whats, fields):
+        if value == "" or (dropped is not None and name in dropped):
+            row.append(None)
+            continue
+        try:
+            row.append(number(value, source, line, what))
+        except ForeignRunError as e:
+            expected = EXPECTED + ("; a switch as 1 or 0" if value.lower() in SWITCH_WORDS
+                                   else "")
+            if dropped is None:
+                raise ForeignRunError(source, f"{e.problem} ({expected})", line) from None
+            if name in NEEDED_COLUMNS:
+                raise ForeignRunError(source, f"{e.problem} ({expected}; the run's tokens/s "
+                                      f"rests on `{name}`: the file is not imported)",
+                                      line) from None
+            dropped[name] = DroppedColumn(name, line, f"{e.problem} ({expected}): the column "
+                                          "is left out, the rest of the file is read")
+            row.append(None)
+    return row
 
 
 def read_bmoe_csv(path: Path) -> BmoeRun:

@@ -10,6 +10,7 @@ from typing import Any
 
 from abbench.errors import BadField, RecordError
 from abbench.records.jsonl import numbered_jsonl, read_jsonl_records
+from abbench.records.keys import POSITIONS
 from abbench.records.schema import build, from_dict, show, typed
 from abbench.records.summary import RunSummary
 
@@ -100,15 +101,27 @@ class CellRecord:
 
 @dataclass(frozen=True)
 class Sample:
-    """One sampler tick: timestamps and whatever readers answered (flat keys)."""
+    """One sampler tick, or one reading an import took from a snapshot or a driver line:
+    timestamps and whatever readers answered (flat keys)."""
 
     t_mono: float
     t_wall: float
     values: dict[str, Any]
     cell: int | None = None  # the cell running at this tick, None between cells
+    # An import's reading: where it stands in `cell` (`keys.POSITIONS`: an after- or exit
+    # reading belongs to the cell it follows). None: a sampler tick, written without it.
+    position: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.position is not None and self.position not in POSITIONS:
+            raise BadField(("position",), f"{show(self.position)} is not one of "
+                           f"{', '.join(POSITIONS)}")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.position is None:  # a sampler tick: the line it always was
+            del d["position"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Sample:

@@ -112,6 +112,12 @@ ENTRY_READINGS = ((CPU_TEMP_C, "cpu_temp_c"), (BATTERY_TEMP_C, "battery_temp_c")
                   (MEM_AVAILABLE_MIB, "mem_available_mib"))
 ENTRY_KEYS = tuple(key for key, _ in ENTRY_READINGS)
 
+# Where a reading stands in its cell (`journal.Sample.position`, written by imports): the
+# entry state `before` it, a reading `during` it (inside its span), a snapshot taken
+# `after` it, the driver's `exit` line. A sampler tick has none: its `cell` says where it fell.
+BEFORE, DURING, AFTER, EXIT = "before", "during", "after", "exit"
+POSITIONS = (BEFORE, DURING, AFTER, EXIT)
+
 
 # -- families --------------------------------------------------------------------------------
 

@@ -85,6 +85,10 @@ class DecisionSpec:
     expect: str = "faster"
     max_regression: float | None = None  # not-slower: the largest slow-down accepted
     metric: str = "tok_per_s"  # or "energy_per_token"
+    # The configuration keys that set the two arms apart beyond the ones the decision names
+    # (`abbench import` finds them; a campaign's cells are the user's own): the ratio would
+    # measure those changes too, so no GO or NO-GO.
+    confounds: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(DecisionSpec)}
@@ -92,6 +96,10 @@ class DecisionSpec:
             del d["max_regression"]
         if self.metric == "tok_per_s":  # plans before it stay byte-identical
             del d["metric"]
+        if not self.confounds:  # plans before it stay byte-identical
+            del d["confounds"]
+        else:
+            d["confounds"] = list(self.confounds)
         return d
 
 

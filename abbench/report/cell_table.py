@@ -67,7 +67,9 @@ CELL_COLUMNS: tuple[tuple[Column, str], ...] = (
 def cell_table(a: CampaignAnalysis) -> Table:
     """Every cell's row, and the notes on what is missing ("no per-token times ...")."""
     apart = t.config_apart(a.cells)
-    rows = tuple(cell_row(a, c.index, apart[c.index]) for c in a.cells)
+    named = {c.label: c.from_file_name for c in a.imported.cells} if a.imported else {}
+    rows = tuple(cell_row(a, c.index, from_file_name(apart[c.index], named.get(c.label, ())))
+                 for c in a.cells)
     shown = tuple((c, f) for c, f in CELL_COLUMNS
                   if f != "foreign" or any(r.foreign != "-" for r in rows))
     cols = tuple(c for c, _ in shown)
@@ -77,6 +79,13 @@ def cell_table(a: CampaignAnalysis) -> Table:
                   for n in (*c.notes, *((c.energy.note,) if c.energy.note else ())))
     return Table(cols, tuple(tuple(getattr(r, f) for _, f in shown) for r in rows),
                  "cells (steady window; ± is the 95% bootstrap interval)", notes)
+
+
+def from_file_name(config: str, keys: tuple[str, ...]) -> str:
+    """`config` as the table shows it (`model=gemma spec_gate=1`) with each of `keys` said
+    to come from a word of the file name: no file of the run records it."""
+    return " ".join(f"{w} (from the file name)" if "=" in w and w.split("=", 1)[0] in keys
+                    else w for w in config.split(" "))
 
 
 def cell_row(a: CampaignAnalysis, index: int, config: str) -> CellRow:

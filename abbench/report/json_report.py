@@ -68,7 +68,9 @@ def _cell(c: CellStats, a: CampaignAnalysis) -> dict[str, Any]:
             "cpu_temp_c": plain(d.cpu_temp_c), "battery_temp_c": plain(d.battery_temp_c),
             "mem_available_floor_mib": plain(d.mem_available_floor_mib), "samples": d.samples,
             "foreign_cores": plain(d.foreign_cores), "max_runnable_tasks": d.max_runnable_tasks,
+            "during_caps": [dict(s) for s in d.during_caps],
         },
+        "around": [plain(r.to_json()) for r in d.around],
         "notes": list(c.notes), "wall_ms": plain(c.wall_ms),
     }
 
@@ -97,8 +99,10 @@ def _decision(d: Decision) -> dict[str, Any]:
     cell_se = (math.sqrt(max(0.0, d.se ** 2 - d.token_se ** 2))
                if math.isfinite(d.se) and math.isfinite(d.token_se) else None)
     # interleaved campaigns only: the reports of other runs keep their keys
-    slices = {} if d.slices is None else {"slices": d.slices}
-    return slices | {
+    extra = {} if d.slices is None else {"slices": d.slices}
+    if d.confound is not None:  # reports before it stay as they were
+        extra["confound"] = d.confound
+    return extra | {
         "candidate": d.candidate, "baseline": d.baseline, "min_effect": d.min_effect,
         "expect": d.expect, "max_regression": d.max_regression, "metric": d.metric,
         "threshold": d.threshold,

@@ -48,6 +48,7 @@ from abbench.report.blocks import (
 )
 from abbench.report.cell_table import cell_table
 from abbench.report.series import Rates, Series, Timeline, per_token, rates, samples_of, timeline
+from abbench.report.sessions import across_sessions
 
 MARK = {"ok": "✓", "fail": "✗", "not measured": "–"}
 WARNS = "WARNING: "  # a detail line that warns (the page sets it in bold)
@@ -76,7 +77,7 @@ def build(a: CampaignAnalysis, samples: Sequence[Sample] | None = None) -> Docum
             "device ", Value(a.plan.device), ", run folder ", Value(str(a.run))))),
         only(MARKDOWN, _intro(a, f"{CELLS_METHOD}. Verdicts' intervals: {VERDICTS_METHOD}.")),
         only(HTML, _intro(a, f"{CELLS_METHOD}; verdicts' intervals: {VERDICTS_METHOD_BRIEF}.")),
-        *(Banner(b) for b in banners(a)), *_imported(a),
+        *(Banner(b) for b in banners(a)), *_imported(a), *across_sessions(a.imported),
         only(PAGES, page_verdicts, Section("Cells", (cells,))), only(TERMINAL, cells),
         only(HTML, *_figures(a, ticks)), *_pairs(a), *_unverified_ratios(a),
         *_listed("Drift (sentinels)", tuple(
@@ -116,12 +117,35 @@ def banners(a: CampaignAnalysis) -> tuple[str, ...]:
 
 
 def cell_name(a: CampaignAnalysis, index: int) -> str:
-    return f"cell {index + 1} ({a.cells[index].name})"
+    """"cell 3 (B)": the cell's number and arm; and its own run where the arm is named
+    after another ("cell 4 (qwen_base_r2, arm qwen_base_r1)": an import names an arm after
+    its first run)."""
+    arm, run = a.cells[index].name, run_name(a, index)
+    return f"cell {index + 1} ({arm})" if run == arm else f"cell {index + 1} ({run}, arm {arm})"
+
+
+def run_name(a: CampaignAnalysis, index: int) -> str:
+    """The cell's own name: its label without the leading number (a campaign's is its
+    arm's; an imported run's, its file stem)."""
+    number, dash, run = a.cells[index].label.partition("-")
+    return run if dash and number.isdigit() else a.cells[index].label
+
+
+def _pairs_named(a: CampaignAnalysis, d: Decision) -> str | None:
+    """The decision's pairs by their cells' labels, where the arms' names do not name
+    the runs in them (an import's arm is named after its first run, which may not be in a
+    pair); None where they do."""
+    cells = [i for p in d.pairs for i in (p.candidate, p.baseline)]
+    if all(run_name(a, i) == a.cells[i].name for i in cells):
+        return None
+    return "pairs behind this verdict: " + ", ".join(
+        f"{a.cells[p.candidate].label} vs {a.cells[p.baseline].label}" for p in d.pairs)
 
 
 def _imported(a: CampaignAnalysis) -> tuple[Block, ...]:
     """Where the order and each cell's times came from, what each cell's configuration
-    rests on, and what the import could not read (the terminal: the order and the notes)."""
+    rests on, what the import could not read, and what it did not import with the reason
+    (the terminal: the order, the notes and what was not imported)."""
     info = a.imported
     if info is None:
         return ()
@@ -139,10 +163,13 @@ def _imported(a: CampaignAnalysis) -> tuple[Block, ...]:
                                                       FACT_CONFIG))))
     blocks.append(Table(columns("#", "run", "files", "start", "end", "tok/s", "configuration"),
                         tuple(rows)))
-    return (only(PAGES, Section("Import", (Plain(tuple(blocks)),))),
+    left_out = tuple(x.shown() for x in info.not_imported)
+    return (only(PAGES, Section("Import", (Plain(tuple(blocks)),)),
+                 *([Section("Not imported", (Bullets(left_out),))] if left_out else [])),
             only(TERMINAL,
                  Paragraph((f"import: order {info.order.kind} ({info.order.source})",)),
-                 Bullets(tuple(f"{WARNS}{n}" for n in info.notes))))
+                 Bullets(tuple(f"{WARNS}{n}" for n in info.notes)),
+                 *([Bullets(left_out, lead=("not imported:",))] if left_out else [])))
 
 
 def _verdicts(a: CampaignAnalysis) -> tuple[Section, tuple[Block, ...]]:
@@ -184,7 +211,8 @@ def _notes(d: Decision, details: tuple[str, ...]) -> tuple[Block, ...]:
     page with the verdict coloured."""
     label = d.verdict
     if d.verdict == UNVERIFIED:
-        label = f"UNVERIFIED ({d.unverified_verdict} if matched)"
+        why = ", confounded" if d.matched else " if matched"
+        label = f"UNVERIFIED ({d.unverified_verdict}{why})"
     look = f" at look {d.look}" if d.look is not None else ""
     return (only(MARKDOWN, Note((Strong(f"{d.candidate} vs {d.baseline} ({t.question(d)}): "
                                        f"{label}{look}"), f" — {d.reason}"),
@@ -205,7 +233,8 @@ def _unverified(a: CampaignAnalysis) -> tuple[Block, ...]:
     """The unverified pairs' ratios, never in the verdict table."""
     rows = tuple((cell_name(a, p.candidate), cell_name(a, p.baseline),
                   t.num(p.ratio.estimate if p.ratio else None, ".3f"), t.ci(p.ratio))
-                 for d in a.decisions if d.verdict == UNVERIFIED for p in d.pairs)
+                 for d in a.decisions if d.verdict == UNVERIFIED and not d.matched
+                 for p in d.pairs)
     if not rows:
         return ()
     return (Section("Unverified pairs (device state or times not recorded — not matched)",
@@ -217,7 +246,7 @@ def _unverified_pairs(a: CampaignAnalysis, d: Decision) -> tuple[str, ...]:
     return tuple(
         f"unverified pair: {cell_name(a, p.candidate)} vs {cell_name(a, p.baseline)}: "
         f"{t.times(d.candidate, d.baseline, p.ratio, d.metric) if p.ratio else '-'}"
-        for p in (d.pairs if d.verdict == UNVERIFIED else ()))
+        for p in (d.pairs if d.verdict == UNVERIFIED and not d.matched else ()))
 
 
 def _looks(a: CampaignAnalysis) -> tuple[Block, ...]:
@@ -244,10 +273,15 @@ def _details(a: CampaignAnalysis, d: Decision) -> tuple[str, ...]:
     """The lines under a verdict: comparison, what the noise and power were, what would
     settle it, the order, warnings, the pairs not compared."""
     out: list[str] = []
-    if d.ratio is not None and d.verdict != UNVERIFIED and t.finite(d.ratio.low):
+    if d.ratio is not None and (d.verdict != UNVERIFIED or d.matched) \
+            and t.finite(d.ratio.low):
         out.append(t.times(d.candidate, d.baseline, d.ratio, d.metric))
+    if d.confound:
+        out.append(f"{WARNS}confounded: {d.confound}")
     if d.slices:
         out.append(d.slices)
+    if (named := _pairs_named(a, d)) is not None:
+        out.append(named)
     if d.identical:
         out.append(f"{d.candidate} and {d.baseline} have the same configuration: an A/A "
                    "comparison (the truth is a ratio of 1)")

@@ -6,11 +6,12 @@ import json
 import math
 from typing import Any
 
-from abbench.analysis.cells import CellStats
+from abbench.analysis.cells import CellStats, DeviceDuring
 from abbench.analysis.decide import UNVERIFIED, Decision
 from abbench.analysis.metrics import metric as metric_of
 from abbench.analysis.stats import Interval, Noise
 from abbench.records import EntryState
+from abbench.records.keys import AFTER, BEFORE, DURING, EXIT
 
 
 def finite(x: float | None) -> bool:
@@ -104,9 +105,11 @@ def resolvable(d: Decision) -> str | None:
 def verdict_cells(d: Decision) -> tuple[str, str, str]:
     """(ratio, 95% CI, matched pairs) of a verdict-table row: numbers only from matched
     pairs, dashes otherwise."""
+    pairs = ", ".join(f"{p.candidate + 1}/{p.baseline + 1}" for p in d.pairs)
+    if d.verdict == UNVERIFIED and d.matched:  # confounded: matched, but no verdict's number
+        return "-", "-", f"{pairs} (confounded)"
     if d.verdict == UNVERIFIED or d.ratio is None:
         return "-", "-", "none" if not d.pairs else "unverified only"
-    pairs = ", ".join(f"{p.candidate + 1}/{p.baseline + 1}" for p in d.pairs)
     return f"{d.ratio.estimate:.3f}", ci(d.ratio), pairs
 
 
@@ -137,9 +140,14 @@ def entry(e: EntryState) -> str:
 
 
 def caps_during(c: CellStats) -> str:
+    """The caps read during the cell (from its entry on: "changing" when they moved); with
+    none read during it, what its entry and the readings after it showed, said as such
+    (`analysis.readings`: never shown as "during")."""
     d = c.during
-    if not d.caps_measured:
-        return "-"
+    if not d.during_caps:
+        seen = dict.fromkeys(f"{POSITION_WORDS[r.position]} {_caps_read(r.caps_khz, d)}"
+                             for r in d.around if r.caps_khz)
+        return f"not read during ({'; '.join(seen)})" if seen else "-"
     blind = sorted({p for st in d.caps_states for p, _ in st if p not in d.hw_max_khz})
     if blind and not d.capped:
         lows = {p: min(cap for st in d.caps_states for q, cap in st if q == p) for p in blind}
@@ -148,6 +156,19 @@ def caps_during(c: CellStats) -> str:
     if not d.capped:
         return "at max" if d.caps_constant else "changed (at max)"
     return ("capped " if d.caps_constant else "changing, capped ") + ",".join(d.capped)
+
+
+POSITION_WORDS = {BEFORE: "entry", DURING: "during", AFTER: "after", EXIT: "exit"}
+
+
+def _caps_read(caps: dict[str, int], d: DeviceDuring) -> str:
+    """One reading's caps against the hardware maxima: the capped ones with their cap."""
+    hw = d.hw_max_khz
+    low = [f"{p} {cap / 1e6:.2f}" for p, cap in sorted(caps.items())
+           if p in hw and cap < hw[p]]
+    blind = [f"{p} cap {cap / 1e6:.2f} GHz (hardware max unknown)"
+             for p, cap in sorted(caps.items()) if p not in hw]
+    return ", ".join(([f"capped {', '.join(low)} GHz"] if low else []) + blind) or "at max"
 
 
 DESCRIBE_MAX = 100  # characters of a configuration's description
@@ -174,7 +195,9 @@ def describe_configs(keys: list[str]) -> dict[str, str]:
             text = key
         else:
             shown = apart or [n for n in ("model", "engine", "command") if n in cfg]
-            text = " ".join(f"{n}={_short(cfg[n])}" for n in shown if n in cfg) or "(no keys)"
+            # a key only the others record (a switch this run's command line did not give)
+            text = " ".join(f"{n}={_short(cfg[n])}" for n in shown if n in cfg) or \
+                " ".join(f"{n}=(not recorded)" for n in shown) or "(no keys)"
         out[key] = text if len(text) <= DESCRIBE_MAX else text[:DESCRIBE_MAX - 3] + "..."
     return out
 
