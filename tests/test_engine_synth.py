@@ -171,6 +171,45 @@ def test_the_file_says_its_type_and_others_can_read_it(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
 
 
+# -- qwen3moe files are the files written before the architecture dimension -------------
+
+# sha256 of the header (every key, the description, each tensor's name, shape, type and
+# offset: the file up to its data) as the writer wrote it before `arch`, under the name the
+# cache gives it. The tensor data come from the same generators in the same rng order
+# (whole files compared equal when this was added); a changed qwen3moe header would also
+# change the bytes the cached files and the parity tests were made with.
+QWEN3MOE_HEADERS = {
+    "tiny": "e0208d10fb729f8c8536585c771e84b6c3e2b891969fe7f741918ca03dc6db9d",
+    "tiny-gpt2": "b9410f45ac08b04faf9cd9f0414eddc32160b3b067634c31fe82306bd27e030f",
+    "small": "fef57746c66aaa8bb3b7038af9f2ecd242047e9756f6779cbaea663b368e6b86",
+    "tiny-q8": "b4e94e91dacc67e5061907d5dcad6e9190813de5e66f293e8de8d1626ca969d7",
+}
+
+
+@pytest.mark.parametrize("name", list(QWEN3MOE_HEADERS))
+def test_qwen3moe_headers_are_unchanged(name: str, tmp_path: Path) -> None:
+    import hashlib
+
+    spec = synth.preset(name.split("-")[0])
+    if name.endswith("gpt2"):
+        spec = replace(spec, tokenizer="gpt2")
+    elif name.endswith("q8"):
+        spec = replace(spec, expert_type="Q8_0", dense_type="Q8_0")
+    path = tmp_path / "m.gguf"
+    synth.write_model(spec, path, name=f"abbench-synthetic-{name}")
+    r = GGUFReader(path)
+    assert "abbench.synthetic.arch" not in r.fields
+    header = path.read_bytes()[:r.data_offset]
+    assert hashlib.sha256(header).hexdigest() == QWEN3MOE_HEADERS[name]
+
+
+def test_qwen3moe_is_the_default_architecture() -> None:
+    assert synth.named("tiny").arch == "qwen3moe"
+    assert synth.arch_preset("qwen3moe", "small") == synth.preset("small")
+    assert "arch" not in synth.preset("default").described()
+    assert synth.named("gpt-oss-tiny").described()["arch"] == "gpt-oss"
+
+
 # -- determinism and knobs ------------------------------------------------------------
 
 

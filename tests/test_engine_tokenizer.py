@@ -1,8 +1,9 @@
 """llama.cpp's SPM tokenizer (`tokenizer.ggml.model = "llama"`): the merge rule by hand,
 the space prefix, special tokens, byte fallback, BOS/EOS and what decoding hides; its
 byte-level BPE (`gpt2`) on the synthetic BPE vocabulary: round trips, special tokens, a
-deterministic vocabulary, and files it cannot read. The same texts against a real
-llama.cpp build are in tests/test_llamacpp.py."""
+deterministic vocabulary, and files it cannot read; gpt-oss's `gpt-4o` pre-tokenizer (words
+read off llama.cpp's regex) and how its harmony tokens print, split and end generation. The
+same texts against a real llama.cpp build are in tests/test_llamacpp.py."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from gguf import TokenType
+from gguf import GGUFReader, GGUFWriter, TokenType
 from test_engine_gguf_file import rewrite_gguf
+from tokenizers import Regex, pre_tokenizers
 
 from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.tokenizer import (
+    GPT4O_SPLIT,
+    PRE_TOKENIZERS,
     SPACE,
     BpeTokenizer,
     SpmTokenizer,
@@ -28,6 +32,8 @@ from abbench.engine.tokenizer import (
 from abbench.errors import ModelFileError, UsageError
 
 SPECIAL = ["<unk>", "<s>", "</s>"]
+HARMONY = ("<|endoftext|>", "<|start|>", "<|message|>", "<|channel|>", "<|end|>",
+           "<|return|>", "<|call|>")  # gpt-oss's, in the synthetic vocabulary's order
 BYTES = [f"<0x{b:02X}>" for b in range(256)]
 N, C, U, B, D = (int(TokenType.NORMAL), int(TokenType.CONTROL), int(TokenType.UNKNOWN),
                  int(TokenType.BYTE), int(TokenType.USER_DEFINED))
@@ -192,3 +198,121 @@ def test_end_of_generation_is_eos_and_llama_cpps_named_tokens(tmp_path: Path) ->
     spm = tmp_path / "spm.gguf"
     synth.write_model(synth.preset("tiny"), spm)
     assert end_of_generation(ModelFile(spm)) == {synth.EOS_ID}
+
+
+# -- gpt-oss: the `gpt-4o` pre-tokenizer and harmony's special tokens -------------------------
+
+
+def words(text: str, pre: str = "gpt-4o") -> list[str]:
+    """`text` cut by pre-tokenizer `pre`'s regex as BpeTokenizer runs it."""
+    split = pre_tokenizers.Split(Regex(PRE_TOKENIZERS[pre]), behavior="isolated")
+    return [w for w, _ in split.pre_tokenize_str(text)]
+
+
+# Each expectation read off llama.cpp's regex: letters run "not a-z"* then "not A-Z"+ (or
+# "not a-z"+ then "not A-Z"*) behind one optional non-letter, non-digit, non-newline;
+# a contraction stays on its word; digits go in threes; other symbols run together with
+# newlines and slashes after them; whitespace before a word is left to the word.
+GPT4O_WORDS = [
+    ("Hello world", ["Hello", " world"]),
+    ("camelCase HTTPServer ALLCAPS", ["camel", "Case", " HTTPServer", " ALLCAPS"]),
+    ("don't DON'T I'm you're we'll it'S", ["don't", " DON'T", " I'm", " you're", " we'll",
+                                            " it'S"]),
+    ("'tis x 's", ["'tis", " x", " '", "s"]),  # a contraction ends a word, begins none
+    ("12345 2026 3.14159", ["123", "45", " ", "202", "6", " ", "3", ".", "141", "59"]),
+    ("a1 ٣٤٥٦", ["a", "1", " ", "٣٤٥", "٦"]),  # Arabic-Indic digits are digits
+    # A non-ASCII letter is "not a-z" and "not A-Z" both (tiktoken's own regex would cut
+    # "café" from "ÉTÉ"):
+    ("naïve café", ["naïve", " café"]),
+    ("Ελληνικά русский 東京", ["Ελληνικά", " русский", " 東京"]),
+    ("caféÉTÉ ÉcoleNormale", ["caféÉ", "TÉ", " École", "Normale"]),
+    ("e\u0301té", ["e", "\u0301té"]),  # a combining mark is no letter
+    ("line\nbreak\ttab", ["line", "\n", "break", "\ttab"]),
+    ("a\n\n  b", ["a", "\n\n", " ", " b"]),
+    ("x \n y\r\n", ["x", " \n", " y", "\r\n"]),
+    ("  two  spaces  ", [" ", " two", " ", " spaces", "  "]),
+    ("end.\n\nNext a/b/", ["end", ".\n\n", "Next", " a", "/b", "/"]),
+    ("Hello, world! 🚀🔥 $100", ["Hello", ",", " world", "!", " 🚀🔥", " $", "100"]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), GPT4O_WORDS)
+def test_the_gpt4o_pre_tokenizer_cuts_words_as_llama_cpps_regex(text: str,
+                                                                 expected: list[str]) -> None:
+    assert words(text) == expected
+    assert "".join(expected) == text
+
+
+def test_llama_cpps_other_names_for_the_gpt4o_pre_tokenizer() -> None:
+    assert {p for p, r in PRE_TOKENIZERS.items() if r == GPT4O_SPLIT} == {
+        "gpt-4o", "llama4", "kanana2", "talkie"}
+
+
+def harmony_bpe(pre: str = "gpt-4o", special: tuple[str, ...] = HARMONY) -> BpeTokenizer:
+    """gpt-oss's special tokens (control in the file, as its converter writes them), the
+    byte alphabet, and one merge, "a B"; EOS is <|return|>."""
+    tokens = [*special, *byte_alphabet(), "aB"]
+    types = [C] * len(special) + [N] * 257
+    v = Vocab(tuple(tokens), (0.0,) * len(tokens), tuple(types), 0,
+              special.index("<|return|>"), False, False, False, model="gpt2",
+              merges=("a B",), pre=pre)
+    return BpeTokenizer(v)
+
+
+def test_a_gpt4o_vocabulary_is_cut_by_its_own_regex() -> None:
+    """qwen2 keeps "aB" one word, which the merge makes one token; gpt-4o cuts it."""
+    assert harmony_bpe("qwen2").encode("aB") == [len(HARMONY) + 256]
+    gpt4o = harmony_bpe()
+    assert texts(gpt4o, gpt4o.encode("aB")) == ["a", "B"]
+
+
+def test_harmony_tokens_print_and_end_does_not_end_generation() -> None:
+    tok = harmony_bpe()
+    ids = tok.encode("<|start|>assistant<|channel|>final<|message|>Hi<|end|>x<|return|>")
+    shown = "<|start|>assistant<|channel|>final<|message|>Hi<|end|>x"
+    assert tok.decode(ids) == shown  # <|return|> prints nothing; the rest print
+    assert tok.end_ids == {0, 5, 6} and not tok.is_eog(4) and tok.is_eog(5)
+    # User-defined tokens are split out even when special tokens are not parsed:
+    plain = tok.encode("<|end|><|return|>", parse_special=False)
+    assert plain[0] == 4 and 5 not in plain
+
+
+def test_without_call_end_is_an_end_that_prints_nothing() -> None:
+    tok = harmony_bpe(special=tuple(t for t in HARMONY if t != "<|call|>"))
+    end = tok.vocab.tokens.index("<|end|>")
+    assert tok.is_eog(end) and tok.piece(end) == b""
+
+
+def test_end_of_generation_reads_the_files_role_ids(tiny_bpe: Path, tmp_path: Path) -> None:
+    """`tokenizer.ggml.eot_token_id` joins the set, as llama.cpp adds it."""
+    r = GGUFReader(tiny_bpe)
+    path = tmp_path / "vocab.gguf"
+    w = GGUFWriter(path, "qwen3moe")
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+                "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                "tokenizer.ggml.eos_token_id"):
+        field = r.fields[key]
+        sub = field.types[-1] if len(field.types) > 1 else None
+        w.add_key_value(key, field.contents(), field.types[0], sub)
+    w.add_uint32("tokenizer.ggml.eot_token_id", 1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    assert read_vocab(ModelFile(path)).role_ids == (("eot", 1),)
+    assert end_of_generation(ModelFile(path)) == {0, 1, 2}
+
+
+def test_end_of_generation_without_a_usable_tokenizer(tiny_bpe: Path, tmp_path: Path) -> None:
+    """A pre-tokenizer this cannot run (the prompt then comes as ids): the ends are still
+    found from the token texts and the EOS."""
+    odd = rewrite_gguf(tiny_bpe, tmp_path / "odd.gguf",
+                       set_keys={"tokenizer.ggml.pre": "llama3"})
+    assert end_of_generation(ModelFile(odd)) == {0, 2}
+
+
+def test_a_role_id_must_name_a_role_and_a_token() -> None:
+    v = vocab().vocab
+    with pytest.raises(ValueError, match="role"):
+        replace(v, role_ids=(("eot", len(v.tokens)),))
+    with pytest.raises(ValueError, match="role"):
+        replace(v, role_ids=(("bos", 1),))

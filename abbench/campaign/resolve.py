@@ -237,7 +237,8 @@ def _model(value: str, at: Key, folder: Path) -> str:
         if not _SYNTHETIC.match(value):
             fail(at, f"{show(value)} is not a synthetic model",
                  tip="`synthetic:PRESET` or `synthetic:PRESET@SEED` (presets: tiny, small, "
-                 "default; or a real shape, e.g. qwen3-30b-a3b-4L-Q4_K_M)")
+                 "default, gpt-oss-tiny, gpt-oss-small; or a real shape, e.g. "
+                 "qwen3-30b-a3b-4L-Q4_K_M)")
         return value
     try:
         path = Path(value).expanduser()
@@ -251,5 +252,5 @@ def _model(value: str, at: Key, folder: Path) -> str:
     if not found:
         fail(at, f"no model file at {show(str(path))}",
              tip="a .gguf file (relative to the campaign file's folder), or "
-             "`synthetic:tiny|small|default[@SEED]`")
+             "`synthetic:PRESET[@SEED]` (tiny, small, default, gpt-oss-tiny, ...)")
     return os.path.normpath(path)

@@ -24,13 +24,21 @@ UNREAD_SHOWN = 5  # unread metadata arrays named in `model info`'s text
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     model = sub.add_parser("model", help="write synthetic models, describe model files")
     msub = model.add_subparsers(dest="model_cmd", required=True, metavar="COMMAND")
-    sy = msub.add_parser("synth", help="write a synthetic qwen3moe GGUF model",
-                         description="Write a synthetic qwen3moe model whose routing behaves "
-                         "like a trained model's. Presets: " + ", ".join(
-                             f"{k} ({v.n_layer} layers, {v.n_expert} experts, top-{v.n_expert_used}"
-                             f", d={v.d_model})" for k, v in synth.PRESETS.items()))
-    sy.add_argument("--preset", choices=list(synth.PRESETS),
-                    help="a synthetic geometry (default tiny)")
+    sy = msub.add_parser("synth", help="write a synthetic MoE GGUF model (qwen3moe, gpt-oss)",
+                         description="Write a synthetic MoE model whose routing behaves like a "
+                         "trained model's, in architecture --arch. Presets: " + ", ".join(
+                             f"{k} ({v.arch}: {v.n_layer} layers, {v.n_expert} experts, "
+                             f"top-{v.n_expert_used}, d={v.d_model})"
+                             for k, v in synth.PRESETS.items())
+                         + " (--arch gpt-oss --preset tiny writes gpt-oss-tiny)")
+    sy.add_argument("--arch", choices=list(synth.ARCHS),
+                    help="architecture: qwen3moe (the default) or gpt-oss (sliding-window "
+                    "attention with sinks, YaRN RoPE, biases, MXFP4 experts, harmony "
+                    "vocabulary); a --shape has its own")
+    sy.add_argument("--preset", choices=list(dict.fromkeys(
+        k.removeprefix(f"{v.arch}-") for k, v in synth.PRESETS.items())),
+                    help="a synthetic geometry of --arch (default tiny; default exists for "
+                    "qwen3moe only)")
     sy.add_argument("--shape", choices=list(synth.SHAPES),
                     help="a real model's geometry instead of a preset, at --layers layers")
     sy.add_argument("--layers", type=int, metavar="N",
@@ -53,8 +61,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                     help="storage type of large dense tensors (default F32; the same mix "
                     "when --expert-type is a mix)")
     sy.add_argument("--tokenizer", choices=list(synth.TOKENIZERS),
-                    help="vocabulary: llama (SentencePiece with byte tokens, the default) or "
-                    "gpt2 (byte-level BPE of 512 tokens, Qwen's qwen2 pre-tokenizer)")
+                    help="vocabulary: llama (SentencePiece with byte tokens, qwen3moe's default), "
+                    "gpt2 (byte-level BPE of 512 tokens, Qwen's qwen2 pre-tokenizer) or gpt-4o "
+                    "(byte-level BPE of 512 tokens, gpt-oss's harmony tokens and gpt-4o "
+                    "pre-tokenizer, gpt-oss's default)")
     sy.set_defaults(func=cmd_model_synth)
     info = msub.add_parser("info", help="architecture and sizes of a model file")
     info.add_argument("model", help="a .gguf file or synthetic:PRESET")
@@ -70,9 +80,13 @@ def cmd_model_synth(a: argparse.Namespace) -> int:
     if a.shape:
         spec = synth.shape(a.shape, 4 if a.layers is None else a.layers, a.seed)
         what = f"{a.shape} x {spec.n_layer} layers"
+        if a.arch is not None and a.arch != spec.arch:
+            raise UsageError(f"`--shape {a.shape}` is {spec.arch}, not {a.arch}",
+                             tip="leave `--arch` out with `--shape`")
     else:
-        spec = synth.preset(a.preset or "tiny", a.seed)
-        what = a.preset or "tiny"
+        arch = a.arch or "qwen3moe"
+        spec = synth.arch_preset(arch, a.preset or "tiny", a.seed)
+        what = synth.preset_name(arch, a.preset or "tiny")
     if a.expert_type in synth.MIXES and a.dense_type is None:
         a.dense_type = a.expert_type  # a Q4_K_M file: every matrix by the mix's rules
     overrides = {k: v for k, v in (

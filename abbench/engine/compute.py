@@ -1,10 +1,10 @@
-"""The expert compute team: `threads` threads (the caller plus helpers) running SwiGLU experts.
+"""The expert compute team: `threads` threads (the caller plus helpers) running the experts.
 
 numpy runs a small GEMV on one core, so one thread cannot reach the memory bandwidth a
 large GEMV gets from BLAS's own threads; splitting a layer's experts over the cores can.
 
 A layer's work is a list of tasks taken from one shared counter: an expert's *up* task (its
-gate/up GEMV and SwiGLU) and its *down* task (the down GEMV). Resident experts' up tasks
+gate/up GEMV and activation) and its *down* task (the down GEMV). Resident experts' up tasks
 come first, then their down tasks, then each missing expert's up and down in routing order:
 the resident work is done while reads are in flight, and the layer ends one expert after
 its last read. Down tasks are small and taken by whichever thread is free, so the threads
@@ -13,12 +13,16 @@ still running waits for it; an up task whose bytes are still being read waits fo
 Those waits are recorded so the *stall* — time during which every compute thread was
 waiting or had nothing left to do — can be measured.
 
+What an expert computes around its GEMVs is its architecture's (`arch.common.ExpertFFN`:
+`act` after the gate/up GEMV, `post` after the down GEMV); qwen3moe's, plain SwiGLU
+without biases, is `SwiGLU` here.
+
 Waking a sleeping thread costs tens of microseconds here (a futex wake, and on a virtual
 machine an interrupt to a halted CPU), as does every hand-over of the GIL between threads.
 So the team avoids them where it can: the caller never waits for a helper that has not
 started (it runs what is left itself), the last task is always the caller's (so the helper
-is usually done before the caller needs it), the SwiGLU of one expert is small enough that
-numpy runs it without releasing the GIL, and completion is counted without locks. Where
+is usually done before the caller needs it), the activation of one expert is small enough
+that numpy runs it without releasing the GIL, and completion is counted without locks. Where
 every expert is resident, the partner process (`partner.py`) replaces the helpers.
 """
 
@@ -30,10 +34,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from abbench.engine.streamer import ExpertBuffer, ReadTicket
+
+if TYPE_CHECKING:
+    from abbench.engine.arch.common import ExpertFFN, FFNGraph
+    from abbench.engine.ggml import Context
 
 
 @dataclass(slots=True)
@@ -41,6 +50,7 @@ class Job:
     slot: int  # row of the output matrix (routing order)
     buffer: ExpertBuffer
     ticket: ReadTicket | None  # None when the expert is already resident
+    expert: int | None = None  # its id in the layer, for an FFN that reads it (`by_expert`)
 
 
 Task = tuple[bool, int]  # (is a down task, index into the batch's jobs)
@@ -64,7 +74,7 @@ class Scratch:
         self.rows: list[Rows] = [(h[j], h[j, :ff], h[j, ff:], act[j]) for j in range(max_k)]
 
 
-# An expert is computed by these two functions wherever it runs (a team thread, the caller,
+# An expert is computed by these functions wherever it runs (a team thread, the caller,
 # the partner process), so its output is bit-identical whoever computes it.
 
 
@@ -88,37 +98,84 @@ def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     _mul(out, up, out)
 
 
-def expert_up(buf: ExpertBuffer, x: np.ndarray, rows: Rows) -> None:
-    """The gate/up GEMV and SwiGLU of one expert into `rows` (x: (d,))."""
+class SwiGLU:
+    """silu(gate) * up, no biases: qwen3moe's expert FFN (llama.cpp's LLM_FFN_SILU with
+    LLM_FFN_PAR), an `arch.common.ExpertFFN`, and the expert side's default. Its numpy
+    `act` is `swiglu`, its graph step ggml's `swiglu_split`, as before there was a choice."""
+
+    by_expert = False
+
+    def act(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray, layer: int,
+            experts: Any) -> None:
+        swiglu(gate, up, out)
+
+    def post(self, y: np.ndarray, layer: int, experts: Any) -> None:
+        """Nothing after the down product."""
+
+    def graph_bytes(self, rows: int, ff: int, d: int) -> int:
+        return 4 * rows * ff + 64  # the activation, at the scratch's 64-byte alignment
+
+    def graph(self, ctx: Context, eids: int) -> FFNGraph:
+        return _SwiGLUGraph(ctx)
+
+
+class _SwiGLUGraph:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def act(self, gate: int, up: int) -> int:
+        return self.ctx.op("swiglu_split", gate, up)  # (ff, n_used, t)
+
+    def post(self, down: int) -> int:
+        return down
+
+    def set_layer(self, layer: int) -> None:
+        """Nothing held per layer."""
+
+
+SWIGLU = SwiGLU()
+
+
+def expert_up(buf: ExpertBuffer, x: np.ndarray, rows: Rows, ffn: ExpertFFN = SWIGLU,
+              layer: int = 0, expert: int | None = None) -> None:
+    """The gate/up GEMV and the FFN's activation of one expert into `rows` (x: (d,))."""
     h, gate, up, act = rows
     np.matmul(buf.gate_up, x, out=h)  # (2ff,)
-    swiglu(gate, up, act)  # (ff,); gate overwritten
+    ffn.act(gate, up, act, layer, expert)  # (ff,); gate overwritten
 
 
-def expert_down(buf: ExpertBuffer, act: np.ndarray, out: np.ndarray) -> None:
+def expert_down(buf: ExpertBuffer, act: np.ndarray, out: np.ndarray, ffn: ExpertFFN = SWIGLU,
+                layer: int = 0, expert: int | None = None) -> None:
     np.matmul(buf.down, act, out=out)  # (d, ff) @ (ff,) → (d,)
+    if ffn.by_expert:
+        ffn.post(out, layer, expert)
 
 
 def experts_into(bufs: Sequence[ExpertBuffer], x: np.ndarray, scratch: Scratch,
-                 out: np.ndarray) -> None:
-    """Several experts on one input into out[0 .. n-1] (x: (d,), out: (>= n, d)): what
-    `expert_up` then `expert_down` give for each, with one SwiGLU over all n rows — the
-    same elementwise arithmetic on the same values, so the same bits, in five ufunc calls
-    instead of five per expert (on a decode layer's path each call costs more than its
-    arithmetic)."""
+                 out: np.ndarray, ffn: ExpertFFN = SWIGLU, layer: int = 0,
+                 experts: Sequence[int] = ()) -> None:
+    """Several experts on one input into out[0 .. n-1] (x: (d,), out: (>= n, d); experts:
+    their ids, read where `ffn.by_expert`): what `expert_up` then `expert_down` give for
+    each, with one activation over all n rows — the same elementwise arithmetic on the
+    same values, so the same bits, in a few ufunc calls instead of a few per expert (on a
+    decode layer's path each call costs more than its arithmetic)."""
     n = len(bufs)
     if n == 0:
         return
     for buf, (h, _, _, _) in zip(bufs, scratch.rows):
         np.matmul(buf.gate_up, x, out=h)  # (2ff,)
     ff = scratch.act.shape[1]
-    swiglu(scratch.h[:n, :ff], scratch.h[:n, ff:], scratch.act[:n])  # (n, ff); gates overwritten
+    # (n, ff); gates overwritten
+    ffn.act(scratch.h[:n, :ff], scratch.h[:n, ff:], scratch.act[:n], layer, experts)
     for j, buf in enumerate(bufs):
         np.matmul(buf.down, scratch.act[j], out=out[j])  # (d, ff) @ (ff,) → (d,)
+    if ffn.by_expert:
+        ffn.post(out[:n], layer, experts)  # (n, d)
 
 
-def expert_rows(buf: ExpertBuffer, x: np.ndarray) -> np.ndarray:
-    """One expert over a batch of rows (prefill): x (m, d) → (m, d). The same SwiGLU as
+def expert_rows(buf: ExpertBuffer, x: np.ndarray, ffn: ExpertFFN = SWIGLU, layer: int = 0,
+                expert: int | None = None) -> np.ndarray:
+    """One expert over a batch of rows (prefill): x (m, d) → (m, d). The same FFN as
     `expert_up` and `expert_down`, as GEMMs: equal to them up to float summation order."""
     ff = buf.down.shape[1]
     # Weights on the left (w @ x.T rather than x @ w.T): measured here at ~11 rows per
@@ -127,19 +184,25 @@ def expert_rows(buf: ExpertBuffer, x: np.ndarray) -> np.ndarray:
     h = buf.gate_up @ x.T  # (2ff, d) @ (d, m) → (2ff, m)
     gate, up = h[:ff], h[ff:]  # (ff, m) each
     act = np.empty_like(gate)  # (ff, m)
-    swiglu(gate, up, act)  # gate overwritten
-    return (buf.down @ act).T  # (d, ff) @ (ff, m) → (d, m), seen as (m, d)
+    # The FFN sees rows (m, ff): transposed views, elementwise the same arithmetic.
+    ones = [expert] if ffn.by_expert else None  # (1,): every row this expert's
+    ffn.act(gate.T, up.T, act.T, layer, ones)  # gate overwritten
+    y = (buf.down @ act).T  # (d, ff) @ (ff, m) → (d, m), seen as (m, d)
+    if ffn.by_expert:
+        ffn.post(y, layer, ones)
+    return y
 
 
 RowTask = tuple[ExpertBuffer, np.ndarray]  # an expert and its slots of a prefill batch
 
 
 def rows_task(buf: ExpertBuffer, x: np.ndarray, k: int, slots: np.ndarray,
-              y: np.ndarray) -> None:
+              y: np.ndarray, ffn: ExpertFFN = SWIGLU, layer: int = 0,
+              expert: int | None = None) -> None:
     """One expert of a prefill batch: `slots` are flat (token, routing slot) indices
     token * k + slot of the batch's (n, k) routing that chose it (x: (n, d), y: (n * k, d))
     → y[slots] = its outputs for those tokens."""
-    y[slots] = expert_rows(buf, x[slots // k])  # (m, d)
+    y[slots] = expert_rows(buf, x[slots // k], ffn, layer, expert)  # (m, d)
 
 
 def private_vectors() -> Callable[[int], np.ndarray]:
@@ -200,8 +263,10 @@ def task_order(jobs: list[Job]) -> list[Task]:
 class _Batch:
     """One layer's tasks, shared by the team for one `run` call."""
 
-    def __init__(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, n: int) -> None:
+    def __init__(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, n: int,
+                 layer: int) -> None:
         self.jobs = jobs
+        self.layer = layer
         self.x = x
         self.out = out
         self.tasks = task_order(jobs)
@@ -215,8 +280,9 @@ class _Batch:
 
 
 class ComputeTeam:
-    def __init__(self, threads: int, ff: int, max_k: int) -> None:
+    def __init__(self, threads: int, ff: int, max_k: int, ffn: ExpertFFN = SWIGLU) -> None:
         self.threads = max(1, threads)
+        self.ffn = ffn
         # Shared by the team: a job's rows are written by its up task and read by its
         # down task, whichever threads take them.
         self._rows = Scratch(max_k, ff).rows
@@ -234,12 +300,13 @@ class ComputeTeam:
             t.start()
             self._inboxes.append(inbox)
 
-    def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> float:
-        """Compute every job into `out[slot]` (x: (d,), out: (k, d)); returns stall seconds."""
+    def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, layer: int = 0) -> float:
+        """Compute every job of `layer` into `out[slot]` (x: (d,), out: (k, d)); returns
+        stall seconds."""
         if not jobs:
             return 0.0
         helpers = min(len(self._inboxes), len(jobs) - 1)
-        batch = _Batch(jobs, x, out, helpers + 1)
+        batch = _Batch(jobs, x, out, helpers + 1, layer)
         t_start = batch.t_start
         for inbox in self._inboxes[:helpers]:
             inbox.put(batch)
@@ -298,7 +365,8 @@ class ComputeTeam:
                     waits.append((w0, time.perf_counter()))
                     if batch.error is not None:
                         return
-                expert_down(job.buffer, self._rows[j][3], batch.out[job.slot])
+                expert_down(job.buffer, self._rows[j][3], batch.out[job.slot], self.ffn,
+                            batch.layer, job.expert)
                 return
             if job.ticket is not None:
                 if not job.ticket.event.is_set():
@@ -306,7 +374,7 @@ class ComputeTeam:
                     job.ticket.event.wait()
                     waits.append((w0, time.perf_counter()))
                 job.ticket.wait()  # raises if the read failed
-            expert_up(job.buffer, batch.x, self._rows[j])
+            expert_up(job.buffer, batch.x, self._rows[j], self.ffn, batch.layer, job.expert)
             batch.up_done[j] = True
         except BaseException as e:  # re-raised by `run` in the calling thread
             if batch.error is None:

@@ -60,7 +60,8 @@ class EngineConfig:
     cell's TOML keys, the child process's argv and the run JSON's `config` all come from
     these fields (see docs/architecture.md, "adding an engine flag")."""
 
-    model: str = option(MISSING, "a .gguf file, or synthetic:tiny|small|default[@SEED], or "
+    model: str = option(MISSING, "a .gguf file, or synthetic:PRESET[@SEED] (tiny, small, default, "
+                        "gpt-oss-tiny, gpt-oss-small), or "
                         "a real shape quantized, synthetic:qwen3-30b-a3b-4L-Q4_K_M (built "
                         "once)", MODEL, short="-m")
     prompt: str = option(DEFAULT_PROMPT, "prompt text (byte vocabularies)", MODEL, short="-p")

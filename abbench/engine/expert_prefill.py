@@ -29,6 +29,7 @@ from abbench.engine.qcompute import QuantTeam
 from abbench.engine.streamer import ExpertBuffer, LayerExperts, ReadTicket
 
 if TYPE_CHECKING:
+    from abbench.engine.arch.common import ExpertFFN
     from abbench.records.route_trace import RouteTraceWriter
 
 
@@ -41,6 +42,7 @@ class BatchPrefill:
     tok: TokenCounters
     policies: Policies
     team: ComputeTeam | partner.Partner | QuantTeam
+    ffn: ExpertFFN
     threads: int
     trace: RouteTraceWriter | None
     step: int
@@ -128,25 +130,27 @@ class BatchPrefill:
         first = np.array(union, dtype=ranked.dtype)  # (|union|,)
         bounds = np.searchsorted(ranked, np.stack([first, first + 1]))  # (2, |union|)
         slots = [order[lo:hi] for lo, hi in bounds.T.tolist()]  # per union slot
-        jobs: list[tuple[np.ndarray, ExpertBuffer, ReadTicket | None]]
-        jobs = [(slots[job.slot], job.buffer, None) for job in load.resident]
-        jobs += [(slots[slot], buf, t)
-                 for (slot, _, buf, _), t in zip(load.missing, load.tickets)]
+        # (its rows, its buffer, its read or None, its expert id) per expert
+        jobs: list[tuple[np.ndarray, ExpertBuffer, ReadTicket | None, int]]
+        jobs = [(slots[job.slot], job.buffer, None, union[job.slot]) for job in load.resident]
+        jobs += [(slots[slot], buf, t, e)
+                 for (slot, e, buf, _), t in zip(load.missing, load.tickets)]
 
-        def run(job: tuple[np.ndarray, ExpertBuffer, ReadTicket | None]) -> float:
-            where, buf, ticket = job
+        def run(job: tuple[np.ndarray, ExpertBuffer, ReadTicket | None, int]) -> float:
+            where, buf, ticket, e = job
             waited = 0.0
             if ticket is not None:
                 w0 = time.perf_counter()
                 ticket.wait()  # raises if the read failed
                 waited = time.perf_counter() - w0
-            rows_task(buf, x, k, where, flat)  # no two jobs share a slot
+            rows_task(buf, x, k, where, flat, self.ffn, layer, e)  # no two jobs share a slot
             return waited
 
         def run_all() -> float:
             team = self.team
             if (isinstance(team, partner.Partner) and not load.tickets
-                    and team.run_rows(x, k, [(buf, where) for where, buf, _ in jobs], flat)):
+                    and team.run_rows(x, k, [(buf, where) for where, buf, _, _ in jobs], flat,
+                                      [e for _, _, _, e in jobs], layer)):
                 return 0.0
             if self.threads == 1 or len(jobs) == 1:
                 return sum(run(job) for job in jobs)
@@ -180,9 +184,11 @@ class BatchPrefill:
             mine = np.vectorize(slot.__contains__, otypes=[bool])(ids) & keep  # (n, k)
             tok, j = np.nonzero(mine)  # (m,), (m,)
             pool = self.kinds[layer]
-            slots = np.array([slot[e] for e in ids[tok, j].tolist()], np.int32)[:, None]  # (m, 1)
+            experts = ids[tok, j]  # (m,)
+            slots = np.array([slot[e] for e in experts.tolist()], np.int32)[:, None]  # (m, 1)
             # (m, d): each pair's expert over its token's row
-            y[tok, j] = team.rows(pool, x[tok], slots)[:, 0]  # type: ignore[arg-type]
+            y[tok, j] = team.rows(pool, x[tok], slots,  # type: ignore[arg-type]
+                                  experts[:, None], layer)[:, 0]
             return stall
 
         self._compute(layer, load, run)

@@ -48,7 +48,7 @@ import numpy as np
 
 from abbench.engine import partner
 from abbench.engine.cache import BufferKind, ExpertCache, Key
-from abbench.engine.compute import ComputeTeam, Job
+from abbench.engine.compute import SWIGLU, ComputeTeam, Job
 from abbench.engine.expert_pass import Direct, Load, Miss, Selection, TokenCounters
 from abbench.engine.expert_prefill import BatchPrefill
 from abbench.engine.expert_speculation import Speculation
@@ -57,8 +57,10 @@ from abbench.engine.policies import Policies, cold_keep, kept_weights
 from abbench.engine.qcompute import QuantTeam
 from abbench.engine.slots import SlotPool
 from abbench.engine.streamer import BufferArena, F32Kind, LayerExperts, ReadTicket, SliceReader
+from abbench.errors import EngineError
 
 if TYPE_CHECKING:
+    from abbench.engine.arch.common import ExpertFFN
     from abbench.engine.predictor import RoutePredictor
     from abbench.records.route_trace import RouteTraceWriter
 
@@ -89,9 +91,12 @@ class ExpertRunner(BatchPrefill, Speculation):
         max_k: int,
         policies: Policies | None = None,
         team: QuantTeam | None = None,
+        ffn: ExpertFFN = SWIGLU,
     ) -> None:
-        """`team`: compute the experts in the file's own types on this ggml team (their
-        buffers then hold the file's bytes); None: in F32 on the numpy team."""
+        """`team`: compute the experts in the file's own types on this ggml team made with
+        `ffn` (their buffers then hold the file's bytes); None: in F32 on the numpy team.
+        `ffn`: the architecture's expert FFN (`arch.common.ExpertFFN`)."""
+        self.ffn = ffn
         self.layout = layout
         self.overlap = overlap
         self.resident = resident
@@ -99,15 +104,14 @@ class ExpertRunner(BatchPrefill, Speculation):
         self._pool: ThreadPoolExecutor | None = None  # prefill's expert GEMMs, made on use
         self.policies = policies or Policies()
         self.n_expert = layout[0].gate.shape[0] if layout else 0
+        ff = max((le.ff for le in layout), default=1)
+        d = max((le.d for le in layout), default=1)
+        self.team: ComputeTeam | partner.Partner | QuantTeam = self._team(team, ff, max_k)
         self.reader = SliceReader(mf.path, io_lanes, o_direct)
         self.raw = team is not None
         self.kinds = self._kinds(max_k)
         total = sum(kind.nbytes * self.n_expert for kind in self.kinds)
         self.cache = ExpertCache(total if resident else int(cache_mib * MIB))
-        ff = max((le.ff for le in layout), default=1)
-        d = max((le.d for le in layout), default=1)
-        self.team: ComputeTeam | partner.Partner | QuantTeam = (
-            team if team is not None else ComputeTeam(threads, ff, max_k))
         self.out = np.zeros((max_k, d), np.float32)  # (k, d) expert outputs, routing order
         self.tok = TokenCounters()
         self.load_read_bytes = 0
@@ -133,6 +137,14 @@ class ExpertRunner(BatchPrefill, Speculation):
                     self.team.repack_pool(pool)  # type: ignore[arg-type]
             self._preload()
             self.cache.complete = True
+
+    def _team(self, team: QuantTeam | None, ff: int, max_k: int) -> ComputeTeam | QuantTeam:
+        """The ggml team given, which must run this runner's FFN, or the numpy team."""
+        if team is None:
+            return ComputeTeam(self.threads, ff, max_k, self.ffn)
+        if team.ffn is not self.ffn:
+            raise EngineError("the ggml team computes another expert FFN than the runner's")
+        return team
 
     def _kinds(self, max_k: int) -> list[BufferKind]:
         """Each layer's buffer kind: F32 buffers of its shape from one arena, or slots of
@@ -173,7 +185,8 @@ class ExpertRunner(BatchPrefill, Speculation):
             return False
         max_k, d = self.out.shape
         ff = max((le.ff for le in self.layout), default=1)
-        team = partner.Partner(matrices, self.cache.entries.values(), d, ff, max_k, max_rows)
+        team = partner.Partner(matrices, self.cache.entries.values(), d, ff, max_k, max_rows,
+                               self.ffn)
         self.team.close()
         self.team = team
         # A complete cache never changes: each layer's buffers by expert id, for
@@ -258,7 +271,7 @@ class ExpertRunner(BatchPrefill, Speculation):
         table = direct[1][layer]
         bufs = [table[e] for e in routed]
         tok.mgmt_s += time.perf_counter() - t0
-        return weights, direct[0].run_resident(bufs, x)
+        return weights, direct[0].run_resident(bufs, x, routed, layer)
 
     def select(self, layer: int, ids: np.ndarray, weights: np.ndarray,
                phase: int) -> Selection:
@@ -289,7 +302,7 @@ class ExpertRunner(BatchPrefill, Speculation):
 
     def __call__(self, layer: int, x: np.ndarray, chosen: Selection, phase: int) -> np.ndarray:
         """x: (d,) → (k', d) the chosen experts' outputs in routing order, valid until the
-        next call: their lookups and reads, speculation behind them, then the SwiGLUs."""
+        next call: their lookups and reads, speculation behind them, then the FFNs."""
         direct = self._direct
         speculates = phase == 1 and self.policies.speculates
         if (direct is not None and self._retain_at is None and not self._pending
@@ -324,7 +337,7 @@ class ExpertRunner(BatchPrefill, Speculation):
         if self.trace is not None:
             self._trace_layer(self.trace, phase, layer, chosen, [1] * k)
         self.tok.mgmt_s += time.perf_counter() - t0
-        return team.run_resident(bufs, x)  # (k', d)
+        return team.run_resident(bufs, x, chosen.experts, layer)  # (k', d)
 
     def _load(self, layer: int, experts: list[int]) -> Load:
         """One lookup per expert (a hit refreshes recency); every miss's read is issued at
@@ -346,7 +359,7 @@ class ExpertRunner(BatchPrefill, Speculation):
             was_spec = key in speculative
             buf = cache.lookup(key)
             if buf is not None:
-                load.resident.append(Job(slot, buf, None))
+                load.resident.append(Job(slot, buf, None, e))
                 load.residency.append(2 if was_spec else 1)
                 continue
             if load.batch is None:
@@ -369,9 +382,9 @@ class ExpertRunner(BatchPrefill, Speculation):
         run while the reads are in flight and each missing one as it lands; without, every
         read is waited for first (all of that wait is stall)."""
         tickets = load.tickets if self.overlap else [None] * len(load.tickets)
-        jobs = load.resident + [Job(slot, buf, t)
-                                for (slot, _, buf, _), t in zip(load.missing, tickets)]
-        self._compute(layer, load, lambda: self.team.run(jobs, x, self.out))
+        jobs = load.resident + [Job(slot, buf, t, e)
+                                for (slot, e, buf, _), t in zip(load.missing, tickets)]
+        self._compute(layer, load, lambda: self.team.run(jobs, x, self.out, layer))
 
     def _compute(self, layer: int, load: Load, compute: Callable[[], float]) -> None:
         """Run one layer's `compute` (it returns its stall seconds) over `load`: without

@@ -44,6 +44,7 @@ CONVERTED_TYPES = {
     GGMLQuantizationType.Q4_K,
     GGMLQuantizationType.Q5_K,
     GGMLQuantizationType.Q6_K,
+    GGMLQuantizationType.MXFP4,  # gpt-oss's experts: ggml computes them in their type
 }
 SUPPORTED_TYPES = F32_TYPES | CONVERTED_TYPES
 
@@ -91,7 +92,8 @@ class ModelFile:
         if magic != b"GGUF":
             raise ModelFileError(
                 f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')",
-                tip="pass a .gguf model, or `synthetic:tiny|small|default`",
+                tip="pass a .gguf model, or `synthetic:PRESET` (tiny, small, default, "
+                "gpt-oss-tiny, gpt-oss-small)",
             )
         header = read_header(self.path)
         self.alignment, self.data_offset = header.alignment, header.data_offset

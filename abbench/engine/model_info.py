@@ -11,7 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from abbench.engine import ggml
-from abbench.engine.arch import architecture
+from abbench.engine.arch import GRAPHS, architecture
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.streamer import LayerExperts, expert_layout
 from abbench.errors import EngineError
@@ -22,7 +22,9 @@ def model_info(mf: ModelFile) -> dict[str, Any]:
     arch = architecture(mf.architecture, mf.path)
     args = arch.ModelArgs.from_file(mf)
     layout = expert_layout(mf, args.block_count, args.expert_count)
-    kernels = choose_kernels("auto", layout)
+    with warnings.catch_warnings():  # a description: what a run would warn is its own
+        warnings.simplefilter("ignore", RuntimeWarning)
+        kernels = choose_kernels("auto", layout, mf.architecture in GRAPHS)
     expert_names = {t.name for le in layout for t in (le.gate, le.up, le.down)}
     expert_file_bytes = sum(mf.tensors[n].nbytes for n in expert_names)
     dense_bytes = sum(t.nbytes for n, t in mf.tensors.items() if n not in expert_names)
@@ -68,11 +70,17 @@ def model_info(mf: ModelFile) -> dict[str, Any]:
     return info
 
 
-def choose_kernels(choice: str, layout: list[LayerExperts]) -> str:
-    """`ggml` or `numpy` for `--kernels` (auto: ggml where the experts are not F32)."""
+def choose_kernels(choice: str, layout: list[LayerExperts], graph: bool = True) -> str:
+    """`ggml` or `numpy` for `--kernels` (auto: ggml where the experts are not F32 and the
+    architecture has llama.cpp's graph here, `graph`)."""
     quantized = any(t.ggml_type != GGMLQuantizationType.F32
                     for le in layout for t in (le.gate, le.up, le.down))
     if choice == "numpy" or (choice == "auto" and not quantized):
+        return "numpy"
+    if choice == "auto" and not graph:
+        warnings.warn("no ggml graph of this architecture yet: the experts are converted to "
+                      "F32 by numpy (the reference path: slow, and 3.8-7x the memory)",
+                      RuntimeWarning, stacklevel=2)
         return "numpy"
     try:
         ggml.lib()

@@ -52,7 +52,9 @@ def resolve_model(spec: str, quiet: bool = False) -> Path:
             spec_ = synth.named(name, seed)
             if not quiet:
                 size = spec_.expert_bytes * spec_.n_expert * spec_.n_layer / 2**20
+                # a real shape's quantized layers take ggml minutes; a preset's, moments
                 what = (f"~{size:.0f} MiB of experts" if spec_.expert_type == "F32"
+                        or name in synth.PRESETS
                         else f"{spec_.n_layer} layers, quantized by ggml: minutes")
                 print(f"building {spec} ({what}) into {path} (once)",
                       file=sys.stderr, flush=True)

@@ -17,11 +17,12 @@ each one alone twice (A/A) — the VM's noise is wider than any difference.
 
 What is shared: expert buffers (private anonymous memory, inherited copy-on-write) and the
 dense matrices are never written after load, so the child forked after loading sees the
-very same bytes and copies none (it maps them all before it reports ready: see `_map`);
-requests name a matrix by its index in a table and an expert buffer by its `id()`, which a
-forked child shares with the parent. The inputs and outputs of a request go through one
-small shared block. Only resident buffers are known to the child: a buffer made after the
-fork (a streaming cache's) could not be, hence `--resident` only.
+very same bytes and copies none (it maps them all before it reports ready:
+`partner_os.map_pages`); requests name a matrix by its index in a table and an expert
+buffer by its `id()`, which a forked child shares with the parent. The inputs and outputs
+of a request go through one small shared block. Only resident buffers are known to the
+child: a buffer made after the fork (a streaming cache's) could not be, hence `--resident`
+only.
 
 The child spins only while requests keep coming: after SPIN_S without one it sleeps on a
 pipe, and the parent wakes it with a byte. A parent that dies closes the pipe (EOF) or
@@ -34,18 +35,19 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import platform
 import select
 import signal
 import time
 import warnings
 import weakref
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from abbench.engine.compute import (
+    SWIGLU,
     Job,
     RowTask,
     Scratch,
@@ -55,8 +57,14 @@ from abbench.engine.compute import (
     rows_task,
     split_rows,
 )
+from abbench.engine.partner_os import MADV_POPULATE_WRITE as MADV_POPULATE_WRITE
+from abbench.engine.partner_os import map_pages, populate
+from abbench.engine.partner_os import supported as supported
 from abbench.engine.streamer import ExpertBuffer
 from abbench.errors import EngineError
+
+if TYPE_CHECKING:
+    from abbench.engine.arch.common import ExpertFFN
 
 SPIN_S = 0.002  # the child spins this long after its last request, then sleeps
 LOST_WAKE_S = 0.001  # a wake-up lost between the two sides' counters costs at most this
@@ -65,19 +73,9 @@ YIELD_EVERY = 1 << 12  # the caller's spins (~0.3 ms) between yields, should the
 CHECK_EVERY = 1 << 16  # spins between checks that the other side is still there
 
 # Control words (int64) in the shared block.
-SEQ, DONE, OP, ARG, SLEEPING, FAILED, READY, ROW = range(8)
-N_CTL = 8
+SEQ, DONE, OP, ARG, SLEEPING, FAILED, READY, ROW, LAYER = range(9)
+N_CTL = 9
 GEMV, EXPERTS, EXIT, ROWS, GEMM = 1, 2, 3, 4, 5
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Python < 3.12 lacks the names
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-
-
-def supported() -> bool:
-    """x86-64 (see above) with at least two CPUs to run on: on one, the two sides would
-    spin against each other."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (hasattr(os, "fork") and platform.machine().lower() in ("x86_64", "amd64")
-            and (cpus or 1) >= 2)
 
 
 class Partner:
@@ -92,11 +90,13 @@ class Partner:
 
     def __init__(
         self, matrices: Sequence[np.ndarray], buffers: Iterable[ExpertBuffer], d: int,
-        ff: int, max_k: int, max_rows: int = 0,
+        ff: int, max_k: int, max_rows: int = 0, ffn: ExpertFFN = SWIGLU,
     ) -> None:
         """`max_rows`: the most prompt tokens one prefill pass gives the partner (0: none,
-        every prefill pass then runs on the caller's threads)."""
+        every prefill pass then runs on the caller's threads); `ffn`: the experts' FFN
+        (both sides hold it: the child inherits it, with what it read, at the fork)."""
         self.threads = 2  # the caller and the partner
+        self.ffn = ffn
         self._matrices = list(matrices)
         self._buffers = {id(b): b for b in buffers}
         self.max_rows = max_rows
@@ -113,8 +113,8 @@ class Partner:
         slots = max_rows * max_k  # a prefill pass's routed slots, at most
         half = max([0, *(m.shape[0] - split_rows(m) for m in self._matrices)])  # rows there
         sizes = [N_CTL * 8, max_k * 8, cols * 4, rows * 4, max_k * d * 4,
-                 (2 + 2 * slots) * 8, slots * 8, max_rows * cols * 4, slots * d * 4,
-                 max_rows * half * 4]
+                 (3 + 3 * slots) * 8, slots * 8, max_rows * cols * 4, slots * d * 4,
+                 max_rows * half * 4, max_k * 8]
         offsets = np.cumsum([0, *(-(-n // 64) * 64 for n in sizes)])  # 64-byte aligned
         self._mm = mmap.mmap(-1, int(offsets[-1]))  # MAP_SHARED | MAP_ANONYMOUS
         buf = self._mm
@@ -125,9 +125,10 @@ class Partner:
         self._x = np.frombuffer(buf, np.float32, cols, int(offsets[2]))  # (cols,) input
         self._y = np.frombuffer(buf, np.float32, rows, int(offsets[3]))  # (rows,) GEMV out
         self._out = np.frombuffer(buf, np.float32, max_k * d, int(offsets[4])).reshape(max_k, d)
-        # A prefill pass's experts (`run_rows`): n and k, then (buffer id, slot count) per
-        # expert; their slots, expert after expert; the batch's inputs; its routed outputs.
-        self._row_args = np.frombuffer(buf, np.int64, 2 + 2 * slots, int(offsets[5]))
+        # A prefill pass's experts (`run_rows`): n, k and the layer, then (buffer id, slot
+        # count, expert id) per expert; their slots, expert after expert; the batch's
+        # inputs; its routed outputs.
+        self._row_args = np.frombuffer(buf, np.int64, 3 + 3 * slots, int(offsets[5]))
         self._row_slots = np.frombuffer(buf, np.int64, slots, int(offsets[6]))
         self._row_x = np.frombuffer(buf, np.float32, max_rows * cols,
                                     int(offsets[7])).reshape(max_rows, cols)  # (rows, cols)
@@ -135,6 +136,7 @@ class Partner:
                                     int(offsets[8])).reshape(slots, d)  # (rows * k, d)
         # A prefill batch through a dense matrix (`matmul_t`): the partner's columns.
         self._gemm_y = np.frombuffer(buf, np.float32, max_rows * half, int(offsets[9]))
+        self._eids = np.frombuffer(buf, np.int64, max_k, int(offsets[10]))  # `_args`' experts
 
     def _plan_work(self, d: int, ff: int, max_k: int) -> None:
         """Each side's scratch and its views of the shared block per piece of work."""
@@ -174,7 +176,7 @@ class Partner:
                 os._exit(status)
         os.close(rfd)
         self._reaper = weakref.finalize(self, _stop, self._pid, self._wake, self._ctl)
-        _populate(self._mm)
+        populate(self._mm)
         self._wait(READY, 1)  # the child has mapped every expert buffer
 
     # -- the caller's side ------------------------------------------------------------------
@@ -188,8 +190,9 @@ class Partner:
             view = self._inputs[n] = self._x[:n]
         return view
 
-    def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> float:
-        """Compute every job into `out[slot]` (x: (d,), out: (k, d)); the stall is 0."""
+    def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, layer: int = 0) -> float:
+        """Compute every job of `layer` into `out[slot]` (x: (d,), out: (k, d)); the stall
+        is 0."""
         for job in jobs:
             if job.ticket is not None:  # not resident after all: its bytes first
                 job.ticket.wait()
@@ -199,9 +202,11 @@ class Partner:
             known = half > 0 and id(job.buffer) in self._buffers
             (theirs if known else mine).append(job)
         if theirs:
-            self._post_experts(x, [job.buffer for job in theirs], 0)
+            self._post_experts(x, [job.buffer for job in theirs], 0, layer,
+                               [job.expert for job in theirs])
         if mine:
-            experts_into([job.buffer for job in mine], x, self._scratch, self._mine)
+            experts_into([job.buffer for job in mine], x, self._scratch, self._mine, self.ffn,
+                         layer, [job.expert for job in mine])
             for i, job in enumerate(mine):
                 out[job.slot] = self._mine[i]
         if theirs:
@@ -210,10 +215,11 @@ class Partner:
                 out[job.slot] = self._out[i]
         return 0.0
 
-    def run_resident(self, bufs: list[ExpertBuffer], x: np.ndarray) -> np.ndarray:
-        """`run` of resident jobs in slots 0 .. k-1, every buffer one the partner knows,
-        without the jobs. → (k, d), the outputs in the shared block, where each side wrote
-        its own (no copy), valid until the next call.
+    def run_resident(self, bufs: list[ExpertBuffer], x: np.ndarray,
+                     experts: Sequence[int] = (), layer: int = 0) -> np.ndarray:
+        """`run` of resident jobs in slots 0 .. k-1 (experts: their ids), every buffer one
+        the partner knows, without the jobs. → (k, d), the outputs in the shared block,
+        where each side wrote its own (no copy), valid until the next call.
 
         The partner takes the routing's first half (its heaviest experts), the caller the
         rest: measured here (default preset, two runs), the caller then waited 5-8 us a layer
@@ -223,38 +229,41 @@ class Partner:
         changes no bit."""
         n = len(bufs)
         mine = n // 2  # the caller's: the last n // 2
-        out = self._out
+        out, ffn = self._out, self.ffn
         if not mine:
-            experts_into(bufs, x, self._scratch, out)
+            experts_into(bufs, x, self._scratch, out, ffn, layer, experts)
             return out[:n]
         first = n - mine
-        self._post_experts(x, bufs[:first], 0)
-        experts_into(bufs[first:], x, self._scratch, out[first:])
+        self._post_experts(x, bufs[:first], 0, layer, experts[:first])
+        experts_into(bufs[first:], x, self._scratch, out[first:], ffn, layer, experts[first:])
         self._wait(DONE, self._seq)
         return out[:n]
 
-    def run_rows(self, x: np.ndarray, k: int, tasks: list[RowTask], y: np.ndarray) -> bool:
-        """A prefill pass's experts, half of them on the partner: each task (buffer, slots)
-        as `rows_task` (x: (n, d), y: (n * k, d)). False, computing nothing, when the batch
-        does not fit the shared block or an expert is unknown to the partner."""
+    def run_rows(self, x: np.ndarray, k: int, tasks: list[RowTask], y: np.ndarray,
+                 experts: Sequence[int] = (), layer: int = 0) -> bool:
+        """A prefill pass's experts of `layer`, half of them on the partner: each task
+        (buffer, slots) as `rows_task` (x: (n, d), y: (n * k, d); experts: the tasks' ids,
+        read where the FFN is `by_expert`). False, computing nothing, when the batch does
+        not fit the shared block or an expert is unknown to the partner."""
         n, d = x.shape
         if n > self.max_rows or any(id(buf) not in self._buffers for buf, _ in tasks):
             return False
+        ids = list(experts) if self.ffn.by_expert else [0] * len(tasks)
         # The partner takes every other expert (their costs are alike: at a few rows each,
         # reading the weights is the work) and the first, as the caller has the posting
         # and the copying back to do.
         theirs, mine = tasks[::2], tasks[1::2]
         self._row_x[:n, :d] = x
         args = self._row_args
-        args[0], args[1] = n, k
+        args[0], args[1], args[2] = n, k, layer
         at = 0
-        for i, (buf, slots) in enumerate(theirs):
-            args[2 + 2 * i], args[3 + 2 * i] = id(buf), slots.size
+        for i, ((buf, slots), e) in enumerate(zip(theirs, ids[::2])):
+            args[3 + 3 * i : 6 + 3 * i] = id(buf), slots.size, e
             self._row_slots[at : at + slots.size] = slots
             at += slots.size
         self._post(ROWS, len(theirs))
-        for buf, slots in mine:
-            rows_task(buf, x, k, slots, y)
+        for (buf, slots), e in zip(mine, ids[1::2]):
+            rows_task(buf, x, k, slots, y, self.ffn, layer, e)
         self._wait(DONE, self._seq)
         done = self._row_slots[:at]
         y[done] = self._row_y[done]
@@ -304,12 +313,17 @@ class Partner:
     def close(self) -> None:
         self._reaper()
 
-    def _post_experts(self, x: np.ndarray, bufs: list[ExpertBuffer], row: int) -> None:
-        """The partner computes `bufs` on x into the shared outputs from `row` on."""
+    def _post_experts(self, x: np.ndarray, bufs: list[ExpertBuffer], row: int, layer: int,
+                      experts: Sequence[int]) -> None:
+        """The partner computes `bufs` (experts `experts` of `layer`) on x into the shared
+        outputs from `row` on."""
         x_in = self.input(x.shape[0])
         if x is not x_in:
             x_in[:] = x
         self._args[: len(bufs)] = [id(buf) for buf in bufs]
+        if self.ffn.by_expert:
+            self._eids[: len(bufs)] = experts
+            self._ctl[LAYER] = layer
         self._ctl[ROW] = row
         self._post(EXPERTS, len(bufs))
 
@@ -349,8 +363,8 @@ class Partner:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
         threadpool_limits(limits=1, user_api="blas")  # the parent uses the other core
         for buf in self._buffers.values():
-            _map(buf)
-        _populate(self._mm)
+            map_pages(buf)
+        populate(self._mm)
         ctl = self._ctl
         ctl[READY] = 1
         seen = 0
@@ -400,41 +414,22 @@ class Partner:
             out = self._gemm_y[: n * (m - s)].reshape(n, m - s)
             np.matmul(self._row_x[:n, :k], w[s:].T, out=out)  # (n, m - s)
         elif op == ROWS:
-            n, k = int(self._row_args[0]), int(self._row_args[1])
+            n, k, layer = self._row_args[:3].tolist()
             x, at = self._row_x[:n, : self._out.shape[1]], 0
             for i in range(arg):
-                buf = self._buffers[int(self._row_args[2 + 2 * i])]
-                m = int(self._row_args[3 + 2 * i])
-                rows_task(buf, x, k, self._row_slots[at : at + m], self._row_y)
+                buf_id, m, e = self._row_args[3 + 3 * i : 6 + 3 * i].tolist()
+                rows_task(self._buffers[buf_id], x, k, self._row_slots[at : at + m],
+                          self._row_y, self.ffn, layer, e)
                 at += m
         elif op == EXPERTS:
             bufs = [self._buffers[i] for i in self._args[:arg].tolist()]
-            experts_into(bufs, self._xd, self._scratch,
-                         self._outs[self._ctl[ROW]])
+            ffn = self.ffn
+            eids = self._eids[:arg].tolist() if ffn.by_expert else ()
+            experts_into(bufs, self._xd, self._scratch, self._outs[self._ctl[ROW]], ffn,
+                         self._ctl[LAYER], eids)
 
 
 _matmul = np.matmul
-
-
-def _map(buf: ExpertBuffer) -> None:
-    """Map a buffer's pages into this process now. A fork copies the page-table entries of
-    private anonymous memory but not those of a shared mapping: should a buffer ever live
-    in one, the child's first GEMV on each expert would take a page fault per 4 KiB and
-    run slower than the parent's for the first hundred tokens."""
-    try:
-        buf.mm.madvise(MADV_POPULATE_READ, buf.offset, buf.nbytes)  # Linux >= 5.14
-    except (OSError, ValueError):
-        buf.floats[:: mmap.PAGESIZE // 4].max()  # one read per page
-
-
-def _populate(mm: mmap.mmap) -> None:
-    """Map the shared block's pages into this process now, for writing: each side would
-    otherwise map a shared page on its first touch, a fault per 4 KiB, during the first
-    prefill pass. (Measured, that pass's GEMM waits for the partner are the same either way:
-    its first layers' multi-millisecond waits are the page faults of the other buffers a
-    first pass writes, see docs/engine.md, "The first pass is slower".)"""
-    with contextlib.suppress(OSError, ValueError):  # Linux >= 5.14; else on first touch
-        mm.madvise(MADV_POPULATE_WRITE)
 
 
 def _stop(pid: int, wake: int, ctl: memoryview) -> None:

@@ -1,10 +1,11 @@
 """Routing predictors: the stale-gate under test, the previous-token incumbent, the control.
 
-*stale-gate*: while layer l runs, layer l's router input times layer l+1's router matrix;
-its top-k is a guess at what layer l+1 will select, a full layer early.
+*stale-gate*: while layer l runs, layer l's router input times layer l+1's router matrix
+(plus its bias, where the architecture's router has one: `Model.router_bias`); its top-k
+is a guess at what layer l+1 will select, a full layer early.
 *prev-token*: what the same layer routed for the previous token (the bet `--prefetch` makes).
-*ctrl*: the stale-gate arithmetic without the staleness — layer l's own matrix on layer l's
-own input, computed here (not copied from the engine's routing). It must read 100.0%;
+*ctrl*: the stale-gate arithmetic without the staleness — layer l's own matrix (and bias)
+on layer l's own input, computed here (not copied from the engine's routing). It must read 100.0%;
 anything less is this probe being wrong, not routing being hard.
 
 Scored in decode only, on slot overlap (share of a routing's k slots the predictor named)
@@ -189,6 +190,9 @@ class RoutePredictor:
     log: bool  # score all three predictors (--predict-log)
     predict: bool  # keep stale-gate predictions for the speculative path (--predict-prefetch)
     weights: bool = True  # the speculative path needs predicted weights (ordering, drop)
+    # per layer (n_expert,), added to the router's logits before they are ranked, or None
+    # (an architecture whose router has no bias: qwen3moe); None: no layer has one
+    biases: list[np.ndarray | None] | None = None
     # The stale-gate prediction for layer l (made at layer l-1 of the same token), with its
     # predicted weights (softmax over the predicted top-k logits), highest first.
     pred_ids: list[np.ndarray | None] = field(init=False)
@@ -197,6 +201,10 @@ class RoutePredictor:
 
     def __post_init__(self) -> None:
         n = len(self.routers)
+        if self.biases is None:
+            self.biases = [None] * n
+        if len(self.biases) != n:
+            raise ValueError(f"{len(self.biases)} router biases for {n} routers")
         self.pred_ids = [None] * n
         self.pred_weights = [None] * n
         self._tally = RouteTally(n, self.routers[0].shape[0] if n else 0)
@@ -213,8 +221,12 @@ class RoutePredictor:
             return
         k = len(ids)
         nxt = layer + 1
+        biases = self.biases
+        assert biases is not None  # set in __post_init__
         if next_ids is None and nxt < len(self.routers):  # not fused: the GEMV here
             next_logits = self.routers[nxt] @ x  # (n_expert,)
+            if (b := biases[nxt]) is not None:
+                next_logits += b  # W x + b, one rounding each, as the router adds it
             next_ids = top_k(next_logits, k)  # (k,)
         if self.log:
             tally = self._tally
@@ -223,6 +235,8 @@ class RoutePredictor:
             else:  # the control: its own GEMV, its own ranking (at the tally's flush)
                 i = tally.row(layer, ids, self.pred_ids[layer])
                 np.matmul(self.routers[layer], x, out=tally.ctrl_logits[i])
+                if (b := biases[layer]) is not None:
+                    tally.ctrl_logits[i] += b
         if next_ids is not None:
             self.pred_ids[nxt] = next_ids
             if self.weights:

@@ -8,13 +8,15 @@ for Q8_0 and Q4_0), so a result is llama.cpp's. Why ggml and not numba or numpy:
 docs/engine.md ("Kernels"), with the measurements.
 
 An MoE layer's experts are llama.cpp's graph for them (`build_moe_ffn`): `mul_mat_id` of
-the gate and of the up stack, SwiGLU, `mul_mat_id` of the down stack, over the cache's
-slots (`slots.py`: the expert ids a graph is given are slot indices). A graph is built
-once for its shapes and run again with new inputs: its tensors point at buffers owned
-here, which each call fills (x, ids) and reads (y). The routing weights and the weighted
-sum of the experts' outputs are finished in numpy in llama.cpp's arithmetic (`routing`,
-`weighted_sum`). The dense part of a layer is llama.cpp's graph too
-(`arch/qwen3moe_graph.py`), built from `QuantTeam.matrix`.
+the gate and of the up stack, the architecture's activation, `mul_mat_id` of the down
+stack, then what its FFN does after the down product (`arch.common.ExpertFFN`: SwiGLU for
+qwen3moe, nothing after), over the cache's slots (`slots.py`: the ids the products are
+given are slot indices; beside them each row's expert id in its layer, for what an FFN
+holds per expert). A graph is built once for its shapes and run again with new inputs: its
+tensors point at buffers owned here, which each call fills (x, ids, expert ids) and reads
+(y). The routing weights and the weighted sum of the experts' outputs are finished in
+numpy in llama.cpp's arithmetic (`routing`, `weighted_sum`). The dense part of a layer is
+llama.cpp's graph too (`arch/qwen3moe_graph.py`), built from `QuantTeam.matrix`.
 
 `QuantTeam` has the compute team's interface (`run`, `input`, `close`, ...), so the
 expert runner uses it as it uses `ComputeTeam`; ggml's own threads split each GEMV
@@ -30,12 +32,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from abbench.engine import ggml
-from abbench.engine.compute import Job, matmul_t, matvec, private_vectors
+from abbench.engine.compute import SWIGLU, Job, matmul_t, matvec, private_vectors
 from abbench.engine.slots import RawSlot, SlotPool
 from abbench.engine.streamer import BufferArena
 from abbench.errors import EngineError
 
 if TYPE_CHECKING:
+    from abbench.engine.arch.common import ExpertFFN
     from abbench.engine.gguf_file import ModelFile
 
 
@@ -87,8 +90,9 @@ def weighted_sum(w: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 class ExpertGraph:
     """`n_used` experts of one slot pool for each of `n_tokens` inputs: llama.cpp's MoE
-    graph. Fill `x` (n_tokens, d) and `ids` (n_tokens, n_used: slot indices), compute,
-    read `y` (n_tokens, n_used, d)."""
+    graph with the team's expert FFN. Fill `x` (n_tokens, d), `ids` (n_tokens, n_used:
+    slot indices) and, for an FFN that reads them (`by_expert`), `eids` (the same rows'
+    expert ids) and `set_layer`; compute; read `y` (n_tokens, n_used, d)."""
 
     def __init__(self, team: QuantTeam, pool: SlotPool, n_used: int, n_tokens: int) -> None:
         lay = pool.layout
@@ -99,12 +103,12 @@ class ExpertGraph:
         t, n = n_tokens, n_used
         self.x = np.zeros((t, d), np.float32)  # ggml (d, 1, t)
         self.ids = np.zeros((t, n), np.int32)  # ggml (n, t)
+        self.eids = np.zeros((t, n), np.int32)  # ggml (n, t)
         self._gate = np.zeros((t, n, ff), np.float32)  # ggml (ff, n, t) each
         self._up = np.zeros((t, n, ff), np.float32)
-        self._act = np.zeros((t, n, ff), np.float32)
-        self.y = np.zeros((t, n, d), np.float32)  # ggml (d, n, t)
+        self._down = np.zeros((t, n, d), np.float32)  # ggml (d, n, t)
         g = team.g
-        self.ctx = ctx = ggml.Context(g, 12, 32)
+        self.ctx = ctx = ggml.Context(g, 32, 64, team.ffn.graph_bytes(t * n, ff, d))
         stacks = []
         for i, part in enumerate((gate, up, down)):
             row = ggml.row_bytes(part.ggml_type, part.cols)
@@ -117,11 +121,22 @@ class ExpertGraph:
             stacks.append(stack)
         xt = ctx.tensor(ggml.F32, (d, 1, t), self.x.ctypes.data)
         it = ctx.tensor(ggml.I32, (n, t), self.ids.ctypes.data)
+        self.ffn = team.ffn.graph(ctx, ctx.tensor(ggml.I32, (n, t), self.eids.ctypes.data))
         gt = ctx.mul_mat_id(stacks[0], xt, it, self._gate.ctypes.data)  # (ff, n, t)
         ut = ctx.mul_mat_id(stacks[1], xt, it, self._up.ctypes.data)  # (ff, n, t)
-        at = ctx.swiglu_split(gt, ut, self._act.ctypes.data)  # (ff, n, t)
-        yt = ctx.mul_mat_id(stacks[2], at, it, self.y.ctypes.data)  # (d, n, t)
+        at = self.ffn.act(gt, ut)  # (ff, n, t)
+        dt = ctx.mul_mat_id(stacks[2], at, it, self._down.ctypes.data)  # (d, n, t)
+        yt = self.ffn.post(dt)  # (d, n, t)
+        self.y = self._down  # (t, n, d) the outputs, in memory that lives as long as `y`
+        if yt != dt:  # a post step: its result moves out of the context's scratch to `y`
+            self.y = np.zeros((t, n, d), np.float32)
+            ctx.set_data(yt, self.y.ctypes.data)
         self.graph = ctx.graph([yt], team.threads_pool)
+
+    def set_layer(self, layer: int) -> None:
+        """The layer whose per-expert tensors the FFN's steps read (one graph serves every
+        layer of its pool)."""
+        self.ffn.set_layer(layer)
 
     def compute(self) -> None:
         self.graph.compute()
@@ -132,10 +147,12 @@ class QuantTeam:
     `threads` threads, the caller being one of them. It also loads the dense matrices the
     graph model multiplies (`matrix`) and re-lays resident weights (`repack_pool`)."""
 
-    def __init__(self, threads: int, repack: bool = False) -> None:
+    def __init__(self, threads: int, repack: bool = False, ffn: ExpertFFN = SWIGLU) -> None:
         """repack: lay resident weights out for ggml's repacked kernels where this CPU
-        has them (`ggml.Repacker`; llama.cpp's default)."""
+        has them (`ggml.Repacker`; llama.cpp's default). ffn: the architecture's expert
+        FFN, whose steps every expert graph takes."""
         self.g = ggml.lib()
+        self.ffn = ffn
         self.threads = max(1, threads)
         self.threads_pool = ggml.Threads(self.g, self.threads)
         self.repacker = ggml.Repacker(self.g) if repack else None
@@ -153,17 +170,17 @@ class QuantTeam:
             graph = self._graphs[(pool, n_used)] = ExpertGraph(self, pool, n_used, 1)
         return graph
 
-    def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> float:
-        """Compute every job into `out[slot]` (x: (d,), out: (k, d)); returns stall
-        seconds. Resident experts run first, in one graph; each one still being read runs
-        as it lands (the caller waits for it: that wait is the stall, ggml's threads are
-        idle then too)."""
+    def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, layer: int = 0) -> float:
+        """Compute every job of `layer` into `out[slot]` (x: (d,), out: (k, d)); returns
+        stall seconds. Resident experts run first, in one graph; each one still being read
+        runs as it lands (the caller waits for it: that wait is the stall, ggml's threads
+        are idle then too)."""
         if not jobs:
             return 0.0
         ready = [j for j in jobs if j.ticket is None]
         late = [j for j in jobs if j.ticket is not None]
         if ready:
-            self._compute(ready, x, out)
+            self._compute(ready, x, out, layer)
         stall = 0.0
         for job in late:
             ticket = job.ticket
@@ -173,25 +190,35 @@ class QuantTeam:
                 ticket.event.wait()
                 stall += time.perf_counter() - w0
             ticket.wait()  # raises if the read failed
-            self._compute([job], x, out)
+            self._compute([job], x, out, layer)
         return stall
 
-    def _compute(self, jobs: list[Job], x: np.ndarray, out: np.ndarray) -> None:
+    def _compute(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, layer: int) -> None:
         pool = jobs[0].buffer.kind
         graph = self.experts(pool, len(jobs))  # type: ignore[arg-type]
         graph.ids[0] = [j.buffer.index for j in jobs]  # type: ignore[union-attr]
+        if self.ffn.by_expert:
+            graph.eids[0] = [j.expert for j in jobs]
+            graph.set_layer(layer)
         np.copyto(graph.x[0], x)
         graph.compute()
         out[[j.slot for j in jobs]] = graph.y[0]
 
-    def rows(self, pool: SlotPool, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """A prefill batch's experts: x (n, d), ids (n, k) slot indices → (n, k, d). Its
-        graph is built for the call and let go (a batch's shape rarely comes again, and
-        its buffers are the batch's size)."""
+    def rows(self, pool: SlotPool, x: np.ndarray, ids: np.ndarray,
+             eids: np.ndarray | None = None, layer: int = 0) -> np.ndarray:
+        """A prefill batch's experts of `layer`: x (n, d), ids (n, k) slot indices, eids
+        (n, k) their expert ids (read where the FFN is `by_expert`) → (n, k, d). Its graph
+        is built for the call and let go (a batch's shape rarely comes again, and its
+        buffers are the batch's size)."""
         n, k = ids.shape
         graph = ExpertGraph(self, pool, k, n)
         np.copyto(graph.x, x)
         np.copyto(graph.ids, ids)
+        if self.ffn.by_expert:
+            if eids is None:
+                raise EngineError("this expert FFN needs the rows' expert ids")
+            np.copyto(graph.eids, eids)
+            graph.set_layer(layer)
         graph.compute()
         return graph.y
 

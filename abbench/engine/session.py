@@ -75,17 +75,25 @@ class Engine:
         self.end_ids = end_of_generation(self.mf)  # EOS and llama.cpp's other EOG tokens
         self.layout = expert_layout(self.mf, args.block_count, args.expert_count)
         self.dense_bytes = int(self.info["dense_bytes"])
-        self.kernels = choose_kernels(config.kernels, self.layout)
+        self.kernels = choose_kernels(config.kernels, self.layout,
+                                      self.mf.architecture in GRAPHS)
         self._load(arch, args, n_ctx, k)
         self.predictor = self._attach_predictor(args.block_count)
         self._start_partner()
         self.load_s = time.perf_counter() - t0
 
     def _load(self, arch: ModuleType, args: Any, n_ctx: int, k: int) -> None:
-        """The expert side (cache, streamer, compute team) and the dense model beside it."""
+        """The expert side (cache, streamer, compute team, running the architecture's expert
+        FFN) and the dense model beside it."""
         config = self.config
-        team = (QuantTeam(config.compute_threads, config.repack) if self.kernels == "ggml"
-                else None)
+        graph = GRAPHS.get(self.mf.architecture)
+        if self.kernels == "ggml" and graph is None:
+            raise EngineError(f"{self.mf.path}: no ggml graph of `{self.mf.architecture}` to "
+                              "compute its quantized experts with",
+                              tip="--kernels numpy converts them to F32")
+        ffn = arch.expert_ffn(self.mf, args)
+        team = (QuantTeam(config.compute_threads, config.repack, ffn)
+                if self.kernels == "ggml" else None)
         self.runner = ExpertRunner(
             self.mf,
             self.layout,
@@ -98,12 +106,13 @@ class Engine:
             max_k=k,
             policies=Policies.of(config),
             team=team,
+            ffn=ffn,
         )
         pinned = config.dense == "pinned"
         if team is None:
             self.model = arch.Model(self.mf, args, self.runner, pinned, n_ctx, k)
         else:  # llama.cpp's graph, as llama.cpp computes a quantized file
-            graph = GRAPHS[self.mf.architecture]
+            assert graph is not None
             self.model = graph.GraphModel(self.mf, args, self.runner, team, pinned, n_ctx, k)
 
     def _attach_predictor(self, n_layer: int) -> RoutePredictor | None:
@@ -117,6 +126,7 @@ class Engine:
             [self.model.router_matrix(i) for i in range(n_layer)],
             log=config.predict_log, predict=config.predict_prefetch,
             weights=config.predict_spec_max > 0,
+            biases=[self.model.router_bias(i) for i in range(n_layer)],
         )
         self.model.routing_hook = predictor
         self.runner.predictor = predictor

@@ -1,4 +1,5 @@
-"""Synthetic `qwen3moe` GGUF models whose routing behaves like a trained model's.
+"""Synthetic MoE GGUF models (`qwen3moe`, `gpt-oss`) whose routing behaves like a trained
+model's.
 
 Random weights route uniformly and make every predictor look the same. Three knobs give
 the routing the shape the seed measured on real models:
@@ -14,7 +15,7 @@ the routing the shape the seed measured on real models:
   make the first layers less predictable than the last, as on real models.
 - `router_scale`: the spread of router logits, which sets how peaked routing weights are.
 
-The file is a complete GGUF: architecture metadata under `qwen3moe.*`, a byte-fallback
+The file is a complete GGUF: architecture metadata under `ARCH.*`, a byte-fallback
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, then `<0x00>`..`<0xFF>`) with the
 standard `tokenizer.ggml.*` keys — or, with `tokenizer = "gpt2"`, a byte-level BPE
 vocabulary of 512 tokens trained (Hugging Face `tokenizers`, deterministic) on the text the
@@ -27,6 +28,12 @@ and a token following itself routes to the experts it just used, so a streaming 
 reads nothing for it.
 Tensors are 4096-byte aligned and experts stored in F32 by default, so O_DIRECT reads land
 straight in the buffer the GEMV uses.
+
+Architectures (`SynthSpec.arch`): `qwen3moe`, and `gpt-oss` (`synth_gpt_oss.py`: SWA,
+YaRN, sinks, biases, MXFP4 experts; presets `gpt-oss-tiny`, `gpt-oss-small`; a BPE vocabulary
+with gpt-oss's harmony tokens and `gpt-4o` pre-tokenizer). Each is a row of `ARCH_WRITERS`:
+its `ARCH.*` keys and its layers' tensors; the vocabulary and output tensors, the routing
+knobs, the sampling defaults and the writing are shared.
 
 Files of the types the field ships: `expert_type` (and `dense_type`) may be any type ggml
 quantizes to without an importance matrix (Q8_0, Q4_0, Q4_K, Q6_K, ...), quantized by
@@ -43,12 +50,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 
+from abbench.engine import synth_gpt_oss
 from abbench.engine.synth_spec import (
+    ARCHS,
     MIXES,
     PRESETS,
     SHAPES,
@@ -56,16 +66,21 @@ from abbench.engine.synth_spec import (
     TOKENIZERS,
     TYPES,
     SynthSpec,
+    arch_preset,
     named,
     preset,
+    preset_name,
     shape,
 )
 from abbench.engine.synth_tensors import (
     K_FALLBACK,
+    LayerTensors,
     Make,
     add_tensors,
     layer_update_scale,
+    qwen3moe_layer,
     tensor_type,
+    transformer_keys,
     use_more_bits,
 )
 from abbench.engine.synth_vocab import (
@@ -74,6 +89,9 @@ from abbench.engine.synth_vocab import (
     BPE_SPECIAL,
     BPE_VOCAB_SIZE,
     EOS_ID,
+    GPT4O_BOS_ID,
+    GPT4O_EOS_ID,
+    GPT4O_SPECIAL,
     N_VOCAB,
     UNK_ID,
     VOCAB_SPECIAL,
@@ -87,16 +105,20 @@ from abbench.fsutil import whole_file_target
 # The face of the synthetic models: the spec (synth_spec.py), vocabulary (synth_vocab.py)
 # and tensors (synth_tensors.py) are read through this module's names.
 __all__ = [
-    "ALIGNMENT", "BOS_ID", "BPE_CORPUS", "BPE_SPECIAL", "BPE_VOCAB_SIZE", "EOS_ID",
-    "FILE_TYPES", "FORMAT_VERSION", "K_FALLBACK", "MIXES", "N_VOCAB", "PRESETS",
+    "ALIGNMENT", "ARCHS", "ARCH_WRITERS", "BOS_ID", "BPE_CORPUS", "BPE_SPECIAL",
+    "BPE_VOCAB_SIZE", "EOS_ID", "FILE_TYPES", "FORMAT_VERSION", "GPT4O_BOS_ID",
+    "GPT4O_EOS_ID", "GPT4O_SPECIAL", "K_FALLBACK", "MIXES", "N_VOCAB", "PRESETS",
     "SAMPLING_PENALTY_LAST_N", "SAMPLING_PENALTY_REPEAT", "SHAPES", "TENSOR_TYPES",
-    "TOKENIZERS", "TYPES", "UNK_ID", "VOCAB_SPECIAL", "Make", "SynthSpec", "SynthVocab",
-    "UsageError", "layer_update_scale", "named", "preset", "shape", "tensor_type",
-    "use_more_bits", "write_model",
+    "TOKENIZERS", "TYPES", "UNK_ID", "VOCAB_SPECIAL", "ArchWriter", "Make", "SynthSpec",
+    "SynthVocab", "UsageError", "arch_preset", "layer_update_scale", "named", "preset",
+    "preset_name", "shape", "tensor_type", "use_more_bits", "write_model",
 ]
 
 ALIGNMENT = 4096
-FORMAT_VERSION = 3  # bump when the generator's output changes for the same spec
+# Bump when the generator's output changes for the same spec. It names every cached file:
+# a bump rebuilds them all, so an architecture's new fields are left out of qwen3moe's
+# files instead (`SynthSpec.described`).
+FORMAT_VERSION = 3
 SAMPLING_PENALTY_REPEAT = 1.1  # the sampling defaults written into every synthetic model
 SAMPLING_PENALTY_LAST_N = 64
 
@@ -107,7 +129,30 @@ FILE_TYPES = {"F32": _FT.ALL_F32, "F16": _FT.MOSTLY_F16, "BF16": _FT.MOSTLY_BF16
               "Q8_0": _FT.MOSTLY_Q8_0, "Q4_0": _FT.MOSTLY_Q4_0, "Q4_1": _FT.MOSTLY_Q4_1,
               "Q5_0": _FT.MOSTLY_Q5_0, "Q5_1": _FT.MOSTLY_Q5_1, "Q2_K": _FT.MOSTLY_Q2_K,
               "Q3_K": _FT.MOSTLY_Q3_K_S, "Q4_K": _FT.MOSTLY_Q4_K_S, "Q5_K": _FT.MOSTLY_Q5_K_S,
-              "Q6_K": _FT.MOSTLY_Q6_K, "Q4_K_M": _FT.MOSTLY_Q4_K_M, "Q5_K_M": _FT.MOSTLY_Q5_K_M}
+              "Q6_K": _FT.MOSTLY_Q6_K, "Q4_K_M": _FT.MOSTLY_Q4_K_M, "Q5_K_M": _FT.MOSTLY_Q5_K_M,
+              "MXFP4": _FT.MOSTLY_MXFP4_MOE}
+
+
+def _qwen3moe_keys(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
+    """The `qwen3moe.*` hyperparameters (w's architecture is qwen3moe)."""
+    transformer_keys(w, spec, rope_freq_base=10000.0, rms_eps=1e-6)
+    w.add_expert_count(spec.n_expert)
+    w.add_expert_used_count(spec.n_expert_used)
+
+
+@dataclass(frozen=True)
+class ArchWriter:
+    """What one architecture writes of its own: its `ARCH.*` hyperparameter keys and its
+    layers' tensors (the rest of the file is shared)."""
+
+    keys: Callable[[gguf.GGUFWriter, SynthSpec], None]
+    layer: LayerTensors
+
+
+ARCH_WRITERS: dict[str, ArchWriter] = {
+    "qwen3moe": ArchWriter(_qwen3moe_keys, qwen3moe_layer),
+    "gpt-oss": ArchWriter(synth_gpt_oss.add_keys, synth_gpt_oss.layer_tensors),
+}
 
 
 def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synthetic") -> None:
@@ -121,10 +166,10 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
         raise OSError(e.errno, e.strerror, str(asked)) from e
     os.close(tmp_fd)
     try:
-        w = gguf.GGUFWriter(tmp_name, "qwen3moe")
+        w = gguf.GGUFWriter(tmp_name, spec.arch)
         vocab = vocab_of(spec.tokenizer)
         _add_metadata(w, spec, name, vocab)
-        add_tensors(w, spec, len(vocab.tokens))
+        add_tensors(w, spec, len(vocab.tokens), ARCH_WRITERS[spec.arch].layer)
         w.close()
         # mkstemp makes the file 0600: give it the mode a plain create would (0644 under
         # the usual umask), so a llama.cpp or server process of another user can read it.
@@ -137,29 +182,17 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
 
 def _add_metadata(w: gguf.GGUFWriter, spec: SynthSpec, name: str, vocab: SynthVocab) -> None:
     """The header's key-value pairs, in the order files have always had them."""
-    d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
+    described = spec.described()
     w.add_custom_alignment(ALIGNMENT)
     w.add_name(name)
     w.add_file_type(FILE_TYPES[spec.expert_type])  # the experts hold nearly every byte
-    w.add_description(f"abbench synthetic model: {asdict(spec)}")
-    w.add_block_count(spec.n_layer)
-    w.add_context_length(spec.context_length)
-    w.add_embedding_length(d)
-    w.add_feed_forward_length(ff)
-    w.add_expert_feed_forward_length(ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_expert_count(spec.n_expert)
-    w.add_expert_used_count(spec.n_expert_used)
+    w.add_description(f"abbench synthetic model: {described}")
+    ARCH_WRITERS[spec.arch].keys(w, spec)
     w.add_sampling_temp(1.0)
     w.add_sampling_penalty_repeat(SAMPLING_PENALTY_REPEAT)
     w.add_sampling_penalty_last_n(SAMPLING_PENALTY_LAST_N)
     w.add_uint32("abbench.synthetic.format", FORMAT_VERSION)
-    for key, value in asdict(spec).items():
+    for key, value in described.items():
         if key == "tokenizer" and value == "llama":
             continue  # the default: files written before the option stay byte-identical
         if isinstance(value, str):

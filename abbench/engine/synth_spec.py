@@ -1,5 +1,5 @@
-"""What a synthetic model is: its spec (geometry, routing knobs, storage types, tokenizer),
-the presets, and real models' shapes at a layer count of one's choosing.
+"""What a synthetic model is: its spec (architecture, geometry, routing knobs, storage
+types, tokenizer), the presets, and real models' shapes at a layer count of one's choosing.
 
 `synth.py` writes a spec to a GGUF file; the knobs are explained there.
 """
@@ -7,15 +7,18 @@ the presets, and real models' shapes at a layer count of one's choosing.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from abbench.errors import UsageError
 
-TOKENIZERS = ("llama", "gpt2")
+ARCHS = ("qwen3moe", "gpt-oss")  # `general.architecture`; qwen3moe's presets keep bare names
+# "llama": SentencePiece with byte tokens; "gpt2": byte-level BPE, Qwen's specials and
+# `qwen2` pre-tokenizer; "gpt-4o": byte-level BPE, gpt-oss's harmony specials and `gpt-4o`.
+TOKENIZERS = ("llama", "gpt2", "gpt-4o")
 
 # Tensor types written as they are; the mixes below choose among them per tensor.
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
-                "Q4_K", "Q5_K", "Q6_K")
+                "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 # llama.cpp's mixes: (the base type, the type of the tensors it gives more bits)
 MIXES = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K")}
 TYPES = TENSOR_TYPES + tuple(MIXES)
@@ -40,9 +43,18 @@ class SynthSpec:
     router_scale: float = 1.0
     dense_type: str = "F32"
     expert_type: str = "F32"
-    tokenizer: str = "llama"  # "llama" (SentencePiece, byte fallback) or "gpt2" (BPE)
+    tokenizer: str = "llama"  # one of TOKENIZERS
+    # Fields added since the first files: written into a file only when not at these
+    # defaults (`described`), so that qwen3moe files stay byte-identical.
+    arch: str = "qwen3moe"
+    sliding_window: int = 0  # gpt-oss: the SWA layers' window (positions, self included)
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise UsageError(f"arch must be one of {', '.join(ARCHS)} (got {self.arch!r})")
+        if (self.arch == "gpt-oss") != (self.sliding_window > 0):
+            raise UsageError("sliding_window must be positive for gpt-oss and 0 otherwise "
+                             f"(got {self.sliding_window} for {self.arch})")
         for key in ("expert_type", "dense_type"):
             if getattr(self, key) not in TYPES:
                 raise UsageError(f"{key} must be one of {', '.join(TYPES)} "
@@ -61,6 +73,15 @@ class SynthSpec:
     def expert_bytes(self) -> int:
         return 3 * self.expert_ff * self.d_model * 4
 
+    def described(self) -> dict[str, str | int | float]:
+        """The spec as the file records it (`general.description`, `abbench.synthetic.*`):
+        every field, less those added since the first files while at their defaults."""
+        return {k: v for k, v in asdict(self).items()
+                if not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])}
+
+
+ADDED_FIELDS: dict[str, str | int | float] = {"arch": "qwen3moe", "sliding_window": 0}
+
 
 PRESETS: dict[str, SynthSpec] = {
     # a few MiB: unit tests and gates
@@ -72,6 +93,16 @@ PRESETS: dict[str, SynthSpec] = {
     # ~1.5 GiB: 16 layers x 64 experts of 1.5 MiB, top-8 — a few hundred MiB of cache streams
     "default": SynthSpec(n_layer=16, n_expert=64, n_expert_used=8, d_model=512, n_head=8,
                          n_head_kv=2, head_dim=64, expert_ff=256, context_length=2048),
+    # gpt-oss (SWA on even layers, YaRN, sinks, biases, MXFP4 experts): windows small
+    # enough that the sliding window masks within a prompt and 64 tokens
+    "gpt-oss-tiny": SynthSpec(n_layer=4, n_expert=8, n_expert_used=4, d_model=64, n_head=4,
+                              n_head_kv=2, head_dim=16, expert_ff=32, context_length=512,
+                              expert_type="MXFP4", tokenizer="gpt-4o", arch="gpt-oss",
+                              sliding_window=16),
+    "gpt-oss-small": SynthSpec(n_layer=8, n_expert=16, n_expert_used=4, d_model=256,
+                               n_head=8, n_head_kv=2, head_dim=64, expert_ff=128,
+                               context_length=1024, expert_type="MXFP4", tokenizer="gpt-4o",
+                               arch="gpt-oss", sliding_window=32),
 }
 
 
@@ -81,6 +112,11 @@ SHAPES: dict[str, SynthSpec] = {
     "qwen3-30b-a3b": SynthSpec(n_layer=48, n_expert=128, n_expert_used=8, d_model=2048,
                                n_head=32, n_head_kv=4, head_dim=128, expert_ff=768,
                                context_length=4096, tokenizer="gpt2"),
+    # gpt-oss-20b: 24 layers of 32 experts (top-4), 64 q / 8 kv heads of 64, window 128
+    "gpt-oss-20b": SynthSpec(n_layer=24, n_expert=32, n_expert_used=4, d_model=2880,
+                             n_head=64, n_head_kv=8, head_dim=64, expert_ff=2880,
+                             context_length=4096, expert_type="MXFP4", tokenizer="gpt-4o",
+                             arch="gpt-oss", sliding_window=128),
 }
 
 
@@ -98,16 +134,36 @@ _SHAPED = re.compile(r"(?P<shape>.+)-(?P<layers>[0-9]+)L-(?P<type>[A-Z0-9_]+)\Z"
 
 
 def named(name: str, seed: int = 0) -> SynthSpec:
-    """A preset (`default`), or a shape at a layer count in a type, every matrix in it
-    (`qwen3-30b-a3b-4L-Q4_K_M`: as llama-quantize writes a Q4_K_M file)."""
+    """A preset (`default`, `gpt-oss-tiny`), or a shape at a layer count in a type, every
+    matrix in it (`qwen3-30b-a3b-4L-Q4_K_M`: as llama-quantize writes a Q4_K_M file) — but
+    MXFP4 only for the experts, the other matrices Q8_0, as llama-quantize's MXFP4_MOE."""
     m = _SHAPED.match(name)
     if name in PRESETS or m is None or m["shape"] not in SHAPES:
         return preset(name, seed)
     if m["type"] not in TYPES:
         raise UsageError(f"unknown type `{m['type']}` in `{name}`",
                          tip=f"types: {', '.join(TYPES)}")
+    dense = "Q8_0" if m["type"] == "MXFP4" else m["type"]
     return replace(shape(m["shape"], int(m["layers"]), seed), expert_type=m["type"],
-                   dense_type=m["type"])
+                   dense_type=dense)
+
+
+def arch_preset(arch: str, name: str, seed: int = 0) -> SynthSpec:
+    """Architecture `arch`'s preset `name` (`tiny`): qwen3moe's go by their bare names,
+    the others' as `ARCH-NAME` (`gpt-oss-tiny`, what `synthetic:gpt-oss-tiny` names)."""
+    if arch not in ARCHS:
+        raise UsageError(f"unknown architecture `{arch}`", tip=f"architectures: "
+                         f"{', '.join(ARCHS)}")
+    full = preset_name(arch, name)
+    if full not in PRESETS or PRESETS[full].arch != arch:
+        have = [k for k, v in PRESETS.items() if v.arch == arch]
+        raise UsageError(f"{arch} has no preset `{name}`",
+                         tip="presets: " + ", ".join(k.removeprefix(f"{arch}-") for k in have))
+    return preset(full, seed)
+
+
+def preset_name(arch: str, name: str) -> str:
+    return name if arch == "qwen3moe" else f"{arch}-{name}"
 
 
 def preset(name: str, seed: int = 0) -> SynthSpec:

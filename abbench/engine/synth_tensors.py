@@ -1,6 +1,8 @@
 """A synthetic model's tensors: each kind's generator (vocabulary matrices, router,
 attention, experts), the storage type llama-quantize would give each, and their writing
-into the file one tensor at a time.
+into the file one tensor at a time. The layers here are qwen3moe's; another
+architecture's (`synth_gpt_oss.py`) come from its own `LayerTensors`, built from the same
+generators.
 
 The generators draw one `rng` in file order, so a spec and seed give the same bytes: the
 routing knobs they implement are explained in `synth.py`.
@@ -18,6 +20,9 @@ from abbench.engine.synth_spec import MIXES, SynthSpec
 
 Make = Callable[[], np.ndarray]
 Planned = tuple[str, tuple[int, ...], str, Make]  # (name, F32 shape, storage type, make)
+# An architecture's tensors of one layer, in file order: (spec, rng, layer, router) ->
+# its Planned tensors; `router` is the layer's router matrix (the routing knobs).
+LayerTensors = Callable[[SynthSpec, np.random.Generator, int, Make], Iterator[Planned]]
 
 RHO = 0.25  # share of an embedding's energy along the common direction
 
@@ -59,12 +64,13 @@ def layer_update_scale(spec: SynthSpec, layer: int) -> float:
 # -- writing ------------------------------------------------------------------------------
 
 
-def add_tensors(w: gguf.GGUFWriter, spec: SynthSpec, n_vocab: int) -> None:
+def add_tensors(w: gguf.GGUFWriter, spec: SynthSpec, n_vocab: int,
+                layer_tensors: LayerTensors) -> None:
     """Every tensor's info first (the header needs them), then each tensor generated,
     converted and written in the file's order: one tensor in memory at a time."""
     rng = np.random.default_rng(spec.seed)
     plan = [(n, sh, tensor_type(spec, n, t, sh[-1]), make)
-            for n, sh, t, make in tensors(spec, rng, n_vocab)]
+            for n, sh, t, make in tensors(spec, rng, n_vocab, layer_tensors)]
     for name, shape, type_name, _ in plan:
         _add_info(w, name, shape, type_name)
     w.write_header_to_file()
@@ -107,7 +113,8 @@ def _quantize(a: np.ndarray, type_name: str) -> tuple[np.ndarray, gguf.GGMLQuant
 # -- the tensors, in file order -----------------------------------------------------------
 
 
-def tensors(spec: SynthSpec, rng: np.random.Generator, n_vocab: int) -> Iterator[Planned]:
+def tensors(spec: SynthSpec, rng: np.random.Generator, n_vocab: int,
+            layer_tensors: LayerTensors) -> Iterator[Planned]:
     """(name, F32 shape, storage type, make) for every tensor in file order. `make()`
     generates the tensor in F32; calling them in order draws `rng` in a fixed order, so a
     spec and seed give the same bytes."""
@@ -116,9 +123,9 @@ def tensors(spec: SynthSpec, rng: np.random.Generator, n_vocab: int) -> Iterator
     common = rng.standard_normal(spec.d_model).astype(np.float32)  # (d,)
     common /= np.linalg.norm(common)
     yield from _vocab_tensors(spec, rng, n_vocab, common)
-    router = _router(spec, rng, common)
+    router = router_of(spec, rng, common)
     for i in range(spec.n_layer):
-        yield from _layer_tensors(spec, rng, i, router)
+        yield from layer_tensors(spec, rng, i, router)
 
 
 def _vocab_tensors(spec: SynthSpec, rng: np.random.Generator, n_vocab: int,
@@ -131,12 +138,12 @@ def _vocab_tensors(spec: SynthSpec, rng: np.random.Generator, n_vocab: int,
         return embd + common * np.sqrt(RHO * d)  # (vocab, d), rows of norm ~ sqrt(d)
 
     yield "token_embd.weight", (n_vocab, d), dense, embedding
-    yield "output_norm.weight", (d,), "F32", _ones(d)
+    yield "output_norm.weight", (d,), "F32", ones(d)
     yield "output.weight", (n_vocab, d), dense, lambda: (
         rng.standard_normal((n_vocab, d)).astype(np.float32) / np.sqrt(d) * 2.0)
 
 
-def _router(spec: SynthSpec, rng: np.random.Generator, common: np.ndarray) -> Make:
+def router_of(spec: SynthSpec, rng: np.random.Generator, common: np.ndarray) -> Make:
     """Each layer's router: random rows plus a component along `common` that biases each
     expert's logit by a Zipf-like ladder over a fresh permutation of the experts."""
     d = spec.d_model
@@ -155,15 +162,15 @@ def _router(spec: SynthSpec, rng: np.random.Generator, common: np.ndarray) -> Ma
     return router
 
 
-def _layer_tensors(spec: SynthSpec, rng: np.random.Generator, layer: int,
+def qwen3moe_layer(spec: SynthSpec, rng: np.random.Generator, layer: int,
                    router: Make) -> Iterator[Planned]:
     b = f"blk.{layer}."
     d, hd = spec.d_model, spec.head_dim
     upd = layer_update_scale(spec, layer)
-    yield b + "attn_norm.weight", (d,), "F32", _ones(d)
-    yield b + "ffn_norm.weight", (d,), "F32", _ones(d)
-    yield b + "attn_q_norm.weight", (hd,), "F32", _ones(hd)
-    yield b + "attn_k_norm.weight", (hd,), "F32", _ones(hd)
+    yield b + "attn_norm.weight", (d,), "F32", ones(d)
+    yield b + "ffn_norm.weight", (d,), "F32", ones(d)
+    yield b + "attn_q_norm.weight", (hd,), "F32", ones(hd)
+    yield b + "attn_k_norm.weight", (hd,), "F32", ones(hd)
     yield from _attention_tensors(spec, rng, b, upd)
     yield b + "ffn_gate_inp.weight", (spec.n_expert, d), "F32", router
     yield from _expert_tensors(spec, rng, b, upd)
@@ -173,36 +180,36 @@ def _attention_tensors(spec: SynthSpec, rng: np.random.Generator, b: str,
                        upd: float) -> Iterator[Planned]:
     d, dense = spec.d_model, spec.dense_type
     q_rows, kv_rows = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-    yield b + "attn_q.weight", (q_rows, d), dense, _projection(rng, q_rows, d, over=np.sqrt(d))
-    yield b + "attn_k.weight", (kv_rows, d), dense, _projection(rng, kv_rows, d,
-                                                               over=np.sqrt(d))
-    yield b + "attn_v.weight", (kv_rows, d), dense, _projection(rng, kv_rows, d,
-                                                               over=np.sqrt(d))
+    yield b + "attn_q.weight", (q_rows, d), dense, projection(rng, q_rows, d, over=np.sqrt(d))
+    yield b + "attn_k.weight", (kv_rows, d), dense, projection(rng, kv_rows, d,
+                                                              over=np.sqrt(d))
+    yield b + "attn_v.weight", (kv_rows, d), dense, projection(rng, kv_rows, d,
+                                                              over=np.sqrt(d))
     # Attention outputs have unit-scale components, as does the residual stream: size
     # the projection so the update is `upd` of the stream.
-    yield b + "attn_output.weight", (d, q_rows), dense, _projection(
+    yield b + "attn_output.weight", (d, q_rows), dense, projection(
         rng, d, q_rows, upd / np.sqrt(q_rows))
 
 
 def _expert_tensors(spec: SynthSpec, rng: np.random.Generator, b: str,
                     upd: float) -> Iterator[Planned]:
     d, ff, e, experts = spec.d_model, spec.expert_ff, spec.n_expert, spec.expert_type
-    yield b + "ffn_gate_exps.weight", (e, ff, d), experts, _experts_of(
+    yield b + "ffn_gate_exps.weight", (e, ff, d), experts, experts_of(
         rng, e, ff, d, 1.0 / np.sqrt(d))
-    yield b + "ffn_up_exps.weight", (e, ff, d), experts, _experts_of(
+    yield b + "ffn_up_exps.weight", (e, ff, d), experts, experts_of(
         rng, e, ff, d, 1.0 / np.sqrt(d))
     # silu(g)*u has rms ~0.6 for unit-variance g and u; scale the update to `upd`.
-    yield b + "ffn_down_exps.weight", (e, d, ff), experts, _experts_of(
+    yield b + "ffn_down_exps.weight", (e, d, ff), experts, experts_of(
         rng, e, d, ff, upd / (0.6 * np.sqrt(ff)))
 
 
-def _projection(rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0,
+def projection(rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0,
                 over: float = 1.0) -> Make:
     """(rows, cols) unit normals * scale / over."""
     return lambda: rng.standard_normal((rows, cols)).astype(np.float32) * scale / over
 
 
-def _experts_of(rng: np.random.Generator, n_expert: int, rows: int, cols: int,
+def experts_of(rng: np.random.Generator, n_expert: int, rows: int, cols: int,
                 scale: float) -> Make:
     """(n_expert, rows, cols) unit normals * scale, drawn in F32."""
     def make() -> np.ndarray:
@@ -212,5 +219,24 @@ def _experts_of(rng: np.random.Generator, n_expert: int, rows: int, cols: int,
     return make
 
 
-def _ones(n: int) -> Make:
+def ones(n: int) -> Make:
     return lambda: np.ones(n, np.float32)
+
+
+def transformer_keys(w: gguf.GGUFWriter, spec: SynthSpec, rope_freq_base: float,
+                     rms_eps: float) -> None:
+    """The hyperparameters every architecture here writes, in the order qwen3moe's files
+    have always had them (its bytes are pinned): sizes, heads, RoPE base, RMS epsilon."""
+    d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.context_length)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ff)
+    w.add_expert_feed_forward_length(ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    # always written: head_dim * n_head need not be d (gpt-oss-20b: 64 x 64 with d = 2880)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(rope_freq_base)
+    w.add_layer_norm_rms_eps(rms_eps)

@@ -1,8 +1,9 @@
 """A synthetic model's vocabulary and its `tokenizer.ggml.*` keys: a byte-fallback
 SentencePiece-style vocabulary (`<unk>`, `<s>`, `</s>`, then `<0x00>`..`<0xFF>`), or a
 byte-level BPE vocabulary of BPE_VOCAB_SIZE tokens trained (Hugging Face `tokenizers`,
-deterministic) on the text the package ships in `data/bpe-corpus.txt`, with Qwen's `qwen2`
-pre-tokenizer."""
+deterministic) on the text the package ships in `data/bpe-corpus.txt`: with Qwen's special
+tokens and `qwen2` pre-tokenizer ("gpt2"), or with gpt-oss's harmony special tokens and its
+`gpt-4o` pre-tokenizer ("gpt-4o", split by llama.cpp's regex for it)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ import gguf
 
 VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
 BPE_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # Qwen's names; 0 is BOS/EOS
+# gpt-oss's harmony tokens (llama.cpp gives them their attributes by text): BOS is
+# <|endoftext|>, EOS <|return|>, as the gpt-oss design has them
+GPT4O_SPECIAL = ["<|endoftext|>", "<|start|>", "<|message|>", "<|channel|>", "<|end|>",
+                 "<|return|>", "<|call|>"]
+GPT4O_BOS_ID, GPT4O_EOS_ID = 0, GPT4O_SPECIAL.index("<|return|>")
 BPE_VOCAB_SIZE = 512
 BPE_CORPUS = Path(__file__).with_name("data") / "bpe-corpus.txt"
 N_VOCAB = len(VOCAB_SPECIAL) + 256  # the SentencePiece vocabulary's size
@@ -25,20 +31,26 @@ class SynthVocab:
     tokens: list[str]
     types: list[gguf.TokenType]
     merges: list[str]  # BPE only
+    pre: str = "default"  # tokenizer.ggml.pre
+    bos: int = BOS_ID
+    eos: int = EOS_ID
 
 
 def vocab_of(kind: str) -> SynthVocab:
-    """The vocabulary of tokenizer `kind` ("llama" or "gpt2")."""
+    """The vocabulary of tokenizer `kind` ("llama", "gpt2" or "gpt-4o")."""
     if kind == "llama":
         tokens = VOCAB_SPECIAL + [f"<0x{b:02X}>" for b in range(256)]
         types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
         return SynthVocab("llama", tokens, types + [gguf.TokenType.BYTE] * 256, [])
-    return _bpe_vocab()
+    if kind == "gpt-4o":
+        return _bpe_vocab(GPT4O_SPECIAL, "gpt-4o", GPT4O_BOS_ID, GPT4O_EOS_ID)
+    return _bpe_vocab(BPE_SPECIAL, "qwen2", 0, 0)  # as Qwen's files: BOS = EOS
 
 
-def _bpe_vocab() -> SynthVocab:
-    """A byte-level BPE vocabulary trained on the shipped corpus: the special tokens, the
-    256 characters of the byte alphabet, then one token per merge, in merge order."""
+def _bpe_vocab(special: list[str], pre: str, bos: int, eos: int) -> SynthVocab:
+    """A byte-level BPE vocabulary trained on the shipped corpus, its words cut by
+    pre-tokenizer `pre` as llama.cpp cuts them: the special tokens, the 256 characters of
+    the byte alphabet, then one token per merge, in merge order."""
     import json
 
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
@@ -47,9 +59,9 @@ def _bpe_vocab() -> SynthVocab:
 
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRE_TOKENIZERS["qwen2"]), behavior="isolated"),
+        pre_tokenizers.Split(Regex(PRE_TOKENIZERS[pre]), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, special_tokens=BPE_SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tk.train_from_iterator([BPE_CORPUS.read_text(encoding="utf-8")], trainer=trainer)
@@ -58,10 +70,10 @@ def _bpe_vocab() -> SynthVocab:
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise AssertionError("the trained BPE vocabulary's ids are not 0..n-1")
     tokens = [t for t, _ in by_id]
-    types = [gguf.TokenType.CONTROL if t in BPE_SPECIAL else gguf.TokenType.NORMAL
+    types = [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL
              for t in tokens]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    return SynthVocab("gpt2", tokens, types, merges)
+    return SynthVocab("gpt2", tokens, types, merges, pre, bos, eos)
 
 
 def add_vocab(w: gguf.GGUFWriter, vocab: SynthVocab) -> None:
@@ -69,11 +81,11 @@ def add_vocab(w: gguf.GGUFWriter, vocab: SynthVocab) -> None:
     w.add_tokenizer_model(vocab.model)
     w.add_token_list(vocab.tokens)
     w.add_token_types([int(t) for t in vocab.types])
-    if vocab.model == "gpt2":  # as Qwen's files: BOS = EOS = <|endoftext|>, no BOS added
-        w.add_tokenizer_pre("qwen2")
+    if vocab.model == "gpt2":  # as Qwen's and gpt-oss's files: no BOS added
+        w.add_tokenizer_pre(vocab.pre)
         w.add_token_merges(vocab.merges)
-        w.add_bos_token_id(0)
-        w.add_eos_token_id(0)
+        w.add_bos_token_id(vocab.bos)
+        w.add_eos_token_id(vocab.eos)
         w.add_add_bos_token(False)
         return
     w.add_tokenizer_pre("default")

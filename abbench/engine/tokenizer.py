@@ -18,6 +18,13 @@ GPT-2's byte-to-character alphabet and merged by the file's `tokenizer.ggml.merg
 order. The BPE itself is Hugging Face `tokenizers`' (built from the file's vocabulary and
 merges), not a hand-written one. No space prefix; BOS only when `add_bos_token` says so.
 Decoding maps a token's characters back to its bytes.
+
+What is split out of a prompt first, what prints and what ends generation follow the
+attributes llama.cpp gives each token, by its file type and by its text
+(special_tokens.py): harmony's `<|channel|>`-style tokens print, a gpt-oss `<|end|>` prints
+and does not end generation, a control token prints nothing. llama.cpp's `clean_spaces`
+(off for `gpt-4o`) is not read: only its whole-sequence detokenizer applies it, and
+llama-completion and llama-tokenize print token by token, as abbench does.
 """
 
 from __future__ import annotations
@@ -29,12 +36,10 @@ from dataclasses import dataclass
 from gguf import TokenType
 
 from abbench.engine.gguf_file import ModelFile
+from abbench.engine.special_tokens import HIDDEN, ROLES, SPECIAL, Attr, special_tokens
 from abbench.errors import ModelFileError, UsageError
 
 SPACE = "\u2581"  # SentencePiece's visible space
-# Token types llama.cpp partitions the text around before tokenizing the rest.
-SPECIAL_TYPES = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
-HIDDEN_TYPES = (TokenType.CONTROL, TokenType.UNKNOWN)  # not printed (`special` off)
 _BYTE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 NO_TOKENIZER_TIP = "give the prompt as token ids: --prompt-tokens 1,2,3"
 
@@ -44,30 +49,35 @@ QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
                r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
                r"|\s+(?!\S)|\s+")
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# o200k's split (gpt-oss) in llama.cpp's spelling, not tiktoken's: a letter "not a-z" is an
+# upper-case word's letter, "not A-Z" a lower-case one's, so every non-ASCII letter counts
+# as both (as in llama.cpp, which runs it on text with each non-ASCII letter collapsed to
+# one stand-in byte); marks are no letters; digits go in threes.
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS = {"qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT,
-                  "gpt2": GPT2_SPLIT, "mpt": GPT2_SPLIT, "olmo": GPT2_SPLIT}
-
-
-# Tokens that end generation besides `tokenizer.ggml.eos_token_id`, by their text, as
-# llama.cpp's vocabulary loader marks them (src/llama-vocab.cpp, its EOG list).
-EOG_NAMES = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
-    "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
-    "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
-})
+                  "gpt2": GPT2_SPLIT, "mpt": GPT2_SPLIT, "olmo": GPT2_SPLIT,
+                  "gpt-4o": GPT4O_SPLIT, "llama4": GPT4O_SPLIT, "kanana2": GPT4O_SPLIT,
+                  "talkie": GPT4O_SPLIT}
 
 
 def end_of_generation(mf: ModelFile) -> frozenset[int]:
-    """The ids that end generation, as llama.cpp finds them: the file's EOS and every token
-    named in EOG_NAMES (`--ignore-eos` never samples them, as llama.cpp's doesn't)."""
-    ids: set[int] = set()
-    eos = mf.get("tokenizer.ggml.eos_token_id")
-    if isinstance(eos, int) and not isinstance(eos, bool):
-        ids.add(eos)
-    tokens = mf.array("tokenizer.ggml.tokens") or []
-    ids.update(i for i, t in enumerate(tokens) if isinstance(t, str) and t in EOG_NAMES)
-    return frozenset(ids)
+    """The ids that end generation, as llama.cpp finds them (special_tokens.py); for a
+    vocabulary this cannot tokenize with (the prompt came as ids), from the token texts
+    and the file's EOS alone. `--ignore-eos` never samples them, as llama.cpp's doesn't."""
+    try:
+        v = read_vocab(mf)
+    except (UsageError, ModelFileError):
+        tokens = [t if isinstance(t, str) else "" for t in mf.array("tokenizer.ggml.tokens")
+                  or []]
+        eos = mf.get("tokenizer.ggml.eos_token_id")
+        known = isinstance(eos, int) and not isinstance(eos, bool) and 0 <= eos < len(tokens)
+        return special_tokens(tokens, [], eos if known else None).eog
+    return special_tokens(v.tokens, v.types, v.eos_id, dict(v.role_ids)).eog
 
 
 @dataclass(frozen=True)
@@ -83,10 +93,14 @@ class Vocab:
     model: str = "llama"  # tokenizer.ggml.model: "llama" (SPM) or "gpt2" (byte-level BPE)
     merges: tuple[str, ...] = ()  # BPE merges, "left right", by rank
     pre: str = "default"  # tokenizer.ggml.pre: the BPE pre-tokenizer
+    # The ids the file gives special_tokens.ROLES (end of turn, fill-in-the-middle, ...)
+    role_ids: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not len(self.tokens) == len(self.scores) == len(self.types):
             raise ValueError("tokens, scores and types differ in length")
+        if any(r not in ROLES or not 0 <= i < len(self.tokens) for r, i in self.role_ids):
+            raise ValueError("a role id names no role of ROLES or no token")
 
 
 def tokenizer_for(mf: ModelFile) -> Tokenizer:
@@ -105,9 +119,10 @@ class Tokenizer:
         self.source = source
         # Text -> id; a text listed twice maps to its last id, as llama.cpp's map does.
         self._ids = {t: i for i, t in enumerate(vocab.tokens)}
+        rules = special_tokens(vocab.tokens, vocab.types, vocab.eos_id, dict(vocab.role_ids))
+        self.attrs, self.end_ids = rules.attrs, rules.eog
         # Longest first, so that a special token containing another is matched whole.
-        special = [i for i, t in enumerate(vocab.types) if t in SPECIAL_TYPES
-                   and vocab.tokens[i]]
+        special = [i for i, a in enumerate(self.attrs) if a & SPECIAL and vocab.tokens[i]]
         self._special = sorted(special, key=lambda i: -len(vocab.tokens[i].encode()))
 
     @classmethod
@@ -148,7 +163,7 @@ class Tokenizer:
         matched left to right (longest tokens first)."""
         parts: list[str | int] = [text] if text else []
         for i in self._special:
-            if not parse_special and self.vocab.types[i] in HIDDEN_TYPES:
+            if not parse_special and self.attrs[i] & HIDDEN:
                 continue
             word = self.vocab.tokens[i]
             split: list[str | int] = []
@@ -168,16 +183,19 @@ class Tokenizer:
     # -- decoding ----------------------------------------------------------------------
 
     def piece(self, token: int) -> bytes:
-        """What llama.cpp prints for one token: nothing for control, unknown and unused
-        tokens, "▁" as a space, a byte token's byte."""
+        """What llama.cpp prints for one token, by its attributes: nothing for control and
+        unknown tokens (nor unused ones), a user-defined token's text, "▁" as a space, a
+        byte token's byte."""
         if not 0 <= token < len(self.vocab.tokens):
             return b""
-        kind, text = self.vocab.types[token], self.vocab.tokens[token]
-        if kind == TokenType.NORMAL:
-            return self._normal_piece(text)
-        if kind == TokenType.USER_DEFINED:
+        attr, text = self.attrs[token], self.vocab.tokens[token]
+        if attr & HIDDEN:
+            return b""
+        if attr & Attr.USER_DEFINED:
             return text.encode("utf-8")
-        if kind == TokenType.BYTE:
+        if attr & Attr.NORMAL:
+            return self._normal_piece(text)
+        if attr & Attr.BYTE:
             return self._byte_piece(token)
         return b""
 
@@ -190,8 +208,8 @@ class Tokenizer:
         return b"".join(self.piece(i) for i in ids).decode("utf-8", errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        """End of generation: EOS (the only end-of-generation token this reads)."""
-        return token == self.vocab.eos_id
+        """End of generation, as llama.cpp decides it (special_tokens.py)."""
+        return token in self.end_ids
 
 
 class SpmTokenizer(Tokenizer):
@@ -205,7 +223,7 @@ class SpmTokenizer(Tokenizer):
         # A byte token's byte; one whose text is no `<0xNN>` prints nothing (llama.cpp
         # would read garbage there: the file is odd, not unreadable).
         self._token_bytes = {i: int(t[3:5], 16) for i, t in enumerate(vocab.tokens)
-                             if vocab.types[i] == TokenType.BYTE and _BYTE.fullmatch(t)}
+                             if self.attrs[i] & Attr.BYTE and _BYTE.fullmatch(t)}
 
     def _plain(self, text: str, after_special: bool) -> list[int]:
         prefixed = " " + text if self.vocab.add_space_prefix and after_special else text
@@ -347,25 +365,39 @@ def read_vocab(mf: ModelFile) -> Vocab:
                                  "tokens")
         if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
             raise ModelFileError(f"{mf.path}: `{key}` holds values of the wrong type")
-
-    def token_id(key: str, default: int) -> int | None:
-        value = mf.get(key)
-        if value is None:  # absent: llama.cpp's default id, where the vocabulary has it
-            return default if default < n else None
-        if not isinstance(value, int) or not 0 <= value < n:
-            raise ModelFileError(f"{mf.path}: metadata `{key}` is {value!r}, outside the "
-                                 f"vocabulary of {n} tokens")
-        return value
-
     # llama.cpp's defaults per tokenizer type: SPM adds BOS and a space prefix; BPE
-    # neither, and its default BOS/EOS id is 11.
+    # neither, and its default BOS/EOS id is 11 (whatever `tokenizer.ggml.pre` says).
     return Vocab(
         tokens=tuple(str(t) for t in tokens), scores=tuple(float(s) for s in scores),
         types=tuple(int(t) for t in types),
-        bos_id=token_id("tokenizer.ggml.bos_token_id", 11 if bpe else 1),
-        eos_id=token_id("tokenizer.ggml.eos_token_id", 11 if bpe else 2),
+        bos_id=_token_id(mf, "tokenizer.ggml.bos_token_id", 11 if bpe else 1, n),
+        eos_id=_token_id(mf, "tokenizer.ggml.eos_token_id", 11 if bpe else 2, n),
         add_bos=bool(mf.get("tokenizer.ggml.add_bos_token", not bpe)),
         add_eos=bool(mf.get("tokenizer.ggml.add_eos_token", False)),
         add_space_prefix=not bpe and bool(mf.get("tokenizer.ggml.add_space_prefix", True)),
         model=str(model), merges=tuple(str(m) for m in merges), pre=pre,
+        role_ids=_role_ids(mf, n),
     )
+
+
+def _token_id(mf: ModelFile, key: str, default: int | None, n: int) -> int | None:
+    """A special token's id from metadata `key`; absent, llama.cpp's `default` id where
+    the vocabulary of `n` tokens has it."""
+    value = mf.get(key)
+    if value is None:
+        return default if default is not None and default < n else None
+    if not isinstance(value, int) or not 0 <= value < n:
+        raise ModelFileError(f"{mf.path}: metadata `{key}` is {value!r}, outside the "
+                             f"vocabulary of {n} tokens")
+    return value
+
+
+def _role_ids(mf: ModelFile, n: int) -> tuple[tuple[str, int], ...]:
+    """The ids the file gives special_tokens.ROLES, a role's later key overriding its
+    earlier one as llama.cpp reads them (`fim_pre_token_id`, then `prefix_token_id`)."""
+    found = []
+    for role, (keys, _) in ROLES.items():
+        ids = [i for key in keys if (i := _token_id(mf, key, None, n)) is not None]
+        if ids:
+            found.append((role, ids[-1]))
+    return tuple(found)

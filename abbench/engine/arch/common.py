@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from abbench.engine.gguf_file import to_f32
+from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
+    from abbench.engine.ggml import Context
     from abbench.engine.gguf_file import ModelFile
 
 EMBEDDING_F32_MAX = 64 << 20  # a larger quantized embedding table stays in its type
@@ -50,13 +53,63 @@ class RoutingHook(Protocol):
     whole batch, x (n, d), ids and weights (n, k). Once the model fused the next layer's
     router into this one's (`fuse_next_routers`, for a stale-gate predictor), decode calls
     also pass what the next layer's router makes of this layer's input: `next_logits`
-    (n_expert,) and `next_ids` (k,), their top-k ranked as the router ranks (ties to the
-    lower id)."""
+    (n_expert,), its bias added where it has one (`Model.router_bias`), and `next_ids`
+    (k,), their top-k ranked as the router ranks (ties to the lower id)."""
 
     def __call__(
         self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, phase: int,
         next_ids: np.ndarray | None = None, next_logits: np.ndarray | None = None,
     ) -> None: ...
+
+
+class ExpertFFN(Protocol):
+    """An architecture's expert FFN, as the shared expert side runs it: what comes between
+    an expert's gate and up products and its down product (`act`), and after the down
+    product (`post`), in numpy (compute.py's team, partner.py) and as steps of ggml's
+    expert graph (qcompute.py `ExpertGraph`, through `graph`). The products themselves,
+    the cache, the reads and the weighted sum are the expert side's. An architecture
+    module gives its FFN as `expert_ffn(mf, args)`; qwen3moe's is `compute.SwiGLU`.
+
+    A row's expert is its id in its layer (0 .. n_expert-1), never a cache slot: what an
+    FFN holds per expert (biases) is indexed by it. `by_expert` False: the FFN reads no
+    expert ids and its `post` does nothing, so the expert side neither gathers the ids
+    nor calls `post` (qwen3moe's decode path, where every call costs)."""
+
+    by_expert: bool
+
+    def act(self, gate: np.ndarray, up: np.ndarray, out: np.ndarray, layer: int,
+            experts: Any) -> None:
+        """gate, up: (..., ff) rows of the gate and up products (both may be overwritten)
+        → out (..., ff), the down product's input. `experts` indexes a per-expert stack
+        (n_expert, ff) so that the result broadcasts against the rows: an int for one row,
+        (n,) ids for n rows, (1,) for many rows of one expert."""
+
+    def post(self, y: np.ndarray, layer: int, experts: Any) -> None:
+        """y: (..., d) rows of down products, finished in place (`experts` as in `act`)."""
+
+    def graph_bytes(self, rows: int, ff: int, d: int) -> int:
+        """The scratch `graph`'s steps take in their context for `rows` (token, expert)
+        rows."""
+
+    def graph(self, ctx: Context, eids: int) -> FFNGraph:
+        """The FFN's steps of one expert graph, built on `ctx` (results in its scratch:
+        `ctx.op`); eids: I32 (n_used, t), the rows' expert ids, filled per call."""
+
+
+class FFNGraph(Protocol):
+    """One expert graph's FFN steps (`ExpertFFN.graph`): tensors of its context."""
+
+    def act(self, gate: int, up: int) -> int:
+        """gate, up: (ff, n_used, t) products → (ff, n_used, t), the down product's input."""
+
+    def post(self, down: int) -> int:
+        """down: (d, n_used, t) products → (d, n_used, t), the experts' outputs: `down`
+        itself when there is nothing to do, else a new tensor (not a view), which the graph
+        moves to memory of its own."""
+
+    def set_layer(self, layer: int) -> None:
+        """Point what the steps hold per layer (bias stacks) at `layer`'s, before a compute:
+        one graph serves every layer of its shapes."""
 
 
 # These run once or twice per layer per token on tiny vectors, where numpy's per-call
@@ -98,3 +151,54 @@ def rope_tables(head_dim: int, n_ctx: int, base: float) -> tuple[np.ndarray, np.
     inv = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (hd/2,)
     angles = np.arange(n_ctx, dtype=np.float64)[:, None] * inv[None, :]  # (T, hd/2)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def header_numbers(mf: ModelFile) -> Callable[..., Any]:
+    """`num(key, kind, default=None)`: the header's `ARCH.key` as `kind`, required when no
+    default is given; a value that is not one is an error naming the key."""
+    p = mf.architecture + "."
+
+    def num(key: str, kind: type, default: object = None) -> Any:
+        value = mf.require(p + key) if default is None else mf.get(p + key, default)
+        try:
+            return kind(value)
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
+            raise ModelFileError(
+                f"{mf.path}: metadata `{p + key}` is {value!r}, not a number"
+            ) from None
+
+    return num
+
+
+def check_header(mf: ModelFile, args: Any, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The checks every architecture's `ModelArgs` needs: layers, heads that divide,
+    an even head size, top-k within the experts, a context, and every tensor's shape as
+    the header implies it — a file whose numbers disagree with its tensors fails here,
+    naming the key, not later in a reshape."""
+    p = mf.architecture + "."
+
+    def bad(key: str, why: str) -> ModelFileError:
+        return ModelFileError(f"{mf.path}: metadata `{p}{key}` {why}")
+
+    if args.block_count < 1:
+        raise bad("block_count", f"is {args.block_count}, must be >= 1")
+    if args.head_count_kv < 1 or args.head_count % args.head_count_kv:
+        raise bad("attention.head_count_kv", f"is {args.head_count_kv}, must divide "
+                  f"attention.head_count ({args.head_count})")
+    if args.key_length < 2 or args.key_length % 2 or args.value_length != args.key_length:
+        raise bad("attention.key_length", f"is {args.key_length}, must be even and equal "
+                  f"attention.value_length ({args.value_length})")
+    eps = args.layer_norm_rms_epsilon
+    if not (math.isfinite(eps) and eps > 0):
+        raise bad("attention.layer_norm_rms_epsilon", f"is {eps}, must be positive")
+    if not 1 <= args.expert_used_count <= args.expert_count:
+        raise bad("expert_used_count", f"is {args.expert_used_count}, must be between 1 "
+                  f"and expert_count ({args.expert_count})")
+    if args.context_length < 2:
+        raise bad("context_length", f"is {args.context_length}, must be >= 2")
+    for name, shape in shapes.items():
+        got = mf.tensor(name).shape
+        if got != shape:
+            raise ModelFileError(
+                f"{mf.path}: tensor `{name}` has shape {got}, but the header implies {shape}"
+            )

@@ -6,7 +6,8 @@ decoder layer → model. `ModelArgs`, the header read and checked against the te
 `qwen3moe_args.py` (imported here, where `arch.architecture(...).ModelArgs` finds it).
 Dense weights live here; expert weights are streamed by the `ExpertRunner` the model is
 given (cache, reads, the drop and speculation policies beside it in `policies.py`), which
-also runs the experts' SwiGLU.
+also runs the experts' FFN: this architecture's is plain SwiGLU without biases
+(`expert_ffn`, the shared `compute.SwiGLU`), and its router has no bias (`router_bias`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from abbench.engine.arch.common import RoutingHook, rms_norm, rms_norm_rows, rope_tables
+from abbench.engine.arch.common import (
+    ExpertFFN,
+    RoutingHook,
+    rms_norm,
+    rms_norm_rows,
+    rope_tables,
+)
 from abbench.engine.arch.qwen3moe_args import ModelArgs
-from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec, private_vectors
+from abbench.engine.compute import SWIGLU, MatMulT, MatVec, matmul_t, matvec, private_vectors
 from abbench.engine.streamer import BufferArena, arena_copy
 
 if TYPE_CHECKING:
@@ -31,6 +38,11 @@ SAFE_EXP = 60.0  # |score| up to this: exp() stays finite and positive in F32 ov
 _vecdot = np.vecdot  # row-wise dot products: one light call (einsum parses its subscripts)
 _sum = np.add.reduce
 _sub = np.subtract
+
+
+def expert_ffn(mf: ModelFile, args: ModelArgs) -> ExpertFFN:
+    """The experts' FFN the shared expert side runs: silu(gate) * up, nothing per expert."""
+    return SWIGLU
 
 
 class Attention:
@@ -312,6 +324,10 @@ class Model:
 
     def router_matrix(self, layer: int) -> np.ndarray:
         return self.layers[layer].moe.router  # (n_expert, d)
+
+    def router_bias(self, layer: int) -> np.ndarray | None:
+        """What the router adds to its logits before ranking them: nothing here."""
+        return None
 
     def fuse_next_routers(self) -> None:
         """Stack each layer's router over the next one's, for a stale-gate predictor: its

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from abbench.engine.arch.common import check_header, header_numbers
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -38,16 +39,7 @@ class ModelArgs:
         """Read and check the header against the tensors: a file whose numbers disagree
         with its tensors fails here, naming the key, not later in a reshape."""
         p = mf.architecture + "."
-
-        def num(key: str, kind: type, default: object = None) -> Any:
-            value = mf.require(p + key) if default is None else mf.get(p + key, default)
-            try:
-                return kind(value)
-            except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
-                raise ModelFileError(
-                    f"{mf.path}: metadata `{p + key}` is {value!r}, not a number"
-                ) from None
-
+        num = header_numbers(mf)
         embd = mf.tensor("token_embd.weight")
         d = num("embedding_length", int)
         n_head = num("attention.head_count", int)
@@ -69,38 +61,14 @@ class ModelArgs:
             context_length=num("context_length", int, 4096),
             vocab_size=embd.shape[0],
         )
-        args._check(mf, p)
+        args._check(mf)
         return args
 
-    def _check(self, mf: ModelFile, p: str) -> None:
-        def bad(key: str, why: str) -> ModelFileError:
-            return ModelFileError(f"{mf.path}: metadata `{p}{key}` {why}")
-
-        if self.block_count < 1:
-            raise bad("block_count", f"is {self.block_count}, must be >= 1")
-        if self.head_count_kv < 1 or self.head_count % self.head_count_kv:
-            raise bad("attention.head_count_kv", f"is {self.head_count_kv}, must divide "
-                      f"attention.head_count ({self.head_count})")
-        if self.key_length < 2 or self.key_length % 2 or self.value_length != self.key_length:
-            raise bad("attention.key_length", f"is {self.key_length}, must be even and equal "
-                      f"attention.value_length ({self.value_length})")
-        eps = self.layer_norm_rms_epsilon
-        if not (math.isfinite(eps) and eps > 0):
-            raise bad("attention.layer_norm_rms_epsilon", f"is {eps}, must be positive")
+    def _check(self, mf: ModelFile) -> None:
+        check_header(mf, self, self.dense_shapes(mf) | self.expert_shapes())
         if not (math.isfinite(self.rope_freq_base) and self.rope_freq_base > 0):
-            raise bad("rope.freq_base", f"is {self.rope_freq_base}, must be positive")
-        if not 1 <= self.expert_used_count <= self.expert_count:
-            raise bad("expert_used_count", f"is {self.expert_used_count}, must be between 1 "
-                      f"and expert_count ({self.expert_count})")
-        if self.context_length < 2:
-            raise bad("context_length", f"is {self.context_length}, must be >= 2")
-        for name, shape in (self.dense_shapes(mf) | self.expert_shapes()).items():
-            got = mf.tensor(name).shape
-            if got != shape:
-                raise ModelFileError(
-                    f"{mf.path}: tensor `{name}` has shape {got}, but the header implies "
-                    f"{shape}"
-                )
+            raise ModelFileError(f"{mf.path}: metadata `{mf.architecture}.rope.freq_base` is "
+                                 f"{self.rope_freq_base}, must be positive")
 
     def dense_shapes(self, mf: ModelFile) -> dict[str, tuple[int, ...]]:
         """Every dense tensor the forward pass reads, with its numpy shape."""

@@ -182,6 +182,10 @@ class GraphModel:
     def router_matrix(self, layer: int) -> np.ndarray:
         return self.weights[layer].router  # (n_expert, d)
 
+    def router_bias(self, layer: int) -> np.ndarray | None:
+        """What the router adds to its logits before ranking them: nothing here."""
+        return None
+
     def fuse_next_routers(self) -> None:
         """Nothing to fuse: a predictor computes the next layer's routing itself."""
 
@@ -248,7 +252,7 @@ class GraphModel:
             x = g.x[0]  # (d,)
             if hook is not None:
                 hook(layer, x, ids, weights, phase)
-            kept, y = self.experts.run_routed(layer, x, ids, weights, phase)
+            kept, y = self.experts.run_routed(layer, x, ids, weights, phase)  # (k',), (k', d)
             np.add(weighted_sum(kept, y[: len(kept)]), g.ffn_inp[0], out=h[0])  # (d,)
         if self._output_graph is None:
             self._output_graph = OutputGraph(self, *self._output)

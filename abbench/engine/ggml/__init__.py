@@ -9,7 +9,7 @@ function.
 - `quantizer.py`: ggml's quantizer and its check of quantized rows.
 
 Callers import this face (`from abbench.engine import ggml`; `ggml.lib()`,
-`ggml.Context`, `ggml.Q4_K`, ...).
+`ggml.Context`, `ggml.Q4_K`, `ggml.Rope`, ...).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from abbench.engine.ggml.abi import (
     I32,
     LOG_CALLBACK,
     LOG_WARN,
+    MXFP4,
     Q2_K,
     Q3_K,
     Q4_0,
@@ -38,10 +39,13 @@ from abbench.engine.ggml.abi import (
     Q6_K,
     Q8_0,
     Q8_K,
+    ROPE_NEOX,
+    ROPE_NORMAL,
     SORT_DESC,
     STATUS_SUCCESS,
     CPlan,
     InitParams,
+    Rope,
     TensorStruct,
     ThreadpoolParams,
 )
@@ -61,9 +65,9 @@ from abbench.errors import EngineError, GgmlUnavailable
 __all__ = [
     "BF16", "F16", "F32", "GGML_MAX_DIMS", "GGML_MAX_NAME", "GGML_MAX_N_THREADS",
     "GGML_MAX_OP_PARAMS", "GGML_MAX_SRC", "GGML_OBJECT_SIZE", "I32", "LIB_ENV",
-    "LOG_CALLBACK", "LOG_WARN", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1",
-    "Q5_K", "Q6_K", "Q8_0", "Q8_K", "SORT_DESC", "STATUS_SUCCESS", "CPlan", "Context",
-    "EngineError", "GgmlUnavailable", "Graph", "InitParams", "Lib", "Repacker",
-    "TensorStruct", "Threads", "ThreadpoolParams", "block_size", "lib", "library_dir",
-    "quantize", "row_bytes", "type_name", "valid_rows",
+    "LOG_CALLBACK", "LOG_WARN", "MXFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0",
+    "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K", "ROPE_NEOX", "ROPE_NORMAL", "SORT_DESC",
+    "STATUS_SUCCESS", "CPlan", "Context", "EngineError", "GgmlUnavailable", "Graph",
+    "InitParams", "Lib", "Repacker", "Rope", "TensorStruct", "Threads", "ThreadpoolParams",
+    "block_size", "lib", "library_dir", "quantize", "row_bytes", "type_name", "valid_rows",
 ]

@@ -7,6 +7,7 @@ the prototypes on the loaded library and checks the `struct ggml_tensor` mirror 
 from __future__ import annotations
 
 import ctypes
+import math
 from ctypes import (
     POINTER,
     Structure,
@@ -21,16 +22,64 @@ from ctypes import (
     c_uint32,
     c_void_p,
 )
+from dataclasses import dataclass
+
+from abbench.errors import EngineError
 
 # enum ggml_type (ggml.h): the types abbench computes with.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = 10, 11, 12, 13, 14, 15
 I32, BF16 = 26, 30
+# 32 values a block in 17 bytes: one E8M0 scale (a power of two) and 32 E2M1 codes, the
+# first 16 values in the low nibbles; gpt-oss's experts ship in it.
+MXFP4 = 39
 GGML_MAX_DIMS, GGML_MAX_SRC, GGML_MAX_OP_PARAMS, GGML_MAX_NAME = 4, 10, 64, 64
 GGML_MAX_N_THREADS = 512
 GGML_OBJECT_SIZE = 32  # struct ggml_object: offs, size, next, type + 4 bytes of padding
 STATUS_SUCCESS = 0
 SORT_DESC = 1  # enum ggml_sort_order
+ROPE_NORMAL, ROPE_NEOX = 0, 2  # GGML_ROPE_TYPE_*: pairs (2i, 2i+1), or (i, i + n_dims/2)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """The scalars `ggml_rope_ext` takes after its tensors, in its order. The defaults
+    are plain RoPE (llama.cpp's when a file names no scaling); YaRN is `ext_factor` 1
+    with `freq_scale` = 1/factor, its ramp between the dimensions that `beta_fast` and
+    `beta_slow` rotations fit in `n_ctx_orig` positions, and `attn_factor` scaling
+    cos and sin (ggml multiplies it by its own 1 + 0.1 ln(factor) when YaRN is on)."""
+
+    n_dims: int  # the leading dimensions of each head that rotate; the rest pass through
+    mode: int  # ROPE_NORMAL or ROPE_NEOX
+    n_ctx_orig: int
+    freq_base: float
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self) -> None:
+        # ggml asserts on an odd n_dims and on the modes this type does not take (MROPE
+        # and VISION have other entry points), aborting the process.
+        if self.n_dims <= 0 or self.n_dims % 2:
+            raise EngineError(f"rope: n_dims {self.n_dims} is not a positive even number")
+        if self.mode not in (ROPE_NORMAL, ROPE_NEOX):
+            raise EngineError(f"rope: mode {self.mode} is neither normal (0) nor NeoX (2)")
+        if self.n_ctx_orig < 0:
+            raise EngineError(f"rope: n_ctx_orig {self.n_ctx_orig} is negative")
+        scalars = (self.freq_base, self.freq_scale, self.ext_factor, self.attn_factor,
+                   self.beta_fast, self.beta_slow)
+        if not all(math.isfinite(v) for v in scalars):
+            raise EngineError(f"rope: a scalar is not finite: {scalars}")
+        if self.freq_base <= 0 or self.freq_scale <= 0:
+            raise EngineError(f"rope: freq_base {self.freq_base} and freq_scale "
+                              f"{self.freq_scale} must be positive")
+
+    def args(self) -> tuple[int, int, int, float, float, float, float, float, float]:
+        """`ggml_rope_ext`'s arguments after a, b and c."""
+        return (self.n_dims, self.mode, self.n_ctx_orig, self.freq_base, self.freq_scale,
+                self.ext_factor, self.attn_factor, self.beta_fast, self.beta_slow)
 
 
 # struct ggml_tensor {
@@ -96,6 +145,12 @@ PROTOTYPES: tuple[tuple[str, str, object, tuple[object, ...]], ...] = (
     ("base", "ggml_row_size", c_size_t, (c_int, c_int64)),
     ("base", "ggml_type_name", c_char_p, (c_int,)),
     ("base", "ggml_nbytes", c_size_t, (T,)),
+    ("base", "ggml_op_name", c_char_p, (c_int,)),
+    ("base", "ggml_is_contiguous", c_bool, (T,)),
+    ("base", "ggml_is_contiguous_1", c_bool, (T,)),  # every dimension but the second
+    ("base", "ggml_are_same_shape", c_bool, (T, T)),
+    # bool ggml_can_repeat(t0, t1): t1's extents are whole multiples of t0's
+    ("base", "ggml_can_repeat", c_bool, (T, T)),
     ("base", "ggml_get_data", P, (T,)),
     ("base", "ggml_set_name", T, (T, c_char_p)),
     # struct ggml_tensor * ggml_new_tensor(ctx, enum ggml_type, int n_dims,
@@ -104,23 +159,38 @@ PROTOTYPES: tuple[tuple[str, str, object, tuple[object, ...]], ...] = (
     ("base", "ggml_mul_mat", T, (P, T, T)),
     ("base", "ggml_mul_mat_id", T, (P, T, T, T)),
     ("base", "ggml_swiglu_split", T, (P, T, T)),
+    # ggml_swiglu_oai(ctx, a (gate), b (up), float alpha, float limit)
+    ("base", "ggml_swiglu_oai", T, (P, T, T, c_float, c_float)),
     ("base", "ggml_soft_max", T, (P, T)),
     # struct ggml_tensor * ggml_soft_max_ext(ctx, a, mask, float scale,
     #                                        float max_bias);
     ("base", "ggml_soft_max_ext", T, (P, T, T, c_float, c_float)),
+    # void ggml_soft_max_add_sinks(struct ggml_tensor * a, struct ggml_tensor * sinks);
+    ("base", "ggml_soft_max_add_sinks", None, (T, T)),
     ("base", "ggml_rms_norm", T, (P, T, c_float)),
     ("base", "ggml_mul", T, (P, T, T)),
     ("base", "ggml_add", T, (P, T, T)),
+    # dst[i0, i1, i2] = a[i0, i1, i2] + b[i0, ids[i1, i2]]
+    ("base", "ggml_add_id", T, (P, T, T, T)),
+    # ggml_get_rows(ctx, a (data), b (I32 row indices))
+    ("base", "ggml_get_rows", T, (P, T, T)),
     ("base", "ggml_cpy", T, (P, T, T)),
     ("base", "ggml_cont", T, (P, T)),
+    ("base", "ggml_cont_2d", T, (P, T, c_int64, c_int64)),
     ("base", "ggml_transpose", T, (P, T)),
     ("base", "ggml_permute", T, (P, T, c_int, c_int, c_int, c_int)),
+    ("base", "ggml_reshape_1d", T, (P, T, c_int64)),
     ("base", "ggml_reshape_2d", T, (P, T, c_int64, c_int64)),
     ("base", "ggml_reshape_3d", T, (P, T, c_int64, c_int64, c_int64)),
-    # ggml_view_2d(ctx, a, ne0, ne1, size_t nb1, size_t offset); _3d adds ne2, nb2
+    ("base", "ggml_reshape_4d", T, (P, T, c_int64, c_int64, c_int64, c_int64)),
+    # ggml_view_1d(ctx, a, ne0, size_t offset); _2d(ctx, a, ne0, ne1, size_t nb1,
+    # size_t offset); _3d adds ne2, nb2; _4d adds ne3, nb3
+    ("base", "ggml_view_1d", T, (P, T, c_int64, c_size_t)),
     ("base", "ggml_view_2d", T, (P, T, c_int64, c_int64, c_size_t, c_size_t)),
     ("base", "ggml_view_3d", T, (P, T, c_int64, c_int64, c_int64, c_size_t, c_size_t,
                                  c_size_t)),
+    ("base", "ggml_view_4d", T, (P, T, c_int64, c_int64, c_int64, c_int64, c_size_t,
+                                 c_size_t, c_size_t, c_size_t)),
     # ggml_rope_ext(ctx, a, b (positions, I32), c (freq factors or NULL), int n_dims,
     #     int mode, int n_ctx_orig, float freq_base, float freq_scale,
     #     float ext_factor, float attn_factor, float beta_fast, float beta_slow)

@@ -18,11 +18,13 @@ from ctypes import c_int64
 import numpy as np
 
 from abbench.engine.ggml.abi import (
+    F16,
     F32,
     I32,
     SORT_DESC,
     STATUS_SUCCESS,
     InitParams,
+    Rope,
     TensorStruct,
     ThreadpoolParams,
 )
@@ -114,17 +116,129 @@ class Context:
             raise EngineError("soft_max: not F32")
         return self._result(self.g.base.ggml_soft_max(self.ctx, a), out)
 
-    def argsort_desc(self, a: int, out: int) -> int:
+    def argsort_desc(self, a: int, out: int | None = None) -> int:
         """Each row's indices from its largest value down (I32) → at `out`."""
         if TensorStruct.from_address(a).type != F32:
             raise EngineError("argsort: not F32")
         return self._result(self.g.base.ggml_argsort(self.ctx, a, SORT_DESC), out)
 
-    def _result(self, t: int, out: int) -> int:
+    # -- the ops gpt-oss's graph adds (biases, YaRN, sinks, its router and experts) -----
+    # Each checks what ggml would assert on; with `out` None the result takes the
+    # scratch's next bytes, as `op`'s results do.
+
+    def add(self, a: int, b: int, out: int | None = None) -> int:
+        """a + b, F32, b repeated over a's extents (a bias (n,) over (n, t)) → at `out`."""
+        base = self.g.base
+        if _s(a).type != F32 or _s(b).type != F32 or not base.ggml_can_repeat(b, a):
+            raise EngineError(f"add: {_shape(b)} does not repeat over {_shape(a)}")
+        return self._result(base.ggml_add(self.ctx, a, b), out)
+
+    def add_id(self, a: int, b: int, ids: int, out: int | None = None) -> int:
+        """Each row (i1, i2) of `a` (n, n_ids, t) plus row `ids[i1, i2]` of `b` (n, rows):
+        per-expert biases on `mul_mat_id`'s results, `ids` (I32: n_ids, t) the experts
+        → (n, n_ids, t) F32 at `out`. An id outside b's rows aborts the computation
+        (ggml asserts it there, on data this cannot see): callers pass checked ids."""
+        sa, sb, si = _s(a), _s(b), _s(ids)
+        if (sa.ne[0] != sb.ne[0] or sa.ne[1] != si.ne[0] or sa.ne[2] != si.ne[1]
+                or sa.type != F32 or sb.type != F32 or si.type != I32
+                or sa.nb[0] != 4 or sb.nb[0] != 4):
+            raise EngineError(f"add_id: {_shape(a)} plus rows of {_shape(b)} "
+                              f"chosen by {_shape(ids)}")
+        return self._result(self.g.base.ggml_add_id(self.ctx, a, b, ids), out)
+
+    def swiglu_oai(self, gate: int, up: int, alpha: float, limit: float,
+                   out: int | None = None) -> int:
+        """gpt-oss's clamped SwiGLU, elementwise over F32 gate and up of one shape (rows
+        contiguous): x = min(gate, limit), y = clamp(up, -limit, limit),
+        x / (1 + e^(-alpha x)) * (y + 1) — the gate clamped above only → at `out`."""
+        base = self.g.base
+        if (_s(gate).type != F32 or _s(up).type != F32 or not base.ggml_are_same_shape(gate, up)
+                or not base.ggml_is_contiguous_1(gate) or not base.ggml_is_contiguous_1(up)):
+            raise EngineError(f"swiglu_oai: gate {_shape(gate)} and up {_shape(up)} are not "
+                              "F32 of one shape with contiguous rows")
+        return self._result(base.ggml_swiglu_oai(self.ctx, gate, up, alpha, limit), out)
+
+    def soft_max_ext(self, a: int, mask: int | None, scale: float, max_bias: float = 0.0,
+                     out: int | None = None) -> int:
+        """softmax(a * scale + mask) over each row of contiguous F32 `a` (n, rows, heads,
+        ...): the mask (F32 or F16, n by at least `rows`, contiguous) repeats over heads,
+        or is None; `max_bias` > 0 weighs it per head (ALiBi) → at `out`."""
+        sa, base = _s(a), self.g.base
+        if sa.type != F32 or not base.ggml_is_contiguous(a) or (max_bias > 0 and not mask):
+            raise EngineError(f"soft_max_ext: {_shape(a)} is not contiguous F32, or ALiBi "
+                              "without a mask")
+        if mask:
+            sm = _s(mask)
+            if (sm.type not in (F32, F16) or not base.ggml_is_contiguous(mask)
+                    or sm.ne[0] != sa.ne[0] or sm.ne[1] < sa.ne[1]
+                    or sa.ne[2] % sm.ne[2] or sa.ne[3] % sm.ne[3]):
+                raise EngineError(f"soft_max_ext: mask {_shape(mask)} does not fit "
+                                  f"{_shape(a)}")
+        return self._result(base.ggml_soft_max_ext(self.ctx, a, mask, scale, max_bias), out)
+
+    def soft_max_add_sinks(self, kq: int, sinks: int) -> None:
+        """Give the softmax node `kq` (a `soft_max_ext` result) one sink per head (F32:
+        heads,): a logit that joins each row's max unscaled and adds e^(sink - max) to
+        its denominator with no value, so the row sums to less than one."""
+        s, ss = _s(kq), _s(sinks)
+        if self.g.base.ggml_op_name(s.op) != b"SOFT_MAX" or s.src[2]:
+            raise EngineError("soft_max_add_sinks: not a softmax without sinks")
+        if ss.type != F32 or ss.nb[0] != 4 or _s(s.src[0]).ne[2] != ss.ne[0]:
+            raise EngineError(f"soft_max_add_sinks: sinks {_shape(sinks)} for "
+                              f"{_s(s.src[0]).ne[2]} heads")
+        self.g.base.ggml_soft_max_add_sinks(kq, sinks)
+
+    def get_rows(self, a: int, rows: int, out: int | None = None) -> int:
+        """The rows of `a` (n, m, b2, b3) that `rows` (I32: k, b2, b3) names in each batch
+        → (n, k, b2, b3), F32 (I32 if `a` is) at `out`: an embedding lookup, or the
+        routing logits of the experts chosen."""
+        sa, sr = _s(a), _s(rows)
+        if sr.type != I32 or sa.ne[2] != sr.ne[1] or sa.ne[3] != sr.ne[2] or sr.ne[3] != 1:
+            raise EngineError(f"get_rows: rows {_shape(rows)} of {_shape(a)}")
+        return self._result(self.g.base.ggml_get_rows(self.ctx, a, rows), out)
+
+    def top_k(self, a: int, k: int, out: int | None = None) -> int:
+        """The indices of each row's `k` largest values, the largest first (I32: k, rows,
+        ...): a view of ggml's descending argsort, as `ggml_argsort_top_k` builds it (its
+        sort is std::sort: ties fall as llama.cpp's fall). The whole argsort is at `out`."""
+        if not 0 < k <= _s(a).ne[0]:
+            raise EngineError(f"top_k: {k} of rows of {_s(a).ne[0]}")
+        order = self.argsort_desc(a, out)
+        so = _s(order)
+        return self.op("view_4d", order, k, so.ne[1], so.ne[2], so.ne[3], so.nb[1], so.nb[2],
+                       so.nb[3], 0)
+
+    def rope_ext(self, a: int, pos: int, rope: Rope, freq_factors: int | None = None,
+                 out: int | None = None) -> int:
+        """`a` (head_dim, heads, t) F32 rotated by `pos` (I32: t,) with `rope`'s scalars,
+        in ggml's own cosf/sinf/powf (numpy's differ in the last place); dimensions past
+        `rope.n_dims` pass through; `freq_factors` (F32, n_dims/2 or more) divide each
+        pair's angle, or None → at `out`."""
+        sa, sp = _s(a), _s(pos)
+        if (sa.type != F32 or sa.nb[0] != 4 or sp.type != I32 or sp.ne[0] != sa.ne[2]
+                or tuple(sp.ne[1:]) != (1, 1, 1) or rope.n_dims > sa.ne[0]):
+            raise EngineError(f"rope_ext: {_shape(a)} by positions {_shape(pos)}, "
+                              f"{rope.n_dims} dimensions")
+        if freq_factors and (_s(freq_factors).type != F32
+                             or _s(freq_factors).ne[0] < rope.n_dims // 2):
+            raise EngineError(f"rope_ext: freq_factors {_shape(freq_factors)}")
+        t = self.g.base.ggml_rope_ext(self.ctx, a, pos, freq_factors, *rope.args())
+        return self._result(t, out)
+
+    def _result(self, t: int, out: int | None) -> int:
+        """`t` given its memory: `out`, else the scratch's next bytes."""
         if not t:
             raise EngineError("ggml: the context is full")
-        TensorStruct.from_address(t).data = out
+        TensorStruct.from_address(t).data = self._scratch_for(t) if out is None else out
         return t
+
+    def _scratch_for(self, t: int) -> int:
+        nbytes = self.g.base.ggml_nbytes(t)
+        at = -(-self._scratch_used // 64) * 64
+        if at + nbytes > self._scratch.nbytes:
+            raise EngineError(f"ggml scratch of {self._scratch.nbytes} bytes is full")
+        self._scratch_used = at + nbytes
+        return self._scratch.ctypes.data + at
 
     # -- ops whose results live in the context's own scratch (`scratch_bytes`) ---------
     # A view (reshape, permute, view, transpose, the result of a cpy) points into its
@@ -139,18 +253,25 @@ class Context:
             raise EngineError(f"ggml_{name} failed: the context is full")
         s = TensorStruct.from_address(t)
         if not s.view_src:
-            nbytes = self.g.base.ggml_nbytes(t)
-            at = -(-self._scratch_used // 64) * 64
-            if at + nbytes > self._scratch.nbytes:
-                raise EngineError(f"ggml scratch of {self._scratch.nbytes} bytes is full")
-            s.data = self._scratch.ctypes.data + at
-            self._scratch_used = at + nbytes
+            s.data = self._scratch_for(t)
         elif not s.data:
             raise EngineError(f"ggml_{name}: a view of a tensor without memory")
         return t
 
     def graph(self, outputs: Sequence[int], threads: Threads) -> Graph:
         return Graph(self, outputs, threads)
+
+
+def _s(t: int) -> TensorStruct:
+    return TensorStruct.from_address(t)
+
+
+def _shape(t: int) -> tuple[int, ...]:
+    """ggml's extents of `t` (innermost first), its trailing ones left out."""
+    ne = list(_s(t).ne)
+    while len(ne) > 1 and ne[-1] == 1:
+        ne.pop()
+    return tuple(ne)
 
 
 class Threads:

@@ -1,0 +1,47 @@
+"""The campaign files under cells/ are valid as shipped (`--dry-run`: every key, every
+cell's resolved configuration, the models' headers), and the two-architectures campaign
+runs through the real CLI to a verdict on each architecture (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CELLS = Path(__file__).resolve().parents[1] / "cells"
+# what a file needs that a clean machine lacks: its dry run says so, naming the key
+NEEDS = {"llama-cpp.toml": "no `llama-bench` on PATH"}
+
+
+def abbench(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "abbench", *map(str, args)],
+                          capture_output=True, text=True, timeout=1200)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CELLS.glob("*.toml")))
+def test_every_shipped_campaign_file_validates(name: str) -> None:
+    p = abbench("campaign", CELLS / name, "--dry-run")
+    if name in NEEDS and p.returncode == 2:
+        assert NEEDS[name] in p.stderr
+        return
+    assert p.returncode == 0, p.stderr
+    assert "plan " in p.stdout
+
+
+@pytest.mark.slow
+def test_the_same_policy_decided_on_two_architectures(tmp_path: Path) -> None:
+    """drop-cold-experts 0.75 against none, on qwen3moe and on gpt-oss: every cell runs,
+    and each decision compares its own architecture's matched pairs (the drop reads fewer
+    experts on both, so both ratios are above 1 whatever the machine's noise)."""
+    p = abbench("campaign", CELLS / "two-architectures.toml", "--out", tmp_path, "--no-live")
+    assert p.returncode in (0, 3), p.stderr[-2000:]
+    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    report = json.loads((run / "report.json").read_text())
+    assert all(c["status"] == "ok" for c in report["cells"])
+    decisions = {(d["candidate"], d["baseline"]): d for d in report["decisions"]}
+    assert set(decisions) == {("qwen-drop", "qwen-off"), ("oss-drop", "oss-off")}
+    for d in decisions.values():
+        assert d["pairs"] and d["ratio"]["estimate"] > 1.0

@@ -1,0 +1,218 @@
+"""gpt-oss (engine/arch/gpt_oss_args.py, gpt_oss.py): the header as llama.cpp reads it —
+the sliding-window pattern, the YaRN scalars in llama.cpp's float32 arithmetic, the
+sliding cache's size, a required key named when missing — and the numpy model's parts: its
+YaRN tables against ggml's rope, the window, the sinks, batched prefill against token by
+token. Its decoded text against llama.cpp's is in tests/test_llamacpp.py (slow)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from abbench.engine import ggml, synth
+from abbench.engine.arch import gpt_oss
+from abbench.engine.arch import gpt_oss_args as g
+from abbench.engine.config import EngineConfig
+from abbench.engine.gguf_file import ModelFile
+from abbench.engine.session import Engine
+from abbench.errors import ModelFileError
+
+
+def header(**keys: Any) -> SimpleNamespace:
+    """A stand-in ModelFile: its `get` reads `gpt-oss.KEY` from `keys`."""
+    values = {f"gpt-oss.{k.replace('__', '.')}": v for k, v in keys.items()}
+    return SimpleNamespace(path="m.gguf", get=lambda key, default=None: values.get(key, default))
+
+
+def test_the_default_pattern_slides_the_even_layers() -> None:
+    assert g._swa_pattern(header(), "gpt-oss.", 5) == (True, False, True, False, True)
+
+
+def test_a_pattern_of_n_attends_in_full_every_nth_layer_and_0_never() -> None:
+    pattern = header(attention__sliding_window_pattern=3)
+    assert g._swa_pattern(pattern, "gpt-oss.", 6) == (True, True, False, True, True, False)
+    assert g._swa_pattern(header(attention__sliding_window_pattern=0), "gpt-oss.", 3) == \
+        (True, True, True)
+
+
+def test_a_pattern_as_a_bool_per_layer_is_read_as_it_is_and_must_cover_every_layer() -> None:
+    flags = header(attention__sliding_window_pattern=[False, True, True])
+    assert g._swa_pattern(flags, "gpt-oss.", 3) == (False, True, True)
+    with pytest.raises(ModelFileError, match="sliding_window_pattern` has 3 values for 4"):
+        g._swa_pattern(flags, "gpt-oss.", 4)
+
+
+def test_yarn_at_factor_32_cancels_to_exactly_1() -> None:
+    """llama.cpp's get_mscale(32) = 1.3465736 and its reciprocal multiply to 1.0f exactly
+    (float32, C's logf): gpt-oss's real files pass attn_factor 1 to rope_ext."""
+    assert g.yarn_attn_factor(1 / 32, 1.0) == 1.0
+    mscale = np.float32(0.1) * g.logf(32.0) + np.float32(1.0)
+    assert mscale == np.float32(1.3465736)
+
+
+def test_no_extension_leaves_the_magnitude_to_the_file() -> None:
+    assert g.yarn_attn_factor(1.0, 1.0) == pytest.approx(1 / (1 + 0.1 * np.log(1.0)))
+    assert g.yarn_attn_factor(1.0, 0.5) == 0.5
+
+
+def args(**kw: Any) -> g.ModelArgs:
+    base: dict[str, Any] = dict(
+        block_count=4, embedding_length=64, head_count=4, head_count_kv=2, key_length=16,
+        value_length=16, layer_norm_rms_epsilon=1e-5, rope_freq_base=150000.0,
+        rope_freq_base_swa=150000.0, rope_scaling_type="yarn", rope_scaling_factor=32.0,
+        rope_scaling_original_context_length=4096, rope_scaling_attn_factor=1.0,
+        sliding_window=16, swa_layers=(True, False, True, False), expert_count=8,
+        expert_used_count=4, expert_feed_forward_length=32, context_length=512,
+        vocab_size=512)
+    return g.ModelArgs(**(base | kw))
+
+
+def test_the_rope_scalars_of_a_yarn_file() -> None:
+    r = args().rope(swa=True)
+    assert (r.n_dims, r.n_ctx_orig, r.freq_base, r.mode) == (16, 4096, 150000.0, 2)
+    assert (r.freq_scale, r.ext_factor, r.attn_factor) == (1 / 32, 1.0, 1.0)
+    assert (r.beta_fast, r.beta_slow) == (32.0, 1.0)
+    assert args(rope_freq_base_swa=10000.0).rope(swa=True).freq_base == 10000.0
+    assert args(rope_freq_base_swa=10000.0).rope(swa=False).freq_base == 150000.0
+
+
+def test_linear_and_no_scaling_have_no_extrapolation() -> None:
+    linear = args(rope_scaling_type="linear", rope_scaling_factor=4.0).rope(swa=False)
+    assert (linear.freq_scale, linear.ext_factor, linear.attn_factor) == (0.25, 0.0, 1.0)
+    none = args(rope_scaling_type="none", rope_scaling_factor=4.0).rope(swa=False)
+    assert (none.freq_scale, none.ext_factor) == (1.0, 0.0)
+
+
+def test_the_sliding_cache_holds_the_window_and_a_batch_in_blocks_of_256() -> None:
+    a = args()
+    assert a.swa_cells(512) == 512  # the window and a batch (528) do not fit: the context
+    assert a.swa_cells(4096, n_ubatch=512) == 768  # 16 + 512 = 528 -> 768
+    assert a.swa_cells(100, n_ubatch=8) == 256
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gpt-oss") / "gpt-oss-tiny.gguf"
+    synth.write_model(synth.named("gpt-oss-tiny"), path, name="gpt-oss-tiny")
+    return path
+
+
+def test_a_synthetic_file_reads_as_llama_cpp_reads_it(tiny_file: Path) -> None:
+    a = g.ModelArgs.from_file(ModelFile(tiny_file))
+    assert (a.block_count, a.expert_count, a.expert_used_count, a.sliding_window) == \
+        (4, 8, 4, 16)
+    assert a.swa_layers == (True, False, True, False)
+    assert (a.rope_scaling_type, a.rope_scaling_factor) == ("yarn", 32.0)
+    assert a.rope(swa=True).attn_factor == 1.0 and a.rope(swa=False).ext_factor == 1.0
+
+
+class Without:
+    """A model file whose header lacks `key` (the rest is the file's)."""
+
+    def __init__(self, mf: ModelFile, key: str) -> None:
+        self.mf, self.key = mf, key
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.mf, name)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return default if key == self.key else self.mf.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key == self.key:
+            raise ModelFileError(f"{self.mf.path}: missing metadata key `{key}`")
+        return self.mf.require(key)
+
+
+@pytest.mark.parametrize("key", ["attention.sliding_window",
+                                 "attention.layer_norm_rms_epsilon",
+                                 "expert_feed_forward_length"])
+def test_a_key_llama_cpp_requires_is_required_and_named(tiny_file: Path, key: str) -> None:
+    with pytest.raises(ModelFileError, match=f"missing metadata key `gpt-oss.{key}`"):
+        g.ModelArgs.from_file(Without(ModelFile(tiny_file), f"gpt-oss.{key}"))  # type: ignore[arg-type]
+
+
+# --- the numpy model (engine/arch/gpt_oss.py) -------------------------------------------
+
+def test_the_yarn_tables_are_ggmls_rope_to_float_rounding() -> None:
+    """The numpy model's cos/sin (float64, then F32) rotate as ggml's rope_ext does with the
+    same scalars (its own cosf/sinf/powf), on the tiny preset's head of 16 and a real one's
+    of 64, where the ramp mixes interpolated and extrapolated angles."""
+    for n_dims in (16, 64):
+        rope = args(key_length=n_dims, value_length=n_dims).rope(swa=False)
+        positions = np.array([0, 1, 7, 50, 130, 1000, 4000], np.int32)
+        x = np.random.default_rng(n_dims).standard_normal(
+            (len(positions), 2, n_dims)).astype(np.float32)  # (t, heads, hd)
+        ctx = ggml.Context(ggml.lib(), 4, 8, 1 << 16)
+        out = ctx.rope_ext(ctx.tensor(ggml.F32, x.shape[::-1], x.ctypes.data),
+                           ctx.tensor(ggml.I32, positions.shape, positions.ctypes.data), rope)
+        ctx.graph([out], ggml.Threads(ggml.lib(), 1)).compute()
+        cos, sin = gpt_oss.yarn_tables(rope, 4001)
+        mine = gpt_oss.rope_rows(x, cos[positions][:, None], sin[positions][:, None])
+        assert np.abs(ctx.array(out, x.shape, np.float32) - mine).max() < 2e-6
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_file: Path) -> Iterator[Engine]:
+    cfg = EngineConfig(model=str(tiny_file), prompt="The quick brown fox jumps over it",
+                       n_tokens=64, temp=0.0, ignore_eos=True, threads=1, resident=True,
+                       kernels="numpy")
+    with Engine(cfg, tiny_file) as engine:
+        yield engine
+
+
+def test_a_sliding_layer_sees_only_its_window(tiny_engine: Engine) -> None:
+    """Layer 0 slides (window 16): what is in its cache further back than the window does
+    not change its output; layer 1 attends in full, and it does."""
+    model = tiny_engine.model
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, model.args.embedding_length)).astype(np.float32)
+    pos = 40
+    for layer, sees_old in ((0, False), (1, True)):
+        att = model.layers[layer].attention
+        cos, sin = (t[pos:pos + 1] for t in model.tables[model.layers[layer].swa])
+        att.k_cache[:, :pos] = rng.standard_normal(att.k_cache[:, :pos].shape)
+        att.v_cache[:, :pos] = rng.standard_normal(att.v_cache[:, :pos].shape)
+        before = att(x, pos, cos, sin)
+        att.k_cache[:, : pos - 16] += 1.0  # only what lies beyond a window of 16
+        att.v_cache[:, : pos - 16] += 1.0
+        assert np.array_equal(att(x, pos, cos, sin), before) != sees_old
+
+
+def test_a_sink_takes_attention_mass_and_none_gives_plain_softmax(tiny_engine: Engine) -> None:
+    att = tiny_engine.model.layers[1].attention
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, tiny_engine.model.args.embedding_length)).astype(np.float32)
+    cos, sin = (t[3:4] for t in tiny_engine.model.tables[False])
+    sinks = att.sinks.copy()
+    try:
+        att.sinks[:] = 80.0  # the sink outweighs every score: the heads output ~0
+        assert np.abs(att(x, 3, cos, sin) - att.bo).max() < 1e-6
+        att.sinks[:] = -1e30  # no sink: softmax over the keys alone
+        no_sink = att(x, 3, cos, sin)
+        att.sinks[:] = sinks
+        assert not np.allclose(att(x, 3, cos, sin), no_sink, atol=1e-6)
+    finally:
+        att.sinks[:] = sinks
+
+
+def test_batched_prefill_equals_token_by_token(tiny_file: Path) -> None:
+    cfg = EngineConfig(model=str(tiny_file), prompt="The quick brown fox jumps over the "
+                       "lazy dog, and the dog sleeps in the sun all afternoon long.",
+                       n_tokens=4, temp=0.0, ignore_eos=True, threads=1, resident=True,
+                       kernels="numpy")
+    with Engine(cfg, tiny_file) as batched, Engine(cfg, tiny_file) as reference:
+        prompt = batched.prompt_ids
+        n = len(prompt)
+        assert n > 16  # past a sliding layer's window
+        batched.model.prefill(prompt[:-1], 0)
+        for pos, t in enumerate(prompt[:-1]):
+            reference.model.forward(t, pos, 0)
+        logits = batched.model.forward(prompt[-1], n - 1, 1)
+        expected = reference.model.forward(prompt[-1], n - 1, 1)
+        assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max()
