@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from statistics import median
 
 from abbench.analysis.cells import CellStats
 from abbench.analysis.matching import tolerances
@@ -251,12 +252,6 @@ def _reference(c: CellStats, cells: list[CellStats]) -> tuple[list[CellStats], s
     return like, "its model's other runs"
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def _names(cells: list[CellStats]) -> str:
     shown = ", ".join(f"{x.index + 1}" for x in cells[:6])
     more = f" and {len(cells) - 6} more" if len(cells) > 6 else ""
@@ -293,14 +288,14 @@ def _cell_tells(c: CellStats, cells: list[CellStats]) -> list[Tell]:
     ref, what = _reference(c, cells)
     faults = [x for x in ref if x.majflt_per_token is not None]
     if c.majflt_per_token is not None and faults:
-        m = _median([x.majflt_per_token for x in faults])  # type: ignore[misc]
+        m = median([x.majflt_per_token for x in faults])  # type: ignore[misc]
         if c.majflt_per_token >= MAJFLT_FLOOR and c.majflt_per_token > MAJFLT_FACTOR * m:
             out.append(Tell(c.index, "majflt",
                             f"{c.majflt_per_token:.1f} major faults/token vs {m:.2f} "
                             f"(the median of {what}: {_names(faults)}): memory pressure"))
     busy = [x for x in ref if x.cpu_occupancy]
     if c.cpu_occupancy is not None and busy:
-        m = _median([x.cpu_occupancy for x in busy])  # type: ignore[misc]
+        m = median([x.cpu_occupancy for x in busy])  # type: ignore[misc]
         if c.cpu_occupancy < OCCUPANCY_FALL * m:
             out.append(Tell(c.index, "occupancy_fall",
                             f"CPU occupancy {c.cpu_occupancy:.0%} vs {m:.0%} (the median of "
@@ -310,8 +305,8 @@ def _cell_tells(c: CellStats, cells: list[CellStats]) -> list[Tell]:
                 and x.compute_ms_per_token and x.read_mib_per_token is not None
                 and x.read_mib_per_token >= c.read_mib_per_token]
         if more:
-            m = _median([x.compute_ms_per_token for x in more])  # type: ignore[misc]
-            r = _median([x.read_mib_per_token for x in more])  # type: ignore[misc]
+            m = median([x.compute_ms_per_token for x in more])  # type: ignore[misc]
+            r = median([x.read_mib_per_token for x in more])  # type: ignore[misc]
             if c.compute_ms_per_token > COMPUTE_RISE * m:
                 out.append(Tell(c.index, "compute_up_work_down",
                                 f"compute {c.compute_ms_per_token:.1f} ms/token vs {m:.1f} (the "

@@ -39,7 +39,8 @@ __all__ = ["ARCH", "Model", "ModelArgs", "OaiExperts", "expert_ffn", "yarn_table
 class OaiExperts:
     """gpt-oss's expert FFN (an `arch.common.ExpertFFN`): gate and up each plus its expert's
     bias, x = min(gate, 7), y = clip(up, -7, 7), x / (1 + e^(-1.702 x)) · (y + 1), then the
-    down product plus its bias. The bias stacks are read once, F32, indexed by expert id."""
+    down product plus its bias. Its bias stacks (per layer, F32, a row per expert id) are
+    the file's (`expert_ffn` reads them once)."""
 
     by_expert = True
 
