@@ -2,11 +2,14 @@
 the sliding-window pattern, the YaRN scalars in llama.cpp's float32 arithmetic, the
 sliding cache's size, a required key named when missing — and the numpy model's parts: its
 YaRN tables against ggml's rope, the window, the sinks, batched prefill against token by
-token. Its decoded text against llama.cpp's is in tests/test_llamacpp.py (slow)."""
+token; the graph model (gpt_oss_graph.py) against the numpy model, and its sliding layers'
+ring of cells and their mask. Decoded text and logits against llama.cpp's are in
+tests/test_llamacpp.py (slow)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,18 +18,23 @@ import numpy as np
 import pytest
 
 from abbench.engine import ggml, synth
-from abbench.engine.arch import gpt_oss
+from abbench.engine.arch import gpt_oss, gpt_oss_graph
 from abbench.engine.arch import gpt_oss_args as g
 from abbench.engine.config import EngineConfig
 from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine
+from abbench.engine.qcompute import weighted_sum
+from abbench.engine.session import PREFILL_BATCH, Engine
 from abbench.errors import ModelFileError
 
 
 def header(**keys: Any) -> SimpleNamespace:
-    """A stand-in ModelFile: its `get` reads `gpt-oss.KEY` from `keys`."""
+    """A stand-in ModelFile: `gpt-oss.KEY` from `keys`, a list (a metadata array) only
+    through `array` and a scalar only through `get`, as ModelFile keeps them apart."""
     values = {f"gpt-oss.{k.replace('__', '.')}": v for k, v in keys.items()}
-    return SimpleNamespace(path="m.gguf", get=lambda key, default=None: values.get(key, default))
+    scalars = {k: v for k, v in values.items() if not isinstance(v, list)}
+    arrays = {k: v for k, v in values.items() if isinstance(v, list)}
+    return SimpleNamespace(path="m.gguf", get=lambda key, default=None: scalars.get(key, default),
+                           array=arrays.get)
 
 
 def test_the_default_pattern_slides_the_even_layers() -> None:
@@ -216,3 +224,116 @@ def test_batched_prefill_equals_token_by_token(tiny_file: Path) -> None:
         logits = batched.model.forward(prompt[-1], n - 1, 1)
         expected = reference.model.forward(prompt[-1], n - 1, 1)
         assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+# --- the graph model (engine/arch/gpt_oss_graph.py) -------------------------------------
+# On MXFP4 experts the graph model is llama.cpp to the bit (tests/test_llamacpp.py) and the
+# numpy model is not: ggml quantizes the experts' input to Q8_0 blocks (0.3 % apart). So
+# the two are compared on the same files with F32 experts, where both compute in F32.
+
+
+@pytest.fixture(scope="module")
+def f32_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("gpt-oss-f32")
+    files = {}
+    for name in ("gpt-oss-tiny", "gpt-oss-small"):
+        files[name] = folder / f"{name}-f32.gguf"
+        synth.write_model(replace(synth.named(name), expert_type="F32"), files[name])
+    return files
+
+
+def _logits(path: Path, kernels: str, prompt: list[int], n: int) -> np.ndarray:
+    """The prompt (but its last token) prefilled in the engine's batches, then `n` greedy
+    decode steps → their logits (n, vocab)."""
+    cfg = EngineConfig(model=str(path), prompt_tokens=tuple(prompt), n_tokens=n, temp=0.0,
+                       ignore_eos=True, threads=1, resident=True, kernels=kernels,
+                       repack=False)
+    with Engine(cfg, path) as engine:
+        assert (type(engine.model).__module__ == "abbench.engine.arch.gpt_oss_graph") == (
+            kernels == "ggml")
+        for start in range(0, len(prompt) - 1, PREFILL_BATCH):
+            engine.model.prefill(prompt[start: min(start + PREFILL_BATCH, len(prompt) - 1)],
+                                 start)
+        out, token = [], prompt[-1]
+        for i in range(n):
+            out.append(engine.model.forward(token, len(prompt) - 1 + i, 1))
+            token = int(np.argmax(out[-1]))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("name,n_prompt", [("gpt-oss-tiny", 60), ("gpt-oss-small", 900)])
+def test_the_graph_model_computes_what_the_numpy_model_computes(
+        f32_files: dict[str, Path], name: str, n_prompt: int) -> None:
+    """Past the sliding window (16, 32); on small past the end of the sliding layers' ring
+    (768 cells: its second prefill batch wraps, and decode writes cell p mod 768)."""
+    path = f32_files[name]
+    vocab = ModelFile(path).tensor("token_embd.weight").shape[0]
+    prompt = [int(t) for t in np.random.default_rng(3).integers(10, vocab, n_prompt)]
+    graph, reference = _logits(path, "ggml", prompt, 8), _logits(path, "numpy", prompt, 8)
+    assert np.abs(graph - reference).max() <= 1e-5 * np.abs(reference).max()
+
+
+def test_the_ring_holds_position_p_in_cell_p_mod_its_size_and_masks_beyond_the_window(
+        f32_files: dict[str, Path]) -> None:
+    path = f32_files["gpt-oss-small"]
+    cfg = EngineConfig(model=str(path), prompt_tokens=(1,) * 1000, n_tokens=2, threads=1,
+                       kernels="ggml", ignore_eos=True)
+    with Engine(cfg, path) as engine:
+        model = engine.model
+        assert isinstance(model, gpt_oss_graph.GraphModel)
+        size, window = model.swa_size, model.args.sliding_window
+        assert (size, window, model.kv_size) == (768, 32, 1024)
+        assert [c.cells for c in model.caches[:2]] == [768, 1024]  # layer 0 slides
+        model._begin([1] * 3, 0)  # three tokens at 0..2: cells 0..2, the rest empty
+        assert list(model.swa_pos[:4]) == [0, 1, 2, -1]
+        swa = model.mask(True, 3, 256)
+        assert (swa == model.mask(False, 3, 256)).all()  # within the window: causal
+        assert (swa[2, :3] == 0).all() and np.isneginf(swa[0, 1:]).all()
+        model._begin([1] * 512, 3)  # as the engine's batches: 512 at most
+        model._begin([1] * 285, 515)
+        model._begin([1] * 2, 800)  # positions 800, 801 land in cells 32, 33
+        assert list(model.swa_pos[32:34]) == [800, 801]
+        mask = model.mask(True, 2, size)  # a wrapped ring attends over all its cells
+        seen = [np.flatnonzero(row == 0) for row in mask]  # cells each query sees
+        assert list(model.swa_pos[seen[1]]) == list(range(801 - window + 1, 802))
+        assert list(model.swa_pos[seen[0]]) == list(range(800 - window + 1, 801))
+
+
+def test_decode_steps_move_the_masks_as_filling_them_anew_would(
+        f32_files: dict[str, Path]) -> None:
+    path = f32_files["gpt-oss-small"]
+    cfg = EngineConfig(model=str(path), prompt_tokens=(1,) * 1000, n_tokens=2, threads=1,
+                       kernels="ggml", ignore_eos=True)
+    with Engine(cfg, path) as engine:
+        model = engine.model
+        assert isinstance(model, gpt_oss_graph.GraphModel)
+        for pos in range(900):
+            _, n_kv = model._begin([1], pos)
+            if pos in (0, 31, 32, 255, 256, 700, 767, 768, 800, 899):
+                stepped = [model.mask(swa, 1, n_kv[swa]).copy() for swa in (False, True)]
+                model._fill_masks(np.array([pos], np.int32), n_kv)
+                assert all((model.mask(swa, 1, n_kv[swa]) == m).all()
+                           for swa, m in zip((False, True), stepped))
+
+
+def test_a_decode_graph_finishes_the_layer_before_as_numpy_would_to_the_bit(
+        tiny_file: Path) -> None:
+    """The next layer's graph sums the experts' outputs times their weights in routing
+    order, plus the layer's ffn_inp (`qcompute.weighted_sum`'s arithmetic); a dropped
+    expert's row is zeros and changes no bit."""
+    cfg = EngineConfig(model=str(tiny_file), prompt="Hello", n_tokens=4, threads=1,
+                       kernels="ggml", ignore_eos=True)
+    with Engine(cfg, tiny_file) as engine:
+        model = engine.model
+        assert isinstance(model, gpt_oss_graph.GraphModel)
+        rng = np.random.default_rng(5)
+        d = model.args.embedding_length
+        residual = rng.standard_normal((1, d)).astype(np.float32)
+        graph = gpt_oss_graph.LayerGraph(model, 1, 1, 256, 3, residual)
+        for kept in (model.k, model.k - 1):
+            y = rng.standard_normal((kept, d)).astype(np.float32) * 3  # (k', d)
+            w = rng.random(kept).astype(np.float32)  # (k',)
+            model.moe_y[...], model.moe_w[...] = 0.0, 0.0
+            model.moe_y[:kept], model.moe_w[:kept] = y, w
+            graph.graph.compute()
+            assert np.array_equal(graph.h[0], weighted_sum(w, y) + residual[0])

@@ -192,7 +192,7 @@ def test_spec_validation() -> None:
     with pytest.raises(UsageError, match="sliding_window"):
         replace(synth.preset("tiny"), sliding_window=16)
     with pytest.raises(UsageError, match="arch"):
-        replace(TINY, arch="gemma4")
+        replace(TINY, arch="gemma3")
 
 
 def abbench(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -8,14 +8,16 @@ cached).
 - The same for gpt-oss's harmony vocabulary (the `gpt-4o` pre-tokenizer, its special tokens).
 - `abbench engine run --show-text` prints, byte for byte, what `llama-completion` prints
   for the same prompt: 64 greedy tokens on the tiny, small and default presets (and tiny
-  with the BPE vocabulary), and on gpt-oss's tiny and small files (the numpy model), with
+  with the BPE vocabulary), and on gpt-oss's tiny and small files (its graph model: MXFP4
+  experts computed in their type, as llama.cpp's graph), with
   llama.cpp's attention in F32 (`-fa off -ctk f32 -ctv f32`: its default flash attention
   rounds K/V to F16 and swaps near-tie routings). On the SentencePiece vocabulary (byte
   tokens and three control tokens) equal bytes are equal tokens; on the BPE one a token
   that differed would change every token after it.
 
 - The same on quantized files (Q8_0, Q4_K_M, Q6_K; the small preset and the real
-  Qwen3-30B-A3B geometry at 2 layers), which the engine computes with ggml
+  Qwen3-30B-A3B geometry at 2 layers; gpt-oss tiny and small with MXFP4 experts, dense
+  F32 or Q8_0), which the engine computes with ggml
   (`--kernels ggml`, llama.cpp's own graph): the text is llama-completion's, and the
   logits at every one of the 64 positions are llama.cpp's to the bit (max abs difference
   printed; against llama.cpp in this process, through llama-cpp-python). Both engines run
@@ -145,16 +147,21 @@ def _abbench_text(model: Path, *extra: str) -> bytes:
 def test_64_greedy_tokens_print_what_llama_completion_prints(
         llama_bin: Path, preset: str, request: pytest.FixtureRequest) -> None:
     model: Path = request.getfixturevalue(f"{preset}_model")
-    ours = _abbench_text(model)  # gpt-oss: `--kernels auto` takes the numpy model (no graph yet)
+    ours = _abbench_text(model)  # gpt-oss: `--kernels auto` takes its graph model (MXFP4)
     theirs = _llama_completion(llama_bin, model, *(
         ("--no-repack",) if preset.startswith("gpt_oss") else ()))
     assert theirs == ours, (ours, theirs)
     assert ours  # the tokens printed something: equal empty outputs would prove nothing
 
 
-# (geometry, type): the small preset, and the real shape at 2 layers
+# (geometry, type): the small preset, and the real shape at 2 layers; gpt-oss's tiny and
+# small presets with their MXFP4 experts, the dense matrices F32 (`MXFP4`) or Q8_0 as
+# llama-quantize's MXFP4_MOE mix makes them (`MXFP4_MOE`)
 QUANTIZED = [("small", "Q8_0"), ("small", "Q4_K_M"), ("small", "Q6_K"),
-             ("qwen3-30b-a3b", "Q8_0"), ("qwen3-30b-a3b", "Q4_K_M"), ("qwen3-30b-a3b", "Q6_K")]
+             ("qwen3-30b-a3b", "Q8_0"), ("qwen3-30b-a3b", "Q4_K_M"), ("qwen3-30b-a3b", "Q6_K"),
+             ("gpt-oss-tiny", "MXFP4"), ("gpt-oss-small", "MXFP4"),
+             ("gpt-oss-tiny", "MXFP4_MOE"), ("gpt-oss-small", "MXFP4_MOE")]
+GPT_OSS_DENSE = {"MXFP4": "F32", "MXFP4_MOE": "Q8_0"}
 
 
 @pytest.fixture(scope="module")
@@ -167,10 +174,13 @@ def _quantized(models: dict[tuple[str, str], Path], folder: Path, geometry: str,
     """The file, written once per module (every matrix in `qtype`, or by the mix's rules)."""
     key = (geometry, qtype)
     if key not in models:
-        spec = (synth.preset("small") if geometry == "small"
-                else synth.shape(geometry, 2))
         path = folder / f"{geometry}-{qtype}.gguf"
-        synth.write_model(replace(spec, expert_type=qtype, dense_type=qtype), path)
+        if geometry.startswith("gpt-oss"):
+            spec = replace(synth.named(geometry), dense_type=GPT_OSS_DENSE[qtype])
+        else:
+            spec = replace(synth.preset("small") if geometry == "small"
+                           else synth.shape(geometry, 2), expert_type=qtype, dense_type=qtype)
+        synth.write_model(spec, path)
         models[key] = path
     return models[key]
 

@@ -11,7 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from abbench.engine import ggml
-from abbench.engine.arch import GRAPHS, architecture
+from abbench.engine.arch import GRAPH_FOR_F32, GRAPHS, architecture
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.streamer import LayerExperts, expert_layout
 from abbench.errors import EngineError
@@ -24,7 +24,8 @@ def model_info(mf: ModelFile) -> dict[str, Any]:
     layout = expert_layout(mf, args.block_count, args.expert_count)
     with warnings.catch_warnings():  # a description: what a run would warn is its own
         warnings.simplefilter("ignore", RuntimeWarning)
-        kernels = choose_kernels("auto", layout, mf.architecture in GRAPHS)
+        kernels = choose_kernels("auto", layout, mf.architecture in GRAPHS,
+                                 mf.architecture in GRAPH_FOR_F32)
     expert_names = {t.name for le in layout for t in (le.gate, le.up, le.down)}
     expert_file_bytes = sum(mf.tensors[n].nbytes for n in expert_names)
     dense_bytes = sum(t.nbytes for n, t in mf.tensors.items() if n not in expert_names)
@@ -70,12 +71,14 @@ def model_info(mf: ModelFile) -> dict[str, Any]:
     return info
 
 
-def choose_kernels(choice: str, layout: list[LayerExperts], graph: bool = True) -> str:
+def choose_kernels(choice: str, layout: list[LayerExperts], graph: bool = True,
+                   f32_graph: bool = False) -> str:
     """`ggml` or `numpy` for `--kernels` (auto: ggml where the experts are not F32 and the
-    architecture has llama.cpp's graph here, `graph`)."""
+    architecture has llama.cpp's graph here, `graph`, or F32 too where its graph is
+    the faster, `f32_graph`)."""
     quantized = any(t.ggml_type != GGMLQuantizationType.F32
                     for le in layout for t in (le.gate, le.up, le.down))
-    if choice == "numpy" or (choice == "auto" and not quantized):
+    if choice == "numpy" or (choice == "auto" and not quantized and not f32_graph):
         return "numpy"
     if choice == "auto" and not graph:
         warnings.warn("no ggml graph of this architecture yet: the experts are converted to "

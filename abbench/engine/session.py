@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType
 from threadpoolctl import threadpool_limits
 
 from abbench.engine import ggml
-from abbench.engine.arch import GRAPHS, architecture
+from abbench.engine.arch import GRAPH_FOR_F32, GRAPHS, architecture
 from abbench.engine.config import EngineConfig
 from abbench.engine.experts import MIB, ExpertRunner
 from abbench.engine.gguf_file import ModelFile
@@ -76,7 +76,8 @@ class Engine:
         self.layout = expert_layout(self.mf, args.block_count, args.expert_count)
         self.dense_bytes = int(self.info["dense_bytes"])
         self.kernels = choose_kernels(config.kernels, self.layout,
-                                      self.mf.architecture in GRAPHS)
+                                      self.mf.architecture in GRAPHS,
+                                      self.mf.architecture in GRAPH_FOR_F32)
         self._load(arch, args, n_ctx, k)
         self.predictor = self._attach_predictor(args.block_count)
         self._start_partner()

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import gguf
 
-from abbench.engine import synth_gpt_oss
+from abbench.engine import synth_gemma4, synth_gpt_oss, synth_qwen35moe
 from abbench.engine.synth_spec import (
     ARCHS,
     MIXES,
@@ -152,6 +152,8 @@ class ArchWriter:
 ARCH_WRITERS: dict[str, ArchWriter] = {
     "qwen3moe": ArchWriter(_qwen3moe_keys, qwen3moe_layer),
     "gpt-oss": ArchWriter(synth_gpt_oss.add_keys, synth_gpt_oss.layer_tensors),
+    "qwen35moe": ArchWriter(synth_qwen35moe.add_keys, synth_qwen35moe.layer_tensors),
+    "gemma4": ArchWriter(synth_gemma4.add_keys, synth_gemma4.layer_tensors),
 }
 
 

@@ -11,10 +11,14 @@ from dataclasses import asdict, dataclass, replace
 
 from abbench.errors import UsageError
 
-ARCHS = ("qwen3moe", "gpt-oss")  # `general.architecture`; qwen3moe's presets keep bare names
+# `general.architecture`; qwen3moe's presets keep bare names
+ARCHS = ("qwen3moe", "gpt-oss", "qwen35moe", "gemma4")
+SWA_ARCHS = ("gpt-oss", "gemma4")  # those with sliding-window layers
 # "llama": SentencePiece with byte tokens; "gpt2": byte-level BPE, Qwen's specials and
-# `qwen2` pre-tokenizer; "gpt-4o": byte-level BPE, gpt-oss's harmony specials and `gpt-4o`.
-TOKENIZERS = ("llama", "gpt2", "gpt-4o")
+# `qwen2` pre-tokenizer; "gpt-4o": byte-level BPE, gpt-oss's harmony specials and `gpt-4o`;
+# "qwen35": "gpt2" with Qwen3.5's `qwen35` pre-tokenizer; "gemma4": BPE on raw text
+# with byte tokens, Gemma's specials.
+TOKENIZERS = ("llama", "gpt2", "gpt-4o", "qwen35", "gemma4")
 
 # Tensor types written as they are; the mixes below choose among them per tensor.
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K",
@@ -52,8 +56,9 @@ class SynthSpec:
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise UsageError(f"arch must be one of {', '.join(ARCHS)} (got {self.arch!r})")
-        if (self.arch == "gpt-oss") != (self.sliding_window > 0):
-            raise UsageError("sliding_window must be positive for gpt-oss and 0 otherwise "
+        if (self.arch in SWA_ARCHS) != (self.sliding_window > 0):
+            raise UsageError(f"sliding_window must be positive for {', '.join(SWA_ARCHS)} "
+                             "and 0 otherwise "
                              f"(got {self.sliding_window} for {self.arch})")
         for key in ("expert_type", "dense_type"):
             if getattr(self, key) not in TYPES:
@@ -103,6 +108,23 @@ PRESETS: dict[str, SynthSpec] = {
                                n_head=8, n_head_kv=2, head_dim=64, expert_ff=128,
                                context_length=1024, expert_type="MXFP4", tokenizer="gpt-4o",
                                arch="gpt-oss", sliding_window=32),
+    # qwen35moe (gated delta-net layers, a gated full-attention layer every 4th, a shared
+    # expert): linear heads n_head (values) / n_head_kv (keys) of head_dim, synth_qwen35moe.py
+    "qwen35moe-tiny": SynthSpec(n_layer=4, n_expert=8, n_expert_used=2, d_model=64,
+                                n_head=4, n_head_kv=2, head_dim=16, expert_ff=32,
+                                context_length=512, tokenizer="qwen35", arch="qwen35moe"),
+    "qwen35moe-small": SynthSpec(n_layer=8, n_expert=16, n_expert_used=4, d_model=256,
+                                 n_head=4, n_head_kv=2, head_dim=64, expert_ff=128,
+                                 context_length=1024, tokenizer="qwen35", arch="qwen35moe"),
+    # gemma4 (sliding layers with full ones every third, a dense FFN beside the experts,
+    # final-logit softcapping; synth_gemma4.py): windows that mask within 64 tokens
+    "gemma4-tiny": SynthSpec(n_layer=4, n_expert=8, n_expert_used=2, d_model=64, n_head=4,
+                             n_head_kv=2, head_dim=16, expert_ff=32, context_length=512,
+                             tokenizer="gemma4", arch="gemma4", sliding_window=16),
+    "gemma4-small": SynthSpec(n_layer=8, n_expert=16, n_expert_used=4, d_model=256,
+                              n_head=4, n_head_kv=2, head_dim=64, expert_ff=128,
+                              context_length=1024, tokenizer="gemma4", arch="gemma4",
+                              sliding_window=32),
 }
 
 

@@ -19,6 +19,9 @@ BPE_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # Qwen's names; 0
 GPT4O_SPECIAL = ["<|endoftext|>", "<|start|>", "<|message|>", "<|channel|>", "<|end|>",
                  "<|return|>", "<|call|>"]
 GPT4O_BOS_ID, GPT4O_EOS_ID = 0, GPT4O_SPECIAL.index("<|return|>")
+# gemma4's (its ids as in Gemma's files: 0 pad, 1 EOS, 2 BOS, 3 unknown; its turn markers)
+GEMMA4_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>"]
+GEMMA4_BOS_ID, GEMMA4_EOS_ID = 2, 1
 BPE_VOCAB_SIZE = 512
 BPE_CORPUS = Path(__file__).with_name("data") / "bpe-corpus.txt"
 N_VOCAB = len(VOCAB_SPECIAL) + 256  # the SentencePiece vocabulary's size
@@ -44,6 +47,10 @@ def vocab_of(kind: str) -> SynthVocab:
         return SynthVocab("llama", tokens, types + [gguf.TokenType.BYTE] * 256, [])
     if kind == "gpt-4o":
         return _bpe_vocab(GPT4O_SPECIAL, "gpt-4o", GPT4O_BOS_ID, GPT4O_EOS_ID)
+    if kind == "gemma4":
+        return _gemma4_vocab()
+    if kind == "qwen35":  # Qwen3.5's pre-tokenizer: qwen2's with combining marks in words
+        return _bpe_vocab(BPE_SPECIAL, "qwen35", 0, 0)
     return _bpe_vocab(BPE_SPECIAL, "qwen2", 0, 0)  # as Qwen's files: BOS = EOS
 
 
@@ -76,11 +83,47 @@ def _bpe_vocab(special: list[str], pre: str, bos: int, eos: int) -> SynthVocab:
     return SynthVocab("gpt2", tokens, types, merges, pre, bos, eos)
 
 
+def _gemma4_vocab() -> SynthVocab:
+    """gemma4's BPE on raw text (spaces as "▁", cut only at newlines, as llama.cpp's
+    `gemma4` pre-tokenizer), trained on the shipped corpus: the special tokens, the 256
+    byte tokens `<0x00>`..`<0xFF>` (its byte fallback), the corpus's characters, then one
+    token per merge."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    n_fixed = len(GEMMA4_SPECIAL) + 256
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE - n_fixed, show_progress=False)
+    text = BPE_CORPUS.read_text(encoding="utf-8").replace(" ", "\u2581")
+    tk.train_from_iterator([text], trainer=trainer)
+    model = json.loads(tk.to_str())["model"]
+    learned = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    tokens = GEMMA4_SPECIAL + [f"<0x{b:02X}>" for b in range(256)] + learned
+    types = ([gguf.TokenType.CONTROL] * len(GEMMA4_SPECIAL) + [gguf.TokenType.BYTE] * 256
+             + [gguf.TokenType.NORMAL] * len(learned))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    return SynthVocab("gemma4", tokens, types, merges, "gemma4", GEMMA4_BOS_ID,
+                      GEMMA4_EOS_ID)
+
+
 def add_vocab(w: gguf.GGUFWriter, vocab: SynthVocab) -> None:
     """The vocabulary's `tokenizer.ggml.*` keys, in the order files have always had them."""
     w.add_tokenizer_model(vocab.model)
     w.add_token_list(vocab.tokens)
     w.add_token_types([int(t) for t in vocab.types])
+    if vocab.model == "gemma4":  # as Gemma's files: BOS added, no space prefix
+        w.add_tokenizer_pre(vocab.pre)
+        w.add_token_merges(vocab.merges)
+        w.add_token_scores([0.0] * len(vocab.tokens))
+        w.add_bos_token_id(vocab.bos)
+        w.add_eos_token_id(vocab.eos)
+        w.add_unk_token_id(GEMMA4_SPECIAL.index("<unk>"))
+        w.add_pad_token_id(GEMMA4_SPECIAL.index("<pad>"))
+        w.add_add_bos_token(True)
+        w.add_add_space_prefix(False)
+        return
     if vocab.model == "gpt2":  # as Qwen's and gpt-oss's files: no BOS added
         w.add_tokenizer_pre(vocab.pre)
         w.add_token_merges(vocab.merges)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from gguf import TokenType
 
+from abbench.engine.bpe_merge import merge_ranks, merge_word
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.special_tokens import HIDDEN, ROLES, SPECIAL, Attr, special_tokens
 from abbench.errors import ModelFileError, UsageError
@@ -49,6 +50,11 @@ QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
                r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
                r"|\s+(?!\S)|\s+")
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# Qwen3.5's: qwen2's, with combining marks (\p{M}) inside letter runs and out of the
+# punctuation runs (llama.cpp splits it with a hand-written splitter, src/unicode.cpp)
+QWEN35_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+                r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # o200k's split (gpt-oss) in llama.cpp's spelling, not tiktoken's: a letter "not a-z" is an
 # upper-case word's letter, "not A-Z" a lower-case one's, so every non-ASCII letter counts
 # as both (as in llama.cpp, which runs it on text with each non-ASCII letter collapsed to
@@ -62,7 +68,7 @@ GPT4O_SPLIT = (
 PRE_TOKENIZERS = {"qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT,
                   "gpt2": GPT2_SPLIT, "mpt": GPT2_SPLIT, "olmo": GPT2_SPLIT,
                   "gpt-4o": GPT4O_SPLIT, "llama4": GPT4O_SPLIT, "kanana2": GPT4O_SPLIT,
-                  "talkie": GPT4O_SPLIT}
+                  "talkie": GPT4O_SPLIT, "qwen35": QWEN35_SPLIT}
 
 
 def end_of_generation(mf: ModelFile) -> frozenset[int]:
@@ -106,7 +112,7 @@ class Vocab:
 def tokenizer_for(mf: ModelFile) -> Tokenizer:
     """The tokenizer the model file declares (`tokenizer.ggml.model`)."""
     vocab = read_vocab(mf)
-    kind = BpeTokenizer if vocab.model == "gpt2" else SpmTokenizer
+    kind = {"gpt2": BpeTokenizer, "gemma4": Gemma4Tokenizer}.get(vocab.model, SpmTokenizer)
     return kind(vocab, str(mf.path))
 
 
@@ -284,6 +290,31 @@ class SpmTokenizer(Tokenizer):
         return ids
 
 
+class Gemma4Tokenizer(SpmTokenizer):
+    """llama.cpp's `gemma4` tokenizer: BPE on raw UTF-8 (no byte-level alphabet), spaces
+    as "▁" and no space prefix, each run of newlines and each line between them merged by
+    rank on its own (a run of newlines that is a token whole is that token), what is no
+    token spelt in byte tokens; it prints as SentencePiece's."""
+
+    def __init__(self, vocab: Vocab, source: str = "the model") -> None:
+        super().__init__(vocab, source)
+        self._ranks = merge_ranks(vocab.merges, source)
+
+    def _plain(self, text: str, after_special: bool) -> list[int]:
+        out: list[int] = []
+        for word in _LINES.findall(text.replace(" ", SPACE)):
+            if word[0] == "\n" and word in self._ids:
+                out.append(self._ids[word])
+                continue
+            for sym in merge_word(word, self._ranks):
+                token = self._ids.get(sym)
+                out += [token] if token is not None else self._bytes(sym)
+        return out
+
+
+_LINES = re.compile(r"[^\n]+|\n+")  # llama.cpp's gemma4 pre-tokenizer
+
+
 class BpeTokenizer(Tokenizer):
     """llama.cpp's byte-level BPE (`gpt2`) over a `Vocab`, the BPE run by Hugging Face
     `tokenizers` from the file's own vocabulary and merges."""
@@ -338,11 +369,11 @@ def read_vocab(mf: ModelFile) -> Vocab:
     if not tokens:
         raise UsageError(f"{mf.path}: no tokenizer in the file (`tokenizer.ggml.tokens` "
                          "missing)", tip=NO_TOKENIZER_TIP)
-    if model not in ("llama", "gpt2"):
+    if model not in ("llama", "gpt2", "gemma4"):
         raise UsageError(f"{mf.path}: tokenizer `tokenizer.ggml.model` = {model!r} is not "
-                         "supported (`llama` SentencePiece and `gpt2` byte-level BPE are)",
-                         tip=NO_TOKENIZER_TIP)
-    bpe = model == "gpt2"
+                         "supported (`llama` SentencePiece, `gpt2` byte-level BPE and "
+                         "`gemma4` BPE are)", tip=NO_TOKENIZER_TIP)
+    bpe, gemma4 = model == "gpt2", model == "gemma4"
     pre = str(mf.get("tokenizer.ggml.pre", "default"))
     if bpe and pre not in PRE_TOKENIZERS:
         raise UsageError(f"{mf.path}: BPE pre-tokenizer `tokenizer.ggml.pre` = {pre!r} is "
@@ -352,8 +383,9 @@ def read_vocab(mf: ModelFile) -> Vocab:
     scores = mf.array("tokenizer.ggml.scores") or [0.0] * n
     types = mf.array("tokenizer.ggml.token_type") or [int(TokenType.NORMAL)] * n
     merges = mf.array("tokenizer.ggml.merges") or []
-    if bpe and not merges:
-        raise ModelFileError(f"{mf.path}: a `gpt2` tokenizer without `tokenizer.ggml.merges`")
+    if (bpe or gemma4) and not merges:
+        raise ModelFileError(f"{mf.path}: a `{model}` tokenizer without "
+                             "`tokenizer.ggml.merges`")
     checks: list[tuple[str, list[object], type | tuple[type, ...], int | None]] = [
         ("tokenizer.ggml.tokens", tokens, str, n),
         ("tokenizer.ggml.scores", scores, (int, float), n),
@@ -366,15 +398,18 @@ def read_vocab(mf: ModelFile) -> Vocab:
         if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
             raise ModelFileError(f"{mf.path}: `{key}` holds values of the wrong type")
     # llama.cpp's defaults per tokenizer type: SPM adds BOS and a space prefix; BPE
-    # neither, and its default BOS/EOS id is 11 (whatever `tokenizer.ggml.pre` says).
+    # neither, and its default BOS/EOS id is 11 (whatever `tokenizer.ggml.pre` says);
+    # gemma4 has no default ids, always adds BOS (llama.cpp overrides the key) and no space.
+    ids = (None, None) if gemma4 else (11, 11) if bpe else (1, 2)
     return Vocab(
         tokens=tuple(str(t) for t in tokens), scores=tuple(float(s) for s in scores),
         types=tuple(int(t) for t in types),
-        bos_id=_token_id(mf, "tokenizer.ggml.bos_token_id", 11 if bpe else 1, n),
-        eos_id=_token_id(mf, "tokenizer.ggml.eos_token_id", 11 if bpe else 2, n),
-        add_bos=bool(mf.get("tokenizer.ggml.add_bos_token", not bpe)),
+        bos_id=_token_id(mf, "tokenizer.ggml.bos_token_id", ids[0], n),
+        eos_id=_token_id(mf, "tokenizer.ggml.eos_token_id", ids[1], n),
+        add_bos=gemma4 or bool(mf.get("tokenizer.ggml.add_bos_token", not bpe)),
         add_eos=bool(mf.get("tokenizer.ggml.add_eos_token", False)),
-        add_space_prefix=not bpe and bool(mf.get("tokenizer.ggml.add_space_prefix", True)),
+        add_space_prefix=not (bpe or gemma4)
+        and bool(mf.get("tokenizer.ggml.add_space_prefix", True)),
         model=str(model), merges=tuple(str(m) for m in merges), pre=pre,
         role_ids=_role_ids(mf, n),
     )

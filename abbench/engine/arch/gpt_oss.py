@@ -72,8 +72,12 @@ class _OaiGraph:
 
     def __init__(self, ffn: OaiExperts, ctx: Context, eids: int) -> None:
         self.ffn, self.ctx, self.eids = ffn, ctx, eids
+        stacks = (ffn.gate_b, ffn.up_b, ffn.down_b)
         self.biases = [ctx.tensor(ggml.F32, (s[0].shape[1], s[0].shape[0]), s[0].ctypes.data)
-                       for s in (ffn.gate_b, ffn.up_b, ffn.down_b)]  # (n, n_expert) each
+                       for s in stacks]  # (n, n_expert) each
+        # set per expert call: the headers and each layer's addresses, looked up once
+        self._heads = [ggml.TensorStruct.from_address(t) for t in self.biases]
+        self._at = [[m.ctypes.data for m in s] for s in stacks]  # per part, per layer
 
     def act(self, gate: int, up: int) -> int:
         ctx, (gb, ub, _) = self.ctx, self.biases
@@ -84,9 +88,8 @@ class _OaiGraph:
         return self.ctx.add_id(down, self.biases[2], self.eids)
 
     def set_layer(self, layer: int) -> None:
-        for t, s in zip(self.biases, (self.ffn.gate_b, self.ffn.up_b, self.ffn.down_b),
-                        strict=True):
-            self.ctx.set_data(t, s[layer].ctypes.data)
+        for head, at in zip(self._heads, self._at, strict=True):
+            head.data = at[layer]
 
 
 def expert_ffn(mf: ModelFile, args: ModelArgs) -> OaiExperts:

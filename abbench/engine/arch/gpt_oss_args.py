@@ -210,7 +210,9 @@ def _swa_pattern(mf: ModelFile, p: str, n_layer: int) -> tuple[bool, ...]:
     """Which layers slide, as llama.cpp reads it: `attention.sliding_window_pattern` as a
     bool per layer, or as n — every n-th layer (the last of each n) attends in full, 0:
     every layer slides — default 2: the even layers slide."""
-    value = mf.get(p + "attention.sliding_window_pattern", 2)
+    # a list is a metadata array, kept apart from the scalars (`ModelFile.array`)
+    listed = mf.array(p + "attention.sliding_window_pattern")
+    value = listed if listed is not None else mf.get(p + "attention.sliding_window_pattern", 2)
     if isinstance(value, (list, tuple)):
         if len(value) != n_layer:
             raise ModelFileError(f"{mf.path}: metadata `{p}attention.sliding_window_pattern` "

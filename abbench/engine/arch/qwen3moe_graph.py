@@ -26,6 +26,7 @@ import numpy as np
 
 from abbench.engine import ggml
 from abbench.engine.arch.common import RoutingHook, embedding
+from abbench.engine.arch.graph_common import OutputGraph
 from abbench.engine.arch.qwen3moe_args import ModelArgs
 from abbench.engine.qcompute import QuantTeam, Weight, routing, weighted_sum
 
@@ -129,22 +130,6 @@ class LayerGraph:
             self.ctx.set_data(t, k_at)
         for t in self.v_write:
             self.ctx.set_data(t, v_at)
-
-
-class OutputGraph:
-    """The final norm and the output projection for one token."""
-
-    def __init__(self, model: GraphModel, norm: np.ndarray, output: Weight) -> None:
-        d = model.args.embedding_length
-        rows = output.rows
-        self.norm, self.output = norm, output
-        ctx = self.ctx = ggml.Context(model.team.g, 8, 16, 4 * (3 * d + rows) + 4096)
-        h = ctx.tensor(ggml.F32, (d, 1), model.inputs(1)[0].ctypes.data)
-        x = ctx.op("mul", ctx.op("rms_norm", h, model.args.layer_norm_rms_epsilon),
-                   ctx.tensor(ggml.F32, (d,), norm.ctypes.data))
-        logits = ctx.op("mul_mat", output.tensor(ctx, model.team.repacker), x)
-        self.graph = ctx.graph([logits], model.team.threads_pool)
-        self.logits = ctx.array(logits, (rows,), np.float32)
 
 
 class GraphModel:

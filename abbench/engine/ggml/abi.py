@@ -198,6 +198,28 @@ PROTOTYPES: tuple[tuple[str, str, object, tuple[object, ...]], ...] = (
                                   c_float, c_float, c_float)),
     # struct ggml_tensor * ggml_argsort(ctx, a, enum ggml_sort_order order);
     ("base", "ggml_argsort", T, (P, T, c_int)),
+    # qwen35moe's graph: the gates' unary ops, the L2 norm's scale, the causal conv over
+    # concat(state, inputs), the fused delta rule, the multi-section RoPE
+    ("base", "ggml_sigmoid", T, (P, T)),
+    ("base", "ggml_silu", T, (P, T)),
+    ("base", "ggml_softplus", T, (P, T)),
+    ("base", "ggml_scale", T, (P, T, c_float)),
+    # the router's weights as build_moe_ffn makes them: sum_rows, clamp(min, max), div
+    ("base", "ggml_sum_rows", T, (P, T)),
+    ("base", "ggml_clamp", T, (P, T, c_float, c_float)),
+    ("base", "ggml_div", T, (P, T, T)),
+    ("base", "ggml_concat", T, (P, T, T, c_int)),  # (ctx, a, b, int dim)
+    ("base", "ggml_ssm_conv", T, (P, T, T)),  # (ctx, sx, c)
+    # ggml_gated_delta_net(ctx, q, k, v, g, beta, state, int64_t K (state snapshots))
+    ("base", "ggml_gated_delta_net", T, (P, T, T, T, T, T, T, c_int64)),
+    # ggml_rope_multi(ctx, a, b (I32: 4 positions a token), c, int n_dims,
+    #     int sections[4], int mode, int n_ctx_orig, float freq_base, float freq_scale,
+    #     float ext_factor, float attn_factor, float beta_fast, float beta_slow)
+    ("base", "ggml_rope_multi", T, (P, T, T, T, c_int, POINTER(c_int), c_int, c_int, c_float,
+                                    c_float, c_float, c_float, c_float, c_float)),
+    # gemma4's graph: GeGLU (ggml's GELU table on the gate, times up), the logits' softcap
+    ("base", "ggml_geglu_split", T, (P, T, T)),
+    ("base", "ggml_tanh", T, (P, T)),
     ("base", "ggml_new_graph_custom", P, (P, c_size_t, c_bool)),
     ("base", "ggml_build_forward_expand", None, (P, T)),
     ("base", "ggml_graph_n_nodes", c_int, (P,)),

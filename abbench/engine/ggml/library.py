@@ -42,6 +42,13 @@ def library_dir() -> Path | None:
     env = os.environ.get(LIB_ENV)
     if env:
         return Path(env)
+    return _installed_dir()
+
+
+@functools.cache
+def _installed_dir() -> Path | None:
+    """llama-cpp-python's library folder, looked up once: `lib()` is called per graph op
+    setup (`row_bytes`), and an import-system lookup each time cost milliseconds a pass."""
     try:
         spec = importlib.util.find_spec("llama_cpp")
     except (ImportError, ValueError):

@@ -1,0 +1,262 @@
+"""gemma4 as llama.cpp's graph: the model for files computed in their own types, and
+`--kernels auto`'s for every gemma4 file (F32 experts too: it decodes 2.1x faster than the
+numpy model, docs/gemma4.md §6).
+
+Each layer is the graph llama.cpp builds for it (models/gemma4.cpp; docs/gemma4.md §3),
+op for op with ggml's own ops (`gemma4_layer_graph.py`), so GELU, RoPE, the softmaxes,
+the argsort and the softcap's tanh are ggml's: a quantized product's input is then
+llama.cpp's to the bit, and so is what it quantizes it to. Between a layer's graph and the
+next one's the experts run from the cache (`ExpertRunner` on `qcompute.ExpertGraph` with
+`gemma4.GeluExperts`' steps: geglu_split, then each row times its expert's scale). The
+next layer's graph begins with this layer's end — in a decode pass the experts' weighted
+sum as build_moe_ffn makes it (in prefill the expert side's, the same arithmetic), its
+norms, the dense FFN's output, the residual, the layer's scalar — and the output graph
+with the last layer's, then the final norm, the output product and the softcap (scale,
+tanh, scale). The router's weights are the graph's too (build_moe_ffn's get_rows,
+sum_rows, clamp, div). Caches as llama.cpp sizes them: the full layers' the
+context's, the sliding layers' a ring of the window and one batch (in blocks of 256).
+The same skeleton as `qwen3moe_graph.py`: weights → one layer's graph → the model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from abbench.engine import ggml
+from abbench.engine.arch.common import RoutingHook, embedding
+from abbench.engine.arch.gemma4_args import ModelArgs
+from abbench.engine.arch.gemma4_layer_graph import LayerCache, LayerGraph, LayerWeights, ending
+from abbench.engine.arch.gpt_oss_args import KV_PAD, pad
+from abbench.engine.qcompute import QuantTeam, Weight
+
+if TYPE_CHECKING:
+    from abbench.engine.experts import ExpertRunner
+    from abbench.engine.gguf_file import ModelFile
+
+N_UBATCH = 512  # llama.cpp's default micro-batch, which a sliding layer's ring holds beside
+# its window
+
+
+def attended(end: int, cells: int) -> int:
+    """llama.cpp's n_kv for a cache of `cells` cells once positions below `end` are in it:
+    the cells used, at least 256, in blocks of 256, within the cache."""
+    return min(cells, max(KV_PAD, pad(end)))
+
+
+class LogitsGraph:
+    """The last layer's end, the final norm, the output product and the softcap, for one
+    token after the decode graphs `last` (its layer)."""
+
+    def __init__(self, model: GraphModel, last: LayerGraph) -> None:
+        a, (norm, output) = model.args, model.output
+        d, rows = a.embedding_length, output.rows
+        ctx = self.ctx = ggml.Context(model.team.g, 32, 64, 4 * (12 * d + 4 * rows) + 8192)
+        op = ctx.op
+        h = ending(ctx, model, last, 1)  # (d, 1)
+        x = op("mul", op("rms_norm", h, a.layer_norm_rms_epsilon),
+               ctx.tensor(ggml.F32, (d,), norm.ctypes.data))
+        logits = op("mul_mat", output.tensor(ctx, model.team.repacker), x)  # (vocab, 1)
+        cap = np.float32(a.final_logit_softcapping)
+        if cap:
+            logits = op("scale", op("tanh", op("scale", logits, float(np.float32(1) / cap))),
+                        float(cap))
+        self.graph = ctx.graph([logits], model.team.threads_pool)
+        self.logits = ctx.array(logits, (rows,), np.float32)
+
+
+class GraphModel:
+    """The whole decoder on ggml graphs; the interface of `gemma4.Model`."""
+
+    def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
+                 team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None
+                 ) -> None:
+        self.args, self.experts, self.team = args, experts, team
+        self.k = n_expert_used or args.expert_used_count
+        self.kv_size = pad(n_ctx)
+        self.swa_size = pad(min(pad(n_ctx), args.sliding_window + N_UBATCH))
+        self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
+        self.embd_scale = np.sqrt(np.float32(args.embedding_length))  # sqrtf(n_embd)
+        self.weights = [LayerWeights(mf, args, i, team, pinned)
+                        for i in range(args.block_count)]
+        self.caches = [LayerCache(swa, np.zeros((n, rows), np.float32),
+                                  np.zeros((rows, n), np.float32))
+                       for i, swa in enumerate(args.swa_layers)
+                       for n, rows in [(self.swa_size if swa else self.kv_size,
+                                        args.kv_heads[i] * args.head_dim(i))]]
+        self.rope_freqs = (np.zeros(1, np.float32) if all(args.swa_layers) else
+                           np.ascontiguousarray(mf.read_dense("rope_freqs.weight", True),
+                                                dtype=np.float32))  # (n_rot/2,)
+        # the position each ring cell holds (-1: empty), one for every sliding layer
+        self.swa_pos = np.full(self.swa_size, -1, np.int64)  # (swa_size,)
+        self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._moe: dict[int, np.ndarray] = {}
+        # a decode layer's experts' outputs (k, d) and weights (k,), which the next graph
+        # sums (rows past the experts kept: zeros)
+        self.moe_y = np.zeros((self.k, args.embedding_length), np.float32)
+        self.moe_w = np.zeros(self.k, np.float32)
+        self._masks: dict[tuple[bool, int, int], np.ndarray] = {}
+        # the last pass, where it was one decode step: its position and attended cells
+        self._decoded: tuple[int, tuple[int, int]] | None = None
+        # decode's layer graphs and output graph, by attended cells (full, sliding)
+        self._graphs: dict[tuple[int, int], tuple[list[LayerGraph], LogitsGraph]] = {}
+        name = "output.weight" if args.own_output else "token_embd.weight"
+        self.output = (mf.read_dense("output_norm.weight", True),
+                       team.matrix(mf, name, pinned))
+        self.routing_hook: RoutingHook | None = None
+        # What the session sets on a model; the graphs compute without them.
+        self.matvec: Any = None
+        self.matmul_t: Any = None
+        self.vector: Any = None
+
+    # -- the interface the engine and predictors use -------------------------------------
+
+    def router_matrix(self, layer: int) -> np.ndarray:
+        """The router as one matrix on the layer's `attn_out` RMS-normed without a weight
+        (what the routing hook is given), as the numpy model's."""
+        return self.weights[layer].folded  # (n_expert, d)
+
+    def router_bias(self, layer: int) -> np.ndarray | None:
+        """What the router adds to its logits before ranking them: nothing here."""
+        return None
+
+    def fuse_next_routers(self) -> None:
+        """Nothing to fuse: a predictor computes the next layer's routing itself."""
+
+    def gemv_matrices(self) -> list[Any]:
+        return []
+
+    def dense_matrices(self) -> list[Weight]:
+        return [*(m for w in self.weights for m in w.matrices()), self.output[1]]
+
+    def dense_types(self) -> list[str]:
+        from gguf import GGMLQuantizationType
+
+        return sorted({GGMLQuantizationType(m.ggml_type).name for m in self.dense_matrices()})
+
+    def rope(self, layer: int) -> ggml.Rope:
+        """The scalars llama.cpp passes to `rope_ext` on a layer: a sliding one its own
+        base and no scaling, a full one the file's base and scale (NeoX; YaRN off)."""
+        a, swa = self.args, self.args.swa_layers[layer]
+        return ggml.Rope(a.rope_dims(layer), ggml.ROPE_NEOX, a.context_length,
+                         a.rope_freq_base_swa if swa else a.rope_freq_base,
+                         1.0 if swa else a.rope_freq_scale)
+
+    # -- passes -------------------------------------------------------------------------
+
+    def inputs(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The buffers a pass of `t` tokens reads: the scaled embeddings (t, d) and their
+        positions (t,)."""
+        if t not in self._inputs:
+            self._inputs[t] = (np.zeros((t, self.args.embedding_length), np.float32),
+                               np.zeros(t, np.int32))
+        return self._inputs[t]
+
+    def moe_out(self, t: int) -> np.ndarray:
+        """(t, d) the buffer of a layer's experts' weighted sum, which the next graph reads."""
+        if t not in self._moe:
+            self._moe[t] = np.zeros((t, self.args.embedding_length), np.float32)
+        return self._moe[t]
+
+    def mask(self, swa: bool, t: int, n_kv: int) -> np.ndarray:
+        """(t, n_kv) a cache's mask buffer (0 where a token sees a cell, else -inf), filled
+        per pass by `_begin`."""
+        return self._masks.setdefault((swa, t, n_kv), np.zeros((t, n_kv), np.float32))
+
+    def _begin(self, tokens: list[int], pos: int) -> tuple[int, int]:
+        """Fill the inputs of a pass of `tokens` at positions pos..: the scaled embeddings,
+        the positions, the ring's cells and both caches' masks → the attended cells (full,
+        sliding)."""
+        t, end = len(tokens), pos + len(tokens)
+        if end > self.kv_size:
+            raise ValueError(f"position {end} past the context ({self.kv_size})")
+        n_kv = (attended(end, self.kv_size), attended(end, self.swa_size))
+        h, positions = self.inputs(t)
+        np.multiply(self.token_embd[tokens], self.embd_scale, out=h)  # (t, d) ggml_scale
+        positions[...] = np.arange(pos, end, dtype=np.int32)
+        self.swa_pos[positions % self.swa_size] = positions
+        if t == 1 and self._decoded == (pos - 1, n_kv):
+            self._step_masks(pos, n_kv)
+        else:
+            self._fill_masks(positions, n_kv)
+        self._decoded = (pos, n_kv) if t == 1 else None
+        return n_kv
+
+    def _fill_masks(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
+        """Both caches' masks for queries at `positions` (t,): causal over the full
+        cache's cells; over the ring's, llama.cpp's is_masked_swa too (a key p0 is hidden
+        from p1 once p1 - p0 >= window) and empty cells hidden."""
+        t = len(positions)
+        p1 = positions[:, None].astype(np.int64)  # (t, 1) each query's position
+        full = self.mask(False, t, n_kv[0])
+        full[...] = np.where(np.arange(n_kv[0])[None, :] <= p1, 0.0, -np.inf)
+        p0 = self.swa_pos[None, : n_kv[1]]  # (1, n_kv_swa)
+        hidden = (p0 < 0) | (p0 > p1) | (p1 - p0 >= self.args.sliding_window)
+        self.mask(True, t, n_kv[1])[...] = np.where(hidden, -np.inf, 0.0)
+
+    def _step_masks(self, pos: int, n_kv: tuple[int, int]) -> None:
+        """The decode masks of position pos-1 moved on to pos (what `_fill_masks` would
+        write, in three cells rather than every cell)."""
+        self.mask(False, 1, n_kv[0])[0, pos] = 0.0
+        ring = self.mask(True, 1, n_kv[1])
+        ring[0, pos % self.swa_size] = 0.0
+        if pos >= self.args.sliding_window:
+            ring[0, (pos - self.args.sliding_window) % self.swa_size] = -np.inf
+
+    def _graph(self, layer: int, t: int, n_kv: tuple[int, int], pos: int,
+               prev: LayerGraph | None, decode: bool = False) -> LayerGraph:
+        return LayerGraph(self, layer, t, n_kv[self.caches[layer].swa], pos, prev, decode)
+
+    def _decode_graphs(self, pos: int, n_kv: tuple[int, int]
+                       ) -> tuple[list[LayerGraph], LogitsGraph]:
+        """The layers' graphs and the output graph for one token, built once per attended
+        length."""
+        built = self._graphs.get(n_kv)
+        if built is None:  # the graphs of a shorter attended length are done with
+            graphs: list[LayerGraph] = []
+            for i in range(len(self.weights)):
+                graphs.append(self._graph(i, 1, n_kv, pos, graphs[-1] if graphs else None,
+                                          True))
+            built = (graphs, LogitsGraph(self, graphs[-1]))
+            self._graphs = {n_kv: built}
+        for g in built[0]:
+            g.set_position(pos)
+        return built
+
+    def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
+        """One token through every layer → the next-token logits (vocab,)."""
+        hook, k, moe_y, moe_w = self.routing_hook, self.k, self.moe_y, self.moe_w
+        graphs, output = self._decode_graphs(pos, self._begin([token], pos))
+        for layer, g in enumerate(graphs):
+            g.graph.compute()
+            ids = g.order[0, :k].astype(np.int64)  # (k,)
+            weights = g.weights[0].copy()  # (k,)
+            if hook is not None:
+                hook(layer, g.unit[0], ids, weights, phase)
+            kept, y = self.experts.run_routed(layer, g.x[0], ids, weights, phase)
+            n = len(kept)  # (k',) (k', d): the next graph sums them
+            moe_y[:n], moe_w[:n] = y[:n], kept
+            if n < k:
+                moe_y[n:], moe_w[n:] = 0.0, 0.0
+        output.graph.compute()
+        return output.logits.copy()
+
+    def prefill(self, tokens: list[int], pos: int) -> None:
+        """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the
+        KV caches (their logits are not needed)."""
+        hook = self.routing_hook
+        n_kv = self._begin(tokens, pos)
+        moe = self.moe_out(len(tokens))
+        prev: LayerGraph | None = None
+        for layer in range(len(self.weights)):
+            # one layer's graph at a time (and the one before, whose end it reads): their
+            # scratch is the batch's size
+            g = self._graph(layer, len(tokens), n_kv, pos, prev)
+            g.graph.compute()
+            ids = g.order[:, : self.k].astype(np.int64)  # (n, k)
+            weights = g.weights.copy()  # (n, k)
+            if hook is not None:
+                hook(layer, g.unit, ids, weights, 0)
+            moe[...] = self.experts.prefill(layer, g.x, ids, weights)  # (n, d)
+            prev = g
