@@ -22,6 +22,11 @@ means' ratio; each round is printed and the median of the rounds is the figure.
     python benches/p7_vs_llamacpp.py --arch gpt-oss [--rounds 3]
     python benches/p7_vs_llamacpp.py --arch qwen35moe --kernels ggml [--rounds 3]
 
+`--llama-flash-attn off` runs llama-bench with `-fa 0`: the attention the engine computes
+(KQ, the masked softmax, KQV) rather than its default flash attention over an F16 cache,
+which the engine does not compute (measured here on gpt-oss-small, two runs: llama.cpp's
+default decodes 1.11-1.13x faster than its own `-fa 0`).
+
 `--arch ARCH` measures that architecture on its small synthetic file (`synthetic:small`
 for qwen3moe, `synthetic:ARCH-small` for the others), against the bar every architecture
 must meet (>= 0.9, issue 31); `--model` names any other file. `--kernels` is the
@@ -64,10 +69,13 @@ from abbench.engine.session import Engine, RunResult  # noqa: E402
 from abbench.engine.telemetry import summarize  # noqa: E402
 
 
-def llama_bench(binary: Path, model: Path, threads: int, tokens: int) -> tuple[float, float]:
-    """(decode tok/s, prefill tok/s) of one llama-bench run: `tg tokens`, `pp tokens`."""
+def llama_bench(binary: Path, model: Path, threads: int, tokens: int,
+                flash_attn: str = "auto") -> tuple[float, float]:
+    """(decode tok/s, prefill tok/s) of one llama-bench run: `tg tokens`, `pp tokens`;
+    `flash_attn` its -fa (auto: its default, flash attention with an F16 cache on CPU)."""
+    fa = [] if flash_attn == "auto" else ["-fa", "0"]
     out = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-r", "1",
-                          "-p", str(tokens), "-n", str(tokens), "-o", "json"],
+                          "-p", str(tokens), "-n", str(tokens), "-o", "json", *fa],
                          capture_output=True, text=True, timeout=1200, check=True)
     rows = json.loads(out.stdout)
     tg = next(r["avg_ts"] for r in rows if r["n_gen"] == tokens and r["n_prompt"] == 0)
@@ -111,6 +119,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--kernels", choices=("auto", "numpy", "ggml"), default="auto",
                     help="the engine's --kernels (auto: numpy for F32 experts)")
+    ap.add_argument("--llama-flash-attn", choices=("auto", "off"), default="auto",
+                    help="llama-bench's -fa: auto (its default: flash attention, F16 KV "
+                    "cache) or off (the attention the engine computes: KQ, softmax, KQV)")
     a = ap.parse_args()
     if a.tokens < 2:
         ap.error("--tokens must be at least 2 (a prompt of one token has no prefill pass)")
@@ -127,7 +138,7 @@ def main() -> None:
     model = Path(resolve_model(a.model))
     print(f"model: {a.model} ({model}), {a.threads} threads, {a.tokens} tokens, "
           f"{a.rounds} alternating rounds, --kernels {a.kernels}; llama.cpp 0c1e570 "
-          "(llama-cpp-python sdist)")
+          f"(llama-cpp-python sdist), flash attention {a.llama_flash_attn}")
     blas = [f"{i['internal_api']} {i.get('version')} {i.get('architecture')}"
             for i in threadpool_info() if i["user_api"] == "blas"]
     print(f"numpy BLAS: {', '.join(blas) or 'unknown'}; OPENBLAS_CORETYPE="
@@ -136,8 +147,8 @@ def main() -> None:
     for i in range(a.rounds):
         # ABBA: a drift of the host's speed that is linear over the round falls on both
         first = embedded(model, a.threads, a.tokens, a.kernels)
-        theirs = mean(llama_bench(binary, model, a.threads, a.tokens),
-                      llama_bench(binary, model, a.threads, a.tokens))
+        theirs = mean(llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn),
+                      llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn))
         last = embedded(model, a.threads, a.tokens, a.kernels)
         ours, cold = mean(first[0], last[0]), mean(first[1], last[1])
         p7.append(ours[0] / theirs[0])

@@ -36,9 +36,11 @@ def test_the_same_policy_decided_on_two_architectures(tmp_path: Path) -> None:
     """drop-cold-experts 0.75 against none, on qwen3moe and on gpt-oss: every cell runs,
     and each decision compares its own architecture's matched pairs (the drop reads fewer
     experts on both, so both ratios are above 1 whatever the machine's noise)."""
-    p = abbench("campaign", CELLS / "two-architectures.toml", "--out", tmp_path, "--no-live")
+    out = tmp_path / "runs"  # the device's sentinel history too: never the checkout's
+    p = abbench("campaign", CELLS / "two-architectures.toml", "--out", out, "--no-live",
+                "--sentinels", tmp_path / "sentinels")
     assert p.returncode in (0, 3), p.stderr[-2000:]
-    (run,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    (run,) = [d for d in out.iterdir() if d.is_dir()]
     report = json.loads((run / "report.json").read_text())
     assert all(c["status"] == "ok" for c in report["cells"])
     decisions = {(d["candidate"], d["baseline"]): d for d in report["decisions"]}

@@ -130,6 +130,21 @@ def test_an_expert_alone_or_among_others_gives_the_same_bits(team: QuantTeam) ->
         np.testing.assert_array_equal(alone[0], together[j])
 
 
+def test_resident_experts_run_by_their_buffers_give_runs_bits_in_routing_order(
+        team: QuantTeam) -> None:
+    """`run_resident` (a complete cache's short way) computes what `run` computes for the
+    same experts, bit for bit, in routing order."""
+    rng = np.random.default_rng(8)
+    pool = SlotPool(layout_of(ggml.Q4_K, ggml.Q6_K), 8)
+    experts = fill(pool, rng, 6)
+    x = rng.standard_normal(D).astype(np.float32)
+    chosen = [4, 1, 5]
+    out = np.zeros((3, D), np.float32)
+    team.run([Job(j, experts[e][0], None) for j, e in enumerate(chosen)], x, out)
+    got = team.run_resident([experts[e][0] for e in chosen], x, chosen)
+    np.testing.assert_array_equal(got, out)
+
+
 def test_late_experts_run_as_their_reads_land_and_the_wait_is_stall(team: QuantTeam) -> None:
     rng = np.random.default_rng(6)
     pool = SlotPool(layout_of(ggml.Q8_0), 8)

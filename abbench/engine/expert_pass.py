@@ -5,12 +5,13 @@ lookups (`Load`). `experts.py` fills them; the session reads the counters per to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import numpy as np
 
-from abbench.engine import partner
-from abbench.engine.cache import Key
+from abbench.engine.cache import ExpertCache, Key
 from abbench.engine.compute import Job
 from abbench.engine.streamer import ExpertBuffer, ReadTicket
 
@@ -54,8 +55,22 @@ class Selection:
     weights: np.ndarray  # (k',) their weights (renormalised unless --drop-no-renorm)
 
 
-# The partner and each layer's buffers by expert id, when every expert is resident there.
-Direct = tuple[partner.Partner, list[list[ExpertBuffer]]]
+class ResidentTeam(Protocol):
+    """A team that runs resident experts from their buffers alone (the partner, the ggml
+    team): `bufs` in routing order, `experts` their ids → (k, d), valid until the next
+    call."""
+
+    def run_resident(self, bufs: list[ExpertBuffer], x: np.ndarray,
+                     experts: Sequence[int] = (), layer: int = 0) -> np.ndarray: ...
+
+
+# The team and each layer's buffers by expert id, when every expert is resident there.
+Direct = tuple[ResidentTeam, list[list[ExpertBuffer]]]
+
+
+def by_expert_id(cache: ExpertCache, n_layer: int, n_expert: int) -> list[list[ExpertBuffer]]:
+    """Each layer's buffers by expert id, of a complete cache (which never changes)."""
+    return [[cache.entries[(layer, e)] for e in range(n_expert)] for layer in range(n_layer)]
 Miss = tuple[int, int, ExpertBuffer, bool]  # (slot, expert, buffer, whether it is cached)
 
 

@@ -49,7 +49,7 @@ import numpy as np
 from abbench.engine import partner
 from abbench.engine.cache import BufferKind, ExpertCache, Key
 from abbench.engine.compute import SWIGLU, ComputeTeam, Job
-from abbench.engine.expert_pass import Direct, Load, Miss, Selection, TokenCounters
+from abbench.engine.expert_pass import Direct, Load, Miss, Selection, TokenCounters, by_expert_id
 from abbench.engine.expert_prefill import BatchPrefill
 from abbench.engine.expert_speculation import Speculation
 from abbench.engine.gguf_file import ModelFile
@@ -179,7 +179,12 @@ class ExpertRunner(BatchPrefill, Speculation):
         """With every expert resident and more than one thread, hand half of each layer's
         work to a partner process instead of the thread team (see `partner.py`);
         `matrices` are the dense ones the model multiplies through `team.matvec`, and
-        `max_rows` the most tokens a prefill pass gives it."""
+        `max_rows` the most tokens a prefill pass gives it. The ggml team (no partner)
+        takes the same short way to a complete cache's buffers (`_direct`)."""
+        if self.resident and isinstance(self.team, QuantTeam):
+            # the ggml team runs a complete cache's experts by their buffers alone, too
+            self._direct = (self.team, by_expert_id(self.cache, len(self.layout), self.n_expert))
+            return False
         if not (self.resident and isinstance(self.team, ComputeTeam) and self.team.threads > 1
                 and partner.supported()):
             return False
@@ -191,9 +196,7 @@ class ExpertRunner(BatchPrefill, Speculation):
         self.team = team
         # A complete cache never changes: each layer's buffers by expert id, for
         # `_call_resident`, are the very buffers the partner knows.
-        entries = self.cache.entries
-        self._direct = (team, [[entries[(layer, e)] for e in range(self.n_expert)]
-                               for layer in range(len(self.layout))])
+        self._direct = (team, by_expert_id(self.cache, len(self.layout), self.n_expert))
         return True
 
     @property

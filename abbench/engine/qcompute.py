@@ -34,10 +34,12 @@ import numpy as np
 from abbench.engine import ggml
 from abbench.engine.compute import SWIGLU, Job, matmul_t, matvec, private_vectors
 from abbench.engine.slots import RawSlot, SlotPool
-from abbench.engine.streamer import BufferArena
+from abbench.engine.streamer import BufferArena, ExpertBuffer
 from abbench.errors import EngineError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from abbench.engine.arch.common import ExpertFFN
     from abbench.engine.gguf_file import ModelFile
 
@@ -203,6 +205,20 @@ class QuantTeam:
         np.copyto(graph.x[0], x)
         graph.compute()
         out[[j.slot for j in jobs]] = graph.y[0]
+
+    def run_resident(self, bufs: list[ExpertBuffer], x: np.ndarray,
+                     experts: Sequence[int] = (), layer: int = 0) -> np.ndarray:
+        """`run` of resident experts in routing order (experts: their ids), without the
+        jobs: x (d,) → (k, d), the decode graph's own output, valid until the next call.
+        The same graph and inputs as `_compute`'s, so the same bits."""
+        graph = self.experts(bufs[0].kind, len(bufs))  # type: ignore[arg-type]
+        graph.ids[0] = [b.index for b in bufs]  # type: ignore[misc]
+        if self.ffn.by_expert:
+            graph.eids[0] = experts
+            graph.set_layer(layer)
+        np.copyto(graph.x[0], x)
+        graph.compute()
+        return graph.y[0]
 
     def rows(self, pool: SlotPool, x: np.ndarray, ids: np.ndarray,
              eids: np.ndarray | None = None, layer: int = 0) -> np.ndarray:
