@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from arch_helper import check_batched_prefill, check_the_window, numpy_engine
 
 from abbench.engine import ggml, synth
 from abbench.engine.arch import gemma4
@@ -107,29 +108,14 @@ def test_gelu_is_ggmls_to_the_bit() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_file: Path) -> Iterator[Engine]:
-    cfg = EngineConfig(model=str(tiny_file), prompt="The quick brown fox jumps over it",
-                       n_tokens=64, temp=0.0, ignore_eos=True, threads=1, resident=True,
-                       kernels="numpy")
-    with Engine(cfg, tiny_file) as engine:
+    with numpy_engine(tiny_file) as engine:
         yield engine
 
 
 def test_a_sliding_layer_sees_only_its_window(tiny_engine: Engine) -> None:
     """Layer 0 slides (window 16): what is in its cache further back than the window does
     not change its output; layer 2 attends in full, and it does."""
-    model = tiny_engine.model
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, model.args.embedding_length)).astype(np.float32)
-    pos = 40
-    for layer, sees_old in ((0, False), (2, True)):
-        att = model.layers[layer].attention
-        cos, sin = (t[pos:pos + 1] for t in model.tables[model.layers[layer].swa])
-        att.k_cache[:, :pos] = rng.standard_normal(att.k_cache[:, :pos].shape)
-        att.v_cache[:, :pos] = rng.standard_normal(att.v_cache[:, :pos].shape)
-        before = att(x, pos, cos, sin)
-        att.k_cache[:, : pos - 16] += 1.0  # only what lies beyond a window of 16
-        att.v_cache[:, : pos - 16] += 1.0
-        assert np.array_equal(att(x, pos, cos, sin), before) != sees_old
+    check_the_window(tiny_engine.model, 2)
 
 
 def test_the_folded_router_is_the_router_on_its_normed_input(tiny_engine: Engine) -> None:
@@ -146,20 +132,7 @@ def test_the_folded_router_is_the_router_on_its_normed_input(tiny_engine: Engine
 
 
 def test_batched_prefill_equals_token_by_token(tiny_file: Path) -> None:
-    cfg = EngineConfig(model=str(tiny_file), prompt="The quick brown fox jumps over the "
-                       "lazy dog, and the dog sleeps in the sun all afternoon long.",
-                       n_tokens=4, temp=0.0, ignore_eos=True, threads=1, resident=True,
-                       kernels="numpy")
-    with Engine(cfg, tiny_file) as batched, Engine(cfg, tiny_file) as reference:
-        prompt = batched.prompt_ids
-        n = len(prompt)
-        assert n > 16  # past a sliding layer's window
-        batched.model.prefill(prompt[:-1], 0)
-        for pos, t in enumerate(prompt[:-1]):
-            reference.model.forward(t, pos, 0)
-        logits = batched.model.forward(prompt[-1], n - 1, 1)
-        expected = reference.model.forward(prompt[-1], n - 1, 1)
-        assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max()
+    check_batched_prefill(tiny_file)
 
 
 def test_a_streamed_run_with_the_predictor_reports_every_layer(tiny_file: Path) -> None:

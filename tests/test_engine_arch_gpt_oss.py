@@ -9,6 +9,7 @@ tests/test_llamacpp.py (slow)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from arch_helper import Without, check_batched_prefill, check_the_window, numpy_engine
 
 from abbench.engine import ggml, synth
 from abbench.engine.arch import gpt_oss, gpt_oss_graph
@@ -119,24 +121,6 @@ def test_a_synthetic_file_reads_as_llama_cpp_reads_it(tiny_file: Path) -> None:
     assert a.rope(swa=True).attn_factor == 1.0 and a.rope(swa=False).ext_factor == 1.0
 
 
-class Without:
-    """A model file whose header lacks `key` (the rest is the file's)."""
-
-    def __init__(self, mf: ModelFile, key: str) -> None:
-        self.mf, self.key = mf, key
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.mf, name)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return default if key == self.key else self.mf.get(key, default)
-
-    def require(self, key: str) -> Any:
-        if key == self.key:
-            raise ModelFileError(f"{self.mf.path}: missing metadata key `{key}`")
-        return self.mf.require(key)
-
-
 @pytest.mark.parametrize("key", ["attention.sliding_window",
                                  "attention.layer_norm_rms_epsilon",
                                  "expert_feed_forward_length"])
@@ -167,29 +151,14 @@ def test_the_yarn_tables_are_ggmls_rope_to_float_rounding() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_file: Path) -> Iterator[Engine]:
-    cfg = EngineConfig(model=str(tiny_file), prompt="The quick brown fox jumps over it",
-                       n_tokens=64, temp=0.0, ignore_eos=True, threads=1, resident=True,
-                       kernels="numpy")
-    with Engine(cfg, tiny_file) as engine:
+    with numpy_engine(tiny_file) as engine:
         yield engine
 
 
 def test_a_sliding_layer_sees_only_its_window(tiny_engine: Engine) -> None:
     """Layer 0 slides (window 16): what is in its cache further back than the window does
     not change its output; layer 1 attends in full, and it does."""
-    model = tiny_engine.model
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, model.args.embedding_length)).astype(np.float32)
-    pos = 40
-    for layer, sees_old in ((0, False), (1, True)):
-        att = model.layers[layer].attention
-        cos, sin = (t[pos:pos + 1] for t in model.tables[model.layers[layer].swa])
-        att.k_cache[:, :pos] = rng.standard_normal(att.k_cache[:, :pos].shape)
-        att.v_cache[:, :pos] = rng.standard_normal(att.v_cache[:, :pos].shape)
-        before = att(x, pos, cos, sin)
-        att.k_cache[:, : pos - 16] += 1.0  # only what lies beyond a window of 16
-        att.v_cache[:, : pos - 16] += 1.0
-        assert np.array_equal(att(x, pos, cos, sin), before) != sees_old
+    check_the_window(tiny_engine.model, 1)
 
 
 def test_a_sink_takes_attention_mass_and_none_gives_plain_softmax(tiny_engine: Engine) -> None:
@@ -210,20 +179,7 @@ def test_a_sink_takes_attention_mass_and_none_gives_plain_softmax(tiny_engine: E
 
 
 def test_batched_prefill_equals_token_by_token(tiny_file: Path) -> None:
-    cfg = EngineConfig(model=str(tiny_file), prompt="The quick brown fox jumps over the "
-                       "lazy dog, and the dog sleeps in the sun all afternoon long.",
-                       n_tokens=4, temp=0.0, ignore_eos=True, threads=1, resident=True,
-                       kernels="numpy")
-    with Engine(cfg, tiny_file) as batched, Engine(cfg, tiny_file) as reference:
-        prompt = batched.prompt_ids
-        n = len(prompt)
-        assert n > 16  # past a sliding layer's window
-        batched.model.prefill(prompt[:-1], 0)
-        for pos, t in enumerate(prompt[:-1]):
-            reference.model.forward(t, pos, 0)
-        logits = batched.model.forward(prompt[-1], n - 1, 1)
-        expected = reference.model.forward(prompt[-1], n - 1, 1)
-        assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max()
+    check_batched_prefill(tiny_file)
 
 
 # --- the graph model (engine/arch/gpt_oss_graph.py) -------------------------------------
@@ -273,14 +229,20 @@ def test_the_graph_model_computes_what_the_numpy_model_computes(
     assert np.abs(graph - reference).max() <= 1e-5 * np.abs(reference).max()
 
 
-def test_the_ring_holds_position_p_in_cell_p_mod_its_size_and_masks_beyond_the_window(
-        f32_files: dict[str, Path]) -> None:
+@contextmanager
+def small_graph(f32_files: dict[str, Path]) -> Iterator[gpt_oss_graph.GraphModel]:
+    """gpt-oss-small's graph model with a context of 1000 tokens and more."""
     path = f32_files["gpt-oss-small"]
     cfg = EngineConfig(model=str(path), prompt_tokens=(1,) * 1000, n_tokens=2, threads=1,
                        kernels="ggml", ignore_eos=True)
     with Engine(cfg, path) as engine:
-        model = engine.model
-        assert isinstance(model, gpt_oss_graph.GraphModel)
+        assert isinstance(engine.model, gpt_oss_graph.GraphModel)
+        yield engine.model
+
+
+def test_the_ring_holds_position_p_in_cell_p_mod_its_size_and_masks_beyond_the_window(
+        f32_files: dict[str, Path]) -> None:
+    with small_graph(f32_files) as model:
         size, window = model.swa_size, model.args.sliding_window
         assert (size, window, model.kv_size) == (768, 32, 1024)
         assert [c.cells for c in model.caches[:2]] == [768, 1024]  # layer 0 slides
@@ -301,12 +263,7 @@ def test_the_ring_holds_position_p_in_cell_p_mod_its_size_and_masks_beyond_the_w
 
 def test_decode_steps_move_the_masks_as_filling_them_anew_would(
         f32_files: dict[str, Path]) -> None:
-    path = f32_files["gpt-oss-small"]
-    cfg = EngineConfig(model=str(path), prompt_tokens=(1,) * 1000, n_tokens=2, threads=1,
-                       kernels="ggml", ignore_eos=True)
-    with Engine(cfg, path) as engine:
-        model = engine.model
-        assert isinstance(model, gpt_oss_graph.GraphModel)
+    with small_graph(f32_files) as model:
         for pos in range(900):
             _, n_kv = model._begin([1], pos)
             if pos in (0, 31, 32, 255, 256, 700, 767, 768, 800, 899):

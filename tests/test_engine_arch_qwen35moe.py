@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from arch_helper import Without
 
 from abbench.engine import synth
 from abbench.engine.arch import qwen35moe
@@ -82,27 +83,6 @@ def test_a_pair_on_the_fourth_rope_axis_stays_still() -> None:
     assert a.rotated_pairs().tolist() == [True, False]
 
 
-class Without:
-    """A model file whose header lacks `key` (the rest is the file's)."""
-
-    def __init__(self, mf: ModelFile, key: str) -> None:
-        self.mf, self.key = mf, key
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.mf, name)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return default if key == self.key else self.mf.get(key, default)
-
-    def array(self, key: str) -> Any:
-        return None if key == self.key else self.mf.array(key)
-
-    def require(self, key: str) -> Any:
-        if key == self.key:
-            raise ModelFileError(f"{self.mf.path}: missing metadata key `{key}`")
-        return self.mf.require(key)
-
-
 @pytest.mark.parametrize("key", ["attention.layer_norm_rms_epsilon", "rope.dimension_sections",
                                  "ssm.conv_kernel", "ssm.inner_size", "ssm.state_size",
                                  "ssm.time_step_rank", "ssm.group_count"])
@@ -151,8 +131,10 @@ def test_batched_prefill_equals_token_by_token(tiny_file: Path) -> None:
         assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max()
 
 
-def test_position_0_starts_a_new_sequence_and_a_jump_is_refused(tiny_file: Path) -> None:
-    with engine_of(tiny_file) as engine:
+@pytest.mark.parametrize("kernels", ["numpy", "ggml"])  # ggml: the graph model
+def test_position_0_starts_a_new_sequence_and_a_jump_is_refused(tiny_file: Path,
+                                                                 kernels: str) -> None:
+    with engine_of(tiny_file, kernels=kernels) as engine:
         model, prompt = engine.model, engine.prompt_ids
         first = [model.forward(t, pos, 1) for pos, t in enumerate(prompt)]
         again = [model.forward(t, pos, 1) for pos, t in enumerate(prompt)]
@@ -209,16 +191,6 @@ def test_the_graph_model_computes_what_the_numpy_model_computes(tiny_file: Path)
         ours, theirs = out[1], out[0]
         assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
         assert ours.argmax(axis=1).tolist() == theirs.argmax(axis=1).tolist()
-
-
-def test_the_graph_model_restarts_at_position_0_and_refuses_a_jump(tiny_file: Path) -> None:
-    with engine_of(tiny_file, kernels="ggml") as engine:
-        model, prompt = engine.model, engine.prompt_ids
-        first = [model.forward(t, pos, 1) for pos, t in enumerate(prompt)]
-        again = [model.forward(t, pos, 1) for pos, t in enumerate(prompt)]
-        assert np.array_equal(np.array(first), np.array(again))
-        with pytest.raises(EngineError, match="position 3, but the recurrent state stands"):
-            model.forward(prompt[0], 3, 1)
 
 
 def test_the_graph_model_serves_the_predictor_and_the_drop_policy(tiny_file: Path) -> None:

@@ -38,6 +38,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,11 +111,24 @@ HARMONY = ["<|start|>assistant<|channel|>final<|message|>Hi<|end|>x<|return|>",
 def test_the_same_text_gives_llama_cpps_token_ids(llama_bin: Path, text: str, vocab: str,
                                                   request: pytest.FixtureRequest) -> None:
     model: Path = request.getfixturevalue(VOCAB_MODELS[vocab])
+    assert tokenizer_for(ModelFile(model)).encode(text) == llama_token_ids(llama_bin, model,
+                                                                            text)
+
+
+def llama_token_ids(llama_bin: Path, model: Path, text: str) -> list[int]:
+    """What llama-tokenize makes of `text` with `model`'s vocabulary."""
     out = subprocess.run([str(llama_bin / "llama-tokenize"), "-m", str(model), "-p", text,
                           "--ids"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    theirs = ast.literal_eval(out.stdout.strip().splitlines()[-1])
-    assert tokenizer_for(ModelFile(model)).encode(text) == theirs
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def write_presets(folder: Path, names: tuple[str, ...]) -> dict[str, Path]:
+    """The synthetic files of the presets `names`, written into `folder`, by name."""
+    paths = {name: folder / f"{name}.gguf" for name in names}
+    for name, path in paths.items():
+        synth.write_model(synth.named(name), path)
+    return paths
 
 
 def _llama_completion(llama_bin: Path, model: Path, *extra: str) -> bytes:
@@ -185,6 +199,46 @@ def _quantized(models: dict[tuple[str, str], Path], folder: Path, geometry: str,
     return models[key]
 
 
+def _greedy(llm: Any, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
+    """llama.cpp's greedy continuation of `prompt` by `llm` (a llama-cpp-python Llama,
+    closed after), its prompt evaluated at once and then a token a pass → the prompt and
+    the n tokens chosen, and the logits (vocab,) at the last prompt position and the n-1
+    after."""
+    seq = list(prompt)
+    llm.eval(seq)
+    theirs = []
+    for _ in range(n):
+        logits = np.array(llm.scores[len(seq) - 1], np.float32)
+        theirs.append(logits)
+        seq.append(int(np.argmax(logits)))
+        llm.eval(seq[-1:])
+    llm.close()
+    return seq, theirs
+
+
+def numpy_logits(model: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's greedy continuation of PROMPT and its logits at the last prompt position
+    and the n-1 after (`_greedy`); then the numpy model's at the same positions (its prompt
+    prefilled, the rest decoded) → ours (n, vocab), theirs (n, vocab)."""
+    import llama_cpp.llama as high
+
+    from abbench.engine.config import EngineConfig
+    from abbench.engine.session import Engine
+
+    prompt = tokenizer_for(ModelFile(model)).encode(PROMPT)
+    llm = high.Llama(model_path=str(model), n_ctx=256, n_threads=THREADS,
+                     n_threads_batch=THREADS, logits_all=True, flash_attn=False,
+                     type_k=0, type_v=0, verbose=False)
+    seq, theirs = _greedy(llm, prompt, n)
+    cfg = EngineConfig(model=str(model), prompt_tokens=tuple(seq), n_tokens=1,
+                       n_ctx=len(seq) + 1, ignore_eos=True, threads=THREADS, kernels="numpy")
+    with Engine(cfg, model) as engine:
+        engine.model.prefill(seq[: len(prompt) - 1], 0)
+        ours = [engine.model.forward(t, pos, 1)
+                for pos, t in enumerate(seq[:-1]) if pos >= len(prompt) - 1]
+    return np.array(ours), np.array(theirs)
+
+
 def _max_logit_difference(model: Path, n: int) -> float:
     """llama.cpp's greedy continuation of PROMPT (in this process: llama-cpp-python over the
     same ggml, weights not re-laid), then the engine's logits at every position of it: the
@@ -209,15 +263,7 @@ def _max_logit_difference(model: Path, n: int) -> float:
                          type_k=0, type_v=0, verbose=False, n_batch=1, n_ubatch=1)
     finally:
         high.llama_cpp.llama_model_default_params = original
-    seq = list(prompt)
-    llm.eval(seq)
-    theirs = []
-    for _ in range(n):
-        logits = np.array(llm.scores[len(seq) - 1], np.float32)
-        theirs.append(logits)
-        seq.append(int(np.argmax(logits)))
-        llm.eval(seq[-1:])
-    llm.close()
+    seq, theirs = _greedy(llm, prompt, n)
     cfg = EngineConfig(model=str(model), prompt_tokens=tuple(seq), n_tokens=1,
                        n_ctx=len(seq) + 1, ignore_eos=True, threads=THREADS, kernels="ggml",
                        repack=False)
@@ -233,16 +279,24 @@ def test_a_quantized_file_decodes_as_llama_cpp_decodes_it(
     folder = tmp_path_factory.getbasetemp() / "quantized"
     folder.mkdir(exist_ok=True)
     model = _quantized(quantized_models, folder, geometry, qtype)
-    ours = _abbench_text(model)
-    # llama.cpp's passes as the engine makes them: the prompt but its last token in one
-    # batch, then that token alone (a pass's token count picks ggml's kernels, and a GEMM
-    # over several tokens sums in another order than a GEMV: both engines' bits depend on
-    # it), then the decode steps.
+    decodes_as_llama_cpp(llama_bin, model, f"{geometry} {qtype}")
+
+
+def decodes_as_llama_cpp(llama_bin: Path, model: Path, label: str, *extra: str,
+                         drop_nul: bool = False) -> None:
+    """The engine's greedy text (`extra`: its options) is llama-completion's, both
+    `--no-repack`, and its logits at all N_TOKENS positions are llama.cpp's to the bit.
+    llama.cpp runs the passes the engine makes: the prompt but its last token in one
+    batch, then that token alone (a pass's token count picks ggml's kernels, and a GEMM
+    over several tokens sums in another order than a GEMV: both engines' bits depend on
+    it), then the decode steps. drop_nul: the engine's NUL bytes set aside (llama.cpp's
+    logger cannot print them)."""
+    ours = _abbench_text(model, *extra)
     n = len(tokenizer_for(ModelFile(model)).encode(PROMPT))
     theirs = _llama_completion(llama_bin, model, "--no-repack", "-b", str(n - 1), "-ub",
                                str(n - 1))
-    assert theirs == ours, (ours, theirs)
+    assert theirs == (ours.replace(b"\x00", b"") if drop_nul else ours), (ours, theirs)
     assert ours
     diff = _max_logit_difference(model, N_TOKENS)
-    print(f"{geometry} {qtype}: logits' max abs difference over {N_TOKENS} positions {diff}")
+    print(f"{label}: logits' max abs difference over {N_TOKENS} positions {diff}")
     assert diff == 0.0

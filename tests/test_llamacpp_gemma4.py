@@ -21,8 +21,6 @@ architectures (its helpers and settings, imported):
 
 from __future__ import annotations
 
-import ast
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,13 +28,14 @@ import numpy as np
 import pytest
 from test_llamacpp import (
     N_TOKENS,
-    PROMPT,
     TEXTS,
-    THREADS,
     _abbench_text,
     _llama_completion,
-    _max_logit_difference,
+    decodes_as_llama_cpp,
     llama_bin,
+    llama_token_ids,
+    numpy_logits,
+    write_presets,
 )
 
 from abbench.engine import synth
@@ -54,22 +53,15 @@ GEMMA = ["<bos>hi<|turn>user\nHello<turn|>\n", "\n\n\nx\n", "\u2581lit\u2581",
 
 @pytest.fixture(scope="module")
 def gemma4_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("gemma4")
-    paths = {name: folder / f"{name}.gguf" for name in PRESETS}
-    for name, path in paths.items():
-        synth.write_model(synth.named(name), path)
-    return paths
+    return write_presets(tmp_path_factory.mktemp("gemma4"), PRESETS)
 
 
 @pytest.mark.parametrize("text", TEXTS + GEMMA)
 def test_the_same_text_gives_llama_cpps_token_ids(llama_bin: Path, text: str,
                                                   gemma4_models: dict[str, Path]) -> None:
     model = gemma4_models["gemma4-tiny"]
-    out = subprocess.run([str(llama_bin / "llama-tokenize"), "-m", str(model), "-p", text,
-                          "--ids"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    theirs = ast.literal_eval(out.stdout.strip().splitlines()[-1])
-    assert tokenizer_for(ModelFile(model)).encode(text) == theirs
+    assert tokenizer_for(ModelFile(model)).encode(text) == llama_token_ids(llama_bin, model,
+                                                                            text)
 
 
 @pytest.mark.parametrize("kernels", ["auto", "numpy"])
@@ -89,7 +81,7 @@ def test_64_greedy_tokens_print_what_llama_completion_prints(
 def test_the_logits_agree_with_llama_cpps(gemma4_models: dict[str, Path],
                                           preset: str) -> None:
     model = gemma4_models[preset]
-    ours, theirs = _logits(model, N_TOKENS)  # (n, vocab) each
+    ours, theirs = numpy_logits(model, N_TOKENS)  # (n, vocab) each
     scale = float(np.abs(theirs).max())
     diff = float(np.abs(ours - theirs).max())
     print(f"{preset}: logits' max abs difference {diff:.3g} (of max |logit| {scale:.3g})")
@@ -115,43 +107,4 @@ def test_the_graph_model_decodes_as_llama_cpp_decodes_it(
     model = tmp_path_factory.mktemp("gemma4-graph") / f"{preset}-{qtype}.gguf"
     synth.write_model(replace(synth.named(preset), expert_type=qtype, dense_type=qtype),
                       model)
-    ours = _abbench_text(model, "--kernels", "ggml")
-    n = len(tokenizer_for(ModelFile(model)).encode(PROMPT))
-    theirs = _llama_completion(llama_bin, model, "--no-repack", "-b", str(n - 1), "-ub",
-                               str(n - 1))
-    assert theirs == ours, (ours, theirs)
-    assert ours
-    diff = _max_logit_difference(model, N_TOKENS)
-    print(f"{preset} {qtype}: logits' max abs difference over {N_TOKENS} positions {diff}")
-    assert diff == 0.0
-
-
-def _logits(model: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """llama.cpp's greedy continuation of PROMPT, its prompt evaluated at once and then a
-    token a pass, and its logits at the last prompt position and the n-1 after; then the
-    engine's at the same positions (its prompt prefilled, the rest decoded)."""
-    import llama_cpp.llama as high
-
-    from abbench.engine.config import EngineConfig
-    from abbench.engine.session import Engine
-
-    prompt = tokenizer_for(ModelFile(model)).encode(PROMPT)
-    llm = high.Llama(model_path=str(model), n_ctx=256, n_threads=THREADS,
-                     n_threads_batch=THREADS, logits_all=True, flash_attn=False,
-                     type_k=0, type_v=0, verbose=False)
-    seq = list(prompt)
-    llm.eval(seq)
-    theirs = []
-    for _ in range(n):
-        logits = np.array(llm.scores[len(seq) - 1], np.float32)
-        theirs.append(logits)
-        seq.append(int(np.argmax(logits)))
-        llm.eval(seq[-1:])
-    llm.close()
-    cfg = EngineConfig(model=str(model), prompt_tokens=tuple(seq), n_tokens=1,
-                       n_ctx=len(seq) + 1, ignore_eos=True, threads=THREADS, kernels="numpy")
-    with Engine(cfg, model) as engine:
-        engine.model.prefill(seq[: len(prompt) - 1], 0)
-        ours = [engine.model.forward(t, pos, 1)
-                for pos, t in enumerate(seq[:-1]) if pos >= len(prompt) - 1]
-    return np.array(ours), np.array(theirs)
+    decodes_as_llama_cpp(llama_bin, model, f"{preset} {qtype}", "--kernels", "ggml")

@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from abbench.engine.gguf_file import ModelFile
 
 EMBEDDING_F32_MAX = 64 << 20  # a larger quantized embedding table stays in its type
+KV_PAD = 256  # llama.cpp attends over a multiple of this many positions (get_n_kv)
+
+
+def pad(n: int, to: int = KV_PAD) -> int:
+    """n rounded up to a multiple of `to`."""
+    return -(-n // to) * to
 
 
 class QuantRows:
@@ -146,6 +152,17 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e
 
 
+def hidden_keys(pos: int, n: int, window: int | None) -> np.ndarray:
+    """(n, pos+n) bool: which cache positions each of n queries at pos.. does not see —
+    those after it, and with a sliding `window` those window or more before it."""
+    at = pos + np.arange(n)[:, None]  # (n, 1) each query's position
+    keys = np.arange(pos + n)[None, :]  # (1, T)
+    hidden = keys > at
+    if window is not None:
+        hidden |= at - keys >= window
+    return hidden
+
+
 def rope_tables(head_dim: int, n_ctx: int, base: float) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin: (n_ctx, head_dim/2) for NeoX RoPE."""
     inv = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # (hd/2,)
@@ -168,6 +185,15 @@ def header_numbers(mf: ModelFile) -> Callable[..., Any]:
             ) from None
 
     return num
+
+
+def expert_stacks(args: Any, layer: int) -> dict[str, tuple[int, ...]]:
+    """One layer's stacked experts (gate, up, down) with their numpy shapes, from `args`'
+    expert_count, expert_feed_forward_length and embedding_length."""
+    e, ff, d = args.expert_count, args.expert_feed_forward_length, args.embedding_length
+    b = f"blk.{layer}."
+    return {b + "ffn_gate_exps.weight": (e, ff, d), b + "ffn_up_exps.weight": (e, ff, d),
+            b + "ffn_down_exps.weight": (e, d, ff)}
 
 
 def check_header(mf: ModelFile, args: Any, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -202,3 +228,4 @@ def check_header(mf: ModelFile, args: Any, shapes: dict[str, tuple[int, ...]]) -
             raise ModelFileError(
                 f"{mf.path}: tensor `{name}` has shape {got}, but the header implies {shape}"
             )
+

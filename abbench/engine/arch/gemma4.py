@@ -17,16 +17,16 @@ model `--kernels auto` runs is llama.cpp's graph (`gemma4_graph.py`), to the bit
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from abbench.engine import ggml
-from abbench.engine.arch.common import FFNGraph, RoutingHook, rms_norm, rms_norm_rows
+from abbench.engine.arch.common import FFNGraph, RoutingHook, hidden_keys, rms_norm, rms_norm_rows
 from abbench.engine.arch.gemma4_args import ModelArgs
-from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec, private_vectors
+from abbench.engine.arch.numpy_face import NumpyFace
+from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec
 
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
@@ -199,12 +199,7 @@ class Attention:
         g = nq // nkv
         qg = q.reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)  # (n_kv, g, n, hd)
         scores = qg @ self.k_cache[:, None, :end].transpose(0, 1, 3, 2)  # (n_kv, g, n, T)
-        at = pos + np.arange(n)[:, None]  # (n, 1) each query's position
-        keys = np.arange(end)[None, :]  # (1, T)
-        hidden = keys > at
-        if self.window is not None:
-            hidden |= at - keys >= self.window
-        scores[..., hidden] = -np.inf
+        scores[..., hidden_keys(pos, n, self.window)] = -np.inf
         e = np.exp(scores - scores.max(axis=-1, keepdims=True))  # (n_kv, g, n, T)
         out = (e @ self.v_cache[:, None, :end]) / e.sum(axis=-1, keepdims=True)
         heads = out.transpose(2, 0, 1, 3).reshape(n, nq * hd)  # (n, n_head*hd)
@@ -292,15 +287,12 @@ class DecoderLayer:
         self.swa = args.swa_layers[layer]
 
 
-class Model:
+class Model(NumpyFace):
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
                  n_ctx: int, n_expert_used: int | None = None) -> None:
-        self.args, self.experts = args, experts
-        self.k = n_expert_used or args.expert_used_count
-        self.eps = args.layer_norm_rms_epsilon
-        self.token_embd = mf.read_dense("token_embd.weight", pinned)  # (vocab, d)
+        self._init_face(mf, args, experts, pinned, n_expert_used)
         self.embd_scale = np.sqrt(np.float32(args.embedding_length))
         self.layers = [DecoderLayer(mf, args, i, n_ctx, experts, self.k)
                        for i in range(args.block_count)]
@@ -316,11 +308,7 @@ class Model:
                              None, n_ctx),
             False: rope_table(args.rope_dimension_count, args.rope_freq_base,
                               args.rope_freq_scale, factors, n_ctx)}
-        self.routing_hook: RoutingHook | None = None
         self.fused = False  # a stale-gate predictor asked for the next layer's ranking
-        self.matvec: MatVec = matvec
-        self.matmul_t: MatMulT = matmul_t
-        self.vector: Callable[[int], np.ndarray] = private_vectors()
 
     def gemv_matrices(self) -> list[np.ndarray]:
         """The dense matrices `forward` multiplies through `self.matvec`."""

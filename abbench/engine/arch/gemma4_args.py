@@ -19,8 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from abbench.engine.arch.common import check_header, header_numbers
-from abbench.engine.arch.gpt_oss_args import pad
+from abbench.engine.arch.common import check_header, expert_stacks, header_numbers, pad
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -187,15 +186,11 @@ class ModelArgs:
 
     def expert_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every layer's stacked experts (and their output scales), with numpy shapes."""
-        e, ff, d = self.expert_count, self.expert_feed_forward_length, self.embedding_length
         shapes: dict[str, tuple[int, ...]] = {}
         for i in range(self.block_count):
-            b = f"blk.{i}."
-            shapes |= {b + "ffn_gate_exps.weight": (e, ff, d),
-                       b + "ffn_up_exps.weight": (e, ff, d),
-                       b + "ffn_down_exps.weight": (e, d, ff)}
+            shapes |= expert_stacks(self, i)
             if self.expert_scales:
-                shapes[b + "ffn_down_exps.scale"] = (e,)
+                shapes[f"blk.{i}.ffn_down_exps.scale"] = (self.expert_count,)
         return shapes
 
     def context_bytes(self, n_ctx: int, n_ubatch: int = 512) -> int:

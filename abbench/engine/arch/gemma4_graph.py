@@ -20,15 +20,21 @@ The same skeleton as `qwen3moe_graph.py`: weights → one layer's graph → the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from abbench.engine import ggml
-from abbench.engine.arch.common import RoutingHook, embedding
+from abbench.engine.arch.common import pad
 from abbench.engine.arch.gemma4_args import ModelArgs
-from abbench.engine.arch.gemma4_layer_graph import LayerCache, LayerGraph, LayerWeights, ending
-from abbench.engine.arch.gpt_oss_args import KV_PAD, pad
+from abbench.engine.arch.gemma4_layer_graph import LayerGraph, LayerWeights, ending
+from abbench.engine.arch.graph_common import (
+    DecodeGraphs,
+    GraphFace,
+    LayerCache,
+    SlidingMasks,
+    attended,
+)
 from abbench.engine.qcompute import QuantTeam, Weight
 
 if TYPE_CHECKING:
@@ -37,12 +43,6 @@ if TYPE_CHECKING:
 
 N_UBATCH = 512  # llama.cpp's default micro-batch, which a sliding layer's ring holds beside
 # its window
-
-
-def attended(end: int, cells: int) -> int:
-    """llama.cpp's n_kv for a cache of `cells` cells once positions below `end` are in it:
-    the cells used, at least 256, in blocks of 256, within the cache."""
-    return min(cells, max(KV_PAD, pad(end)))
 
 
 class LogitsGraph:
@@ -66,17 +66,14 @@ class LogitsGraph:
         self.logits = ctx.array(logits, (rows,), np.float32)
 
 
-class GraphModel:
+class GraphModel(GraphFace, SlidingMasks):
     """The whole decoder on ggml graphs; the interface of `gemma4.Model`."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
                  team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None
                  ) -> None:
-        self.args, self.experts, self.team = args, experts, team
-        self.k = n_expert_used or args.expert_used_count
-        self.kv_size = pad(n_ctx)
-        self.swa_size = pad(min(pad(n_ctx), args.sliding_window + N_UBATCH))
-        self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
+        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used)
+        self._init_masks(pad(min(pad(n_ctx), args.sliding_window + N_UBATCH)))
         self.embd_scale = np.sqrt(np.float32(args.embedding_length))  # sqrtf(n_embd)
         self.weights = [LayerWeights(mf, args, i, team, pinned)
                         for i in range(args.block_count)]
@@ -88,27 +85,16 @@ class GraphModel:
         self.rope_freqs = (np.zeros(1, np.float32) if all(args.swa_layers) else
                            np.ascontiguousarray(mf.read_dense("rope_freqs.weight", True),
                                                 dtype=np.float32))  # (n_rot/2,)
-        # the position each ring cell holds (-1: empty), one for every sliding layer
-        self.swa_pos = np.full(self.swa_size, -1, np.int64)  # (swa_size,)
-        self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._moe: dict[int, np.ndarray] = {}
         # a decode layer's experts' outputs (k, d) and weights (k,), which the next graph
         # sums (rows past the experts kept: zeros)
         self.moe_y = np.zeros((self.k, args.embedding_length), np.float32)
         self.moe_w = np.zeros(self.k, np.float32)
-        self._masks: dict[tuple[bool, int, int], np.ndarray] = {}
-        # the last pass, where it was one decode step: its position and attended cells
-        self._decoded: tuple[int, tuple[int, int]] | None = None
         # decode's layer graphs and output graph, by attended cells (full, sliding)
-        self._graphs: dict[tuple[int, int], tuple[list[LayerGraph], LogitsGraph]] = {}
+        self._graphs: DecodeGraphs[tuple[list[LayerGraph], LogitsGraph]] = DecodeGraphs()
         name = "output.weight" if args.own_output else "token_embd.weight"
         self.output = (mf.read_dense("output_norm.weight", True),
                        team.matrix(mf, name, pinned))
-        self.routing_hook: RoutingHook | None = None
-        # What the session sets on a model; the graphs compute without them.
-        self.matvec: Any = None
-        self.matmul_t: Any = None
-        self.vector: Any = None
 
     # -- the interface the engine and predictors use -------------------------------------
 
@@ -117,23 +103,8 @@ class GraphModel:
         (what the routing hook is given), as the numpy model's."""
         return self.weights[layer].folded  # (n_expert, d)
 
-    def router_bias(self, layer: int) -> np.ndarray | None:
-        """What the router adds to its logits before ranking them: nothing here."""
-        return None
-
-    def fuse_next_routers(self) -> None:
-        """Nothing to fuse: a predictor computes the next layer's routing itself."""
-
-    def gemv_matrices(self) -> list[Any]:
-        return []
-
     def dense_matrices(self) -> list[Weight]:
         return [*(m for w in self.weights for m in w.matrices()), self.output[1]]
-
-    def dense_types(self) -> list[str]:
-        from gguf import GGMLQuantizationType
-
-        return sorted({GGMLQuantizationType(m.ggml_type).name for m in self.dense_matrices()})
 
     def rope(self, layer: int) -> ggml.Rope:
         """The scalars llama.cpp passes to `rope_ext` on a layer: a sliding one its own
@@ -145,24 +116,11 @@ class GraphModel:
 
     # -- passes -------------------------------------------------------------------------
 
-    def inputs(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """The buffers a pass of `t` tokens reads: the scaled embeddings (t, d) and their
-        positions (t,)."""
-        if t not in self._inputs:
-            self._inputs[t] = (np.zeros((t, self.args.embedding_length), np.float32),
-                               np.zeros(t, np.int32))
-        return self._inputs[t]
-
     def moe_out(self, t: int) -> np.ndarray:
         """(t, d) the buffer of a layer's experts' weighted sum, which the next graph reads."""
         if t not in self._moe:
             self._moe[t] = np.zeros((t, self.args.embedding_length), np.float32)
         return self._moe[t]
-
-    def mask(self, swa: bool, t: int, n_kv: int) -> np.ndarray:
-        """(t, n_kv) a cache's mask buffer (0 where a token sees a cell, else -inf), filled
-        per pass by `_begin`."""
-        return self._masks.setdefault((swa, t, n_kv), np.zeros((t, n_kv), np.float32))
 
     def _begin(self, tokens: list[int], pos: int) -> tuple[int, int]:
         """Fill the inputs of a pass of `tokens` at positions pos..: the scaled embeddings,
@@ -175,34 +133,8 @@ class GraphModel:
         h, positions = self.inputs(t)
         np.multiply(self.token_embd[tokens], self.embd_scale, out=h)  # (t, d) ggml_scale
         positions[...] = np.arange(pos, end, dtype=np.int32)
-        self.swa_pos[positions % self.swa_size] = positions
-        if t == 1 and self._decoded == (pos - 1, n_kv):
-            self._step_masks(pos, n_kv)
-        else:
-            self._fill_masks(positions, n_kv)
-        self._decoded = (pos, n_kv) if t == 1 else None
+        self._place(positions, n_kv)
         return n_kv
-
-    def _fill_masks(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
-        """Both caches' masks for queries at `positions` (t,): causal over the full
-        cache's cells; over the ring's, llama.cpp's is_masked_swa too (a key p0 is hidden
-        from p1 once p1 - p0 >= window) and empty cells hidden."""
-        t = len(positions)
-        p1 = positions[:, None].astype(np.int64)  # (t, 1) each query's position
-        full = self.mask(False, t, n_kv[0])
-        full[...] = np.where(np.arange(n_kv[0])[None, :] <= p1, 0.0, -np.inf)
-        p0 = self.swa_pos[None, : n_kv[1]]  # (1, n_kv_swa)
-        hidden = (p0 < 0) | (p0 > p1) | (p1 - p0 >= self.args.sliding_window)
-        self.mask(True, t, n_kv[1])[...] = np.where(hidden, -np.inf, 0.0)
-
-    def _step_masks(self, pos: int, n_kv: tuple[int, int]) -> None:
-        """The decode masks of position pos-1 moved on to pos (what `_fill_masks` would
-        write, in three cells rather than every cell)."""
-        self.mask(False, 1, n_kv[0])[0, pos] = 0.0
-        ring = self.mask(True, 1, n_kv[1])
-        ring[0, pos % self.swa_size] = 0.0
-        if pos >= self.args.sliding_window:
-            ring[0, (pos - self.args.sliding_window) % self.swa_size] = -np.inf
 
     def _graph(self, layer: int, t: int, n_kv: tuple[int, int], pos: int,
                prev: LayerGraph | None, decode: bool = False) -> LayerGraph:
@@ -212,14 +144,15 @@ class GraphModel:
                        ) -> tuple[list[LayerGraph], LogitsGraph]:
         """The layers' graphs and the output graph for one token, built once per attended
         length."""
-        built = self._graphs.get(n_kv)
-        if built is None:  # the graphs of a shorter attended length are done with
+
+        def build() -> tuple[list[LayerGraph], LogitsGraph]:
             graphs: list[LayerGraph] = []
             for i in range(len(self.weights)):
                 graphs.append(self._graph(i, 1, n_kv, pos, graphs[-1] if graphs else None,
                                           True))
-            built = (graphs, LogitsGraph(self, graphs[-1]))
-            self._graphs = {n_kv: built}
+            return graphs, LogitsGraph(self, graphs[-1])
+
+        built = self._graphs.get(n_kv, build)
         for g in built[0]:
             g.set_position(pos)
         return built

@@ -19,7 +19,6 @@ descending argsort and the top k's weights (renormalised as build_moe_ffn does).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +26,7 @@ import numpy as np
 from abbench.engine import ggml
 from abbench.engine.arch.gemma4 import DecoderLayer
 from abbench.engine.arch.gemma4_args import ModelArgs
+from abbench.engine.arch.graph_common import RingWrites, cache_attention, expert_sum
 from abbench.engine.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight
 
 if TYPE_CHECKING:
@@ -66,20 +66,6 @@ class LayerWeights:
                             self.down, self.router) if m is not None]
 
 
-@dataclass(frozen=True)
-class LayerCache:
-    """One layer's KV cache: `cells` cells (a sliding layer's ring, or the context's),
-    K (cells, nkv*hd) by rows, V (nkv*hd, cells) transposed, as llama.cpp lays them."""
-
-    swa: bool
-    k: np.ndarray  # (cells, nkv*hd)
-    v: np.ndarray  # (nkv*hd, cells)
-
-    @property
-    def cells(self) -> int:
-        return self.k.shape[0]
-
-
 class LayerGraph:
     """One layer's graph (of `model`, a `gemma4_graph.GraphModel`) for `t` tokens at
     positions pos.. attending over `n_kv` cells of its cache, from the layer before's end
@@ -117,15 +103,16 @@ class LayerGraph:
         k = ctx.rope_ext(self.rms(op("reshape_3d", k_proj, hd, nkv, t), w.k_norm),
                          positions, rope, factors)  # (hd, nkv, t)
         v = op("rms_norm", op("reshape_3d", v_proj, hd, nkv, t), self.eps)  # (hd, nkv, t)
-        writes = self._writes(op("reshape_2d", k, nkv * hd, t),
-                              op("reshape_2d", v, nkv * hd, t), t, pos)
-        heads = self._attention(q, mask, n_kv, hd, nq, nkv, t)  # (nq*hd, t)
+        self.writes = RingWrites(ctx, cache, op("reshape_2d", k, nkv * hd, t),
+                                 op("reshape_2d", v, nkv * hd, t), t, pos)
+        # build_attn_mha with kq_scale 1
+        heads = cache_attention(ctx, cache, q, mask, n_kv, (hd, nq, t), 1.0)  # (nq*hd, t)
         attn = self.rms(op("mul_mat", self.matrix(w.wo), heads), w.norm["post_attention_norm"])
         attn_out = ctx.add(attn, h)  # (d, t)
         mlp = self._dense_ffn(attn_out)  # (d, t)
         xe = self.rms(attn_out, w.norm["pre_ffw_norm_2"])  # (d, t) the experts' input
         unit, order, weights = self._router(attn_out, model.k, t)
-        self.graph = ctx.graph([*writes, mlp, xe, weights], model.team.threads_pool)
+        self.graph = ctx.graph([*self.writes.copies, mlp, xe, weights], model.team.threads_pool)
         self.x = ctx.array(xe, (t, d), np.float32)
         self.unit = ctx.array(unit, (t, d), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)  # its first k: the experts
@@ -174,58 +161,9 @@ class LayerGraph:
         total = op("clamp", op("sum_rows", chosen), WEIGHT_SUM_MIN, math.inf)  # (1, t)
         return unit, order, op("div", chosen, total)
 
-    def _attention(self, q: int, mask: int, n_kv: int, hd: int, nq: int, nkv: int,
-                   t: int) -> int:
-        """build_attn_mha without flash attention, kq_scale 1: q (hd, nq, t) over the
-        cache's first n_kv cells → the heads (nq*hd, t)."""
-        op, cells = self.ctx.op, self.cache.cells
-        k_cache = self.ctx.tensor(ggml.F32, (nkv * hd, cells), self.cache.k.ctypes.data)
-        v_cache = self.ctx.tensor(ggml.F32, (cells, nkv * hd), self.cache.v.ctypes.data)
-        keys = op("permute", op("view_3d", k_cache, hd, nkv, n_kv, hd * 4, nkv * hd * 4, 0),
-                  0, 2, 1, 3)  # (hd, n_kv, nkv)
-        values = op("permute", op("view_3d", v_cache, n_kv, nkv, hd, cells * hd * 4,
-                                  cells * 4, 0), 0, 2, 1, 3)  # (n_kv, hd, nkv)
-        kq = op("mul_mat", keys, op("permute", q, 0, 2, 1, 3))  # (n_kv, t, nq)
-        kq = self.ctx.soft_max_ext(kq, mask, 1.0, 0.0)  # (n_kv, t, nq)
-        kqv = op("permute", op("mul_mat", values, kq), 0, 2, 1, 3)  # (hd, nq, t)
-        return op("reshape_2d", op("cont", kqv), hd * nq, t)  # (nq*hd, t)
-
-    def _writes(self, k: int, v: int, t: int, pos: int) -> list[int]:
-        """This pass's keys k (nkv*hd, t) and values v (nkv*hd, t) into the cache's cells
-        from pos mod cells on: one copy each, or two where the pass wraps past the ring's
-        end. A copy's result is a view of its destination, and the copy writes there: both
-        move with the pass's position (`set_position`)."""
-        op, cells = self.ctx.op, self.cache.cells
-        rows = self.cache.k.shape[1]  # nkv*hd
-        k_cache = self.ctx.tensor(ggml.F32, (rows, cells), self.cache.k.ctypes.data)
-        v_cache = self.ctx.tensor(ggml.F32, (cells, rows), self.cache.v.ctypes.data)
-        first = min(t, cells - pos % cells)
-        # per moving tensor: its header, the cache's address, a cell's bytes there, the
-        # pass's token its first cell is for
-        self._moves: list[tuple[ggml.TensorStruct, int, int, int]] = []
-        k_at, v_at = self.cache.k.ctypes.data, self.cache.v.ctypes.data
-        out = []
-        for t0, n in ((0, first), (first, t - first)):
-            if n == 0:
-                continue
-            k_dst = op("view_2d", k_cache, rows, n, rows * 4, 0)  # (nkv*hd, n)
-            v_dst = op("view_2d", v_cache, n, rows, cells * 4, 0)  # (n, nkv*hd)
-            k_src = op("view_2d", k, rows, n, rows * 4, t0 * rows * 4)  # (nkv*hd, n)
-            v_src = op("transpose", op("view_2d", v, rows, n, rows * 4, t0 * rows * 4))
-            kc, vc = op("cpy", k_src, k_dst), op("cpy", v_src, v_dst)
-            self._moves += [(ggml.TensorStruct.from_address(k_dst), k_at, rows * 4, t0),
-                            (ggml.TensorStruct.from_address(kc), k_at, rows * 4, t0),
-                            (ggml.TensorStruct.from_address(v_dst), v_at, 4, t0),
-                            (ggml.TensorStruct.from_address(vc), v_at, 4, t0)]
-            out += [kc, vc]
-        self.set_position(pos)
-        return out
-
     def set_position(self, pos: int) -> None:
         """Where this pass's keys and values go: cell (pos + i) mod cells for token i."""
-        cells = self.cache.cells
-        for head, at, cell_bytes, t0 in self._moves:
-            head.data = at + (pos + t0) % cells * cell_bytes
+        self.writes.set_position(pos)
 
 
 def ending(ctx: ggml.Context, model: Any, prev: LayerGraph | None, t: int) -> int:
@@ -246,13 +184,8 @@ def ending(ctx: ggml.Context, model: Any, prev: LayerGraph | None, t: int) -> in
                                                            weight.ctypes.data))
 
     if prev.decode:
-        k = model.moe_w.shape[0]
-        y = op("mul", ctx.tensor(ggml.F32, (d, k), model.moe_y.ctypes.data),
-               ctx.tensor(ggml.F32, (1, k), model.moe_w.ctypes.data))  # (d, k)
-        moe = op("view_2d", y, d, 1, d * k * 4, 0)  # (d, 1) each expert's, in slot order
-        for i in range(1, k):
-            moe = ctx.add(moe, op("view_2d", y, d, 1, d * k * 4, i * d * 4))
-        if k == 1:
+        moe = expert_sum(ctx, model.moe_y, model.moe_w)  # (d, 1)
+        if model.moe_w.shape[0] == 1:
             moe = op("cont", moe)
     else:
         moe = ctx.tensor(ggml.F32, (d, t), model.moe_out(t).ctypes.data)

@@ -15,15 +15,15 @@ float rounding, not to the bit.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from abbench.engine import ggml
-from abbench.engine.arch.common import FFNGraph, RoutingHook, rms_norm, rms_norm_rows
+from abbench.engine.arch.common import FFNGraph, RoutingHook, hidden_keys, rms_norm, rms_norm_rows
 from abbench.engine.arch.gpt_oss_args import ModelArgs
-from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec, private_vectors
+from abbench.engine.arch.numpy_face import NumpyFace
+from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec
 
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
@@ -177,12 +177,7 @@ class Attention:
         qg = q.reshape(n, nkv, g, hd).transpose(1, 2, 0, 3)  # (n_kv, g, n, hd)
         keys_t = self.k_cache[:, None, :end].transpose(0, 1, 3, 2)  # (n_kv, 1, hd, T)
         scores = qg @ keys_t * self.scale  # (n_kv, g, n, T)
-        at = pos + np.arange(n)[:, None]  # (n, 1) each query's position
-        keys = np.arange(end)[None, :]  # (1, T)
-        hidden = keys > at
-        if self.window is not None:
-            hidden |= at - keys >= self.window
-        scores[..., hidden] = -np.inf
+        scores[..., hidden_keys(pos, n, self.window)] = -np.inf
         sink = self.sinks.reshape(nkv, g, 1, 1)  # (n_kv, g, 1, 1)
         top = np.maximum(scores.max(axis=-1, keepdims=True), sink)
         e = np.exp(scores - top)  # (n_kv, g, n, T)
@@ -244,26 +239,19 @@ class DecoderLayer:
         self.swa = args.swa_layers[layer]
 
 
-class Model:
+class Model(NumpyFace):
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
                  n_ctx: int, n_expert_used: int | None = None) -> None:
-        self.args, self.experts = args, experts
-        self.k = n_expert_used or args.expert_used_count
-        self.eps = args.layer_norm_rms_epsilon
-        self.token_embd = mf.read_dense("token_embd.weight", pinned)  # (vocab, d)
+        self._init_face(mf, args, experts, pinned, n_expert_used)
         self.layers = [DecoderLayer(mf, args, i, n_ctx, experts, self.k)
                        for i in range(args.block_count)]
         self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
         self.output = mf.read_dense("output.weight", pinned)  # (vocab, d)
         # (n_ctx, hd/2) each, for the full layers and the sliding ones (their own base)
         self.tables = {swa: yarn_tables(args.rope(swa), n_ctx) for swa in (False, True)}
-        self.routing_hook: RoutingHook | None = None
         self.fused = False  # a stale-gate predictor asked for the next layer's ranking
-        self.matvec: MatVec = matvec
-        self.matmul_t: MatMulT = matmul_t
-        self.vector: Callable[[int], np.ndarray] = private_vectors()
 
     def gemv_matrices(self) -> list[np.ndarray]:
         """The dense matrices `forward` multiplies through `self.matvec`."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from abbench.engine.arch.common import check_header, header_numbers
+from abbench.engine.arch.common import check_header, header_numbers, pad
 from abbench.engine.ggml import ROPE_NEOX, Rope
 from abbench.errors import ModelFileError
 
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from abbench.engine.gguf_file import ModelFile
 
 ARCH = "gpt-oss"
-# the KV cache's cells come in blocks of this many (llama.cpp's KV padding)
-KV_PAD = 256
 SCALINGS = ("none", "linear", "yarn")
 
 _libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
@@ -53,10 +51,6 @@ def yarn_attn_factor(freq_scale: float, attn_factor: float) -> float:
     mscale = one if factor <= 1.0 else f32(f32(0.1) * f32(1.0)) * logf(factor) + one
     cancel = one / (one + f32(0.1) * logf(factor))
     return float(f32(f32(mscale * cancel) * f32(attn_factor)))
-
-
-def pad(n: int, to: int = KV_PAD) -> int:
-    return -(-n // to) * to
 
 
 @dataclass(frozen=True)

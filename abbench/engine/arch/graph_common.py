@@ -1,4 +1,7 @@
-"""What the architectures' ggml graph models share: the output graph.
+"""What the architectures' ggml graph models share: the output graph, the KV cache (its
+record, llama.cpp's attended length, the causal mask, the ring writes, the attention over
+it), the in-graph weighted sum of a decode layer's experts, the sliding layers' masks, the
+decode graphs' cache and the interface every `GraphModel` answers alike.
 
 Each `*_graph.py` builds its layers as llama.cpp's graph for its architecture; the final
 norm and the output projection are the same graph for every one of them.
@@ -6,14 +9,21 @@ norm and the output projection are the same graph for every one of them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from abbench.engine import ggml
+from abbench.engine.arch.common import KV_PAD, RoutingHook, embedding, pad
 
 if TYPE_CHECKING:
-    from abbench.engine.qcompute import Weight
+    from abbench.engine.experts import ExpertRunner
+    from abbench.engine.gguf_file import ModelFile
+    from abbench.engine.qcompute import QuantTeam, Weight
+
+T = TypeVar("T")
 
 
 class OutputGraph:
@@ -32,3 +42,230 @@ class OutputGraph:
         logits = ctx.op("mul_mat", output.tensor(ctx, model.team.repacker), x)
         self.graph = ctx.graph([logits], model.team.threads_pool)
         self.logits = ctx.array(logits, (rows,), np.float32)
+
+
+def attended(end: int, cells: int) -> int:
+    """llama.cpp's n_kv for a cache of `cells` cells once positions below `end` are in it:
+    the cells used, at least 256, in blocks of 256, within the cache."""
+    return min(cells, max(KV_PAD, pad(end)))
+
+
+def causal_mask(mask: np.ndarray, pos: int) -> None:
+    """Fill `mask` (t, n_kv) for a pass at positions pos..: 0 where a token sees a cache
+    position (its own and those before it), else -inf."""
+    mask.fill(-np.inf)
+    for i in range(mask.shape[0]):
+        mask[i, : pos + i + 1] = 0.0
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One layer's KV cache: `cells` cells (a sliding layer's ring, or the context's),
+    K (cells, nkv*hd) by rows, V (nkv*hd, cells) transposed, as llama.cpp lays them."""
+
+    swa: bool
+    k: np.ndarray  # (cells, nkv*hd)
+    v: np.ndarray  # (nkv*hd, cells)
+
+    @property
+    def cells(self) -> int:
+        return self.k.shape[0]
+
+
+class RingWrites:
+    """A pass's keys k (nkv*hd, t) and values v (nkv*hd, t) into `cache`'s cells from
+    pos mod cells on: one copy each (`copies`), or two where the pass wraps past the ring's
+    end. A copy's result is a view of its destination, and the copy writes there: both
+    move with the pass's position (`set_position`)."""
+
+    def __init__(self, ctx: ggml.Context, cache: LayerCache, k: int, v: int, t: int,
+                 pos: int) -> None:
+        op, cells = ctx.op, cache.cells
+        rows = cache.k.shape[1]  # nkv*hd
+        k_cache = ctx.tensor(ggml.F32, (rows, cells), cache.k.ctypes.data)
+        v_cache = ctx.tensor(ggml.F32, (cells, rows), cache.v.ctypes.data)
+        first = min(t, cells - pos % cells)
+        # per moving tensor: its header, the cache's address, a cell's bytes there, the
+        # pass's token its first cell is for (set per decode step: looked up once)
+        self._moves: list[tuple[ggml.TensorStruct, int, int, int]] = []
+        self._cells = cells
+        k_at, v_at = cache.k.ctypes.data, cache.v.ctypes.data
+        self.copies: list[int] = []
+        for t0, n in ((0, first), (first, t - first)):
+            if n == 0:
+                continue
+            k_dst = op("view_2d", k_cache, rows, n, rows * 4, 0)  # (nkv*hd, n)
+            v_dst = op("view_2d", v_cache, n, rows, cells * 4, 0)  # (n, nkv*hd)
+            k_src = op("view_2d", k, rows, n, rows * 4, t0 * rows * 4)  # (nkv*hd, n)
+            v_src = op("transpose", op("view_2d", v, rows, n, rows * 4, t0 * rows * 4))
+            kc, vc = op("cpy", k_src, k_dst), op("cpy", v_src, v_dst)
+            self._moves += [(ggml.TensorStruct.from_address(k_dst), k_at, rows * 4, t0),
+                            (ggml.TensorStruct.from_address(kc), k_at, rows * 4, t0),
+                            (ggml.TensorStruct.from_address(v_dst), v_at, 4, t0),
+                            (ggml.TensorStruct.from_address(vc), v_at, 4, t0)]
+            self.copies += [kc, vc]
+        self.set_position(pos)
+
+    def set_position(self, pos: int) -> None:
+        """Where this pass's keys and values go: cell (pos + i) mod cells for token i."""
+        for head, at, cell_bytes, t0 in self._moves:
+            head.data = at + (pos + t0) % self._cells * cell_bytes
+
+
+def cache_attention(ctx: ggml.Context, cache: LayerCache, q: int, mask: int, n_kv: int,
+                    heads: tuple[int, int, int], scale: float, sinks: int | None = None
+                    ) -> int:
+    """build_attn_mha without flash attention: q (hd, nq, t) over the cache's first n_kv
+    cells, KQ times `scale` under `mask`, softmaxed (with the layer's `sinks`, where it
+    has them: the sink's mass joins each denominator) → the heads (nq*hd, t). `heads`:
+    (hd, nq, t)."""
+    op, cells = ctx.op, cache.cells
+    hd, nq, t = heads
+    nkv = cache.k.shape[1] // hd
+    k_cache = ctx.tensor(ggml.F32, (nkv * hd, cells), cache.k.ctypes.data)
+    v_cache = ctx.tensor(ggml.F32, (cells, nkv * hd), cache.v.ctypes.data)
+    keys = op("permute", op("view_3d", k_cache, hd, nkv, n_kv, hd * 4, nkv * hd * 4, 0),
+              0, 2, 1, 3)  # (hd, n_kv, nkv)
+    values = op("permute", op("view_3d", v_cache, n_kv, nkv, hd, cells * hd * 4,
+                              cells * 4, 0), 0, 2, 1, 3)  # (n_kv, hd, nkv)
+    kq = op("mul_mat", keys, op("permute", q, 0, 2, 1, 3))  # (n_kv, t, nq)
+    kq = ctx.soft_max_ext(kq, mask, scale, 0.0)  # (n_kv, t, nq)
+    if sinks is not None:
+        ctx.soft_max_add_sinks(kq, sinks)
+    kqv = op("permute", op("mul_mat", values, kq), 0, 2, 1, 3)  # (hd, nq, t)
+    return op("reshape_2d", op("cont", kqv), hd * nq, t)  # (nq*hd, t)
+
+
+def expert_sum(ctx: ggml.Context, moe_y: np.ndarray, moe_w: np.ndarray) -> int:
+    """A decode layer's experts' outputs `moe_y` (k, d) times their weights `moe_w` (k,),
+    added in routing order, as build_moe_ffn sums them → (d, 1). The rows of experts a
+    policy dropped hold zeros (adding +0 changes no bits)."""
+    op, f32 = ctx.op, ggml.F32
+    k, d = moe_y.shape
+    y = ctx.tensor(f32, (d, k), moe_y.ctypes.data)  # (d, k)
+    scaled = op("mul", y, ctx.tensor(f32, (1, k), moe_w.ctypes.data))  # (d, k)
+    moe = op("view_2d", scaled, d, 1, d * 4, 0)  # (d, 1)
+    for j in range(1, k):
+        moe = ctx.add(moe, op("view_2d", scaled, d, 1, d * 4, j * d * 4))
+    return moe
+
+
+class GraphFace:
+    """What every graph model answers alike, the interface the engine and predictors use
+    (`*_graph.GraphModel`s: their `args`, `weights` (each with its `router`, (n_expert, d)
+    F32), `dense_matrices()` and the `_inputs` dict they set up)."""
+
+    args: Any
+    weights: list[Any]
+
+    def _init_face(self, mf: ModelFile, args: Any, experts: ExpertRunner, team: QuantTeam,
+                   pinned: bool, n_ctx: int, n_expert_used: int | None) -> None:
+        """What every graph model sets first: its args, expert side and team, the experts a
+        token takes, the full caches' cells, the token embedding (vocab, d)."""
+        self.args, self.experts, self.team = args, experts, team
+        self.k = n_expert_used or args.expert_used_count
+        self.kv_size = pad(n_ctx)
+        self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
+        self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.routing_hook: RoutingHook | None = None
+        # What the session sets on a model; the graphs compute without them.
+        self.matvec: Any = None
+        self.matmul_t: Any = None
+        self.vector: Any = None
+
+    def router_matrix(self, layer: int) -> np.ndarray:
+        return self.weights[layer].router  # (n_expert, d)
+
+    def router_bias(self, layer: int) -> np.ndarray | None:
+        """What the router adds to its logits before ranking them: nothing here."""
+        return None
+
+    def fuse_next_routers(self) -> None:
+        """Nothing to fuse: a predictor computes the next layer's routing itself."""
+
+    def gemv_matrices(self) -> list[Any]:
+        return []
+
+    def dense_matrices(self) -> list[Weight]:
+        raise NotImplementedError
+
+    def dense_types(self) -> list[str]:
+        from gguf import GGMLQuantizationType
+
+        return sorted({GGMLQuantizationType(m.ggml_type).name for m in self.dense_matrices()})
+
+    def inputs(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The buffers a pass of `t` tokens reads: h (t, d) and its positions (t,)."""
+        if t not in self._inputs:
+            self._inputs[t] = (np.zeros((t, self.args.embedding_length), np.float32),
+                               np.zeros(t, np.int32))
+        return self._inputs[t]
+
+
+class SlidingMasks:
+    """The masks of a model with full caches and sliding layers' rings of `swa_size`
+    cells (gpt-oss, gemma4): a buffer per cache kind, pass size and attended length,
+    filled per pass (`_place`)."""
+
+    args: Any
+
+    def _init_masks(self, swa_size: int) -> None:
+        self.swa_size = swa_size
+        # the position each ring cell holds (-1: empty), one for every sliding layer
+        self.swa_pos = np.full(swa_size, -1, np.int64)  # (swa_size,)
+        self._masks: dict[tuple[bool, int, int], np.ndarray] = {}
+        # the last pass, where it was one decode step: its position and attended cells
+        self._decoded: tuple[int, tuple[int, int]] | None = None
+
+    def mask(self, swa: bool, t: int, n_kv: int) -> np.ndarray:
+        """(t, n_kv) a cache's mask buffer (0 where a token sees a cell, else -inf), filled
+        per pass by `_place`."""
+        return self._masks.setdefault((swa, t, n_kv), np.zeros((t, n_kv), np.float32))
+
+    def _place(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
+        """A pass at `positions` (t,) into the ring's cells, and both caches' masks for
+        it (attending over n_kv (full, sliding) cells)."""
+        t, pos = len(positions), int(positions[0])
+        self.swa_pos[positions % self.swa_size] = positions
+        if t == 1 and self._decoded == (pos - 1, n_kv):
+            self._step_masks(pos, n_kv)
+        else:
+            self._fill_masks(positions, n_kv)
+        self._decoded = (pos, n_kv) if t == 1 else None
+
+    def _fill_masks(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
+        """Both caches' masks for queries at `positions` (t,): causal over the full
+        cache's cells; over the ring's, llama.cpp's is_masked_swa too (a key p0 is hidden
+        from p1 once p1 - p0 >= window) and empty cells hidden."""
+        t = len(positions)
+        p1 = positions[:, None].astype(np.int64)  # (t, 1) each query's position
+        full = self.mask(False, t, n_kv[0])
+        full[...] = np.where(np.arange(n_kv[0])[None, :] <= p1, 0.0, -np.inf)
+        p0 = self.swa_pos[None, : n_kv[1]]  # (1, n_kv_swa)
+        hidden = (p0 < 0) | (p0 > p1) | (p1 - p0 >= self.args.sliding_window)
+        self.mask(True, t, n_kv[1])[...] = np.where(hidden, -np.inf, 0.0)
+
+    def _step_masks(self, pos: int, n_kv: tuple[int, int]) -> None:
+        """The decode masks of position pos-1 moved on to pos (what `_fill_masks` would
+        write, in three cells rather than every cell): the full cache sees cell pos, the
+        ring its cell of pos and no longer that of pos - window."""
+        self.mask(False, 1, n_kv[0])[0, pos] = 0.0
+        ring = self.mask(True, 1, n_kv[1])
+        ring[0, pos % self.swa_size] = 0.0
+        if pos >= self.args.sliding_window:
+            ring[0, (pos - self.args.sliding_window) % self.swa_size] = -np.inf
+
+
+class DecodeGraphs(Generic[T]):
+    """Decode's graphs (`T`: a model's layer graphs, or those and its output graph), built
+    once per attended length: those of a shorter attended length are done with."""
+
+    def __init__(self) -> None:
+        self._key: Hashable = None
+        self._built: T | None = None
+
+    def get(self, key: Hashable, build: Callable[[], T]) -> T:
+        """The graphs for attended length `key`, built (by `build`) where they are not."""
+        if self._built is None or self._key != key:
+            self._built, self._key = build(), key
+        return self._built

@@ -23,15 +23,20 @@ cells with its KV cache). A pass at any other position must continue the last on
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from abbench.engine.arch.common import ExpertFFN, RoutingHook, rms_norm, rms_norm_rows, rope_tables
+from abbench.engine.arch.common import (
+    ExpertFFN,
+    rms_norm,
+    rms_norm_rows,
+    rope_tables,
+)
+from abbench.engine.arch.numpy_face import NumpyFace
 from abbench.engine.arch.qwen3moe import SparseMoE
 from abbench.engine.arch.qwen35moe_args import ModelArgs
-from abbench.engine.compute import SWIGLU, MatMulT, MatVec, matmul_t, matvec, private_vectors
+from abbench.engine.compute import SWIGLU, MatMulT, matmul_t
 from abbench.errors import EngineError
 
 if TYPE_CHECKING:
@@ -209,15 +214,12 @@ class DecoderLayer:
         self.shared = SharedExpert(mf, layer)
 
 
-class Model:
+class Model(NumpyFace):
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
                  n_ctx: int, n_expert_used: int | None = None) -> None:
-        self.args, self.experts = args, experts
-        self.k = n_expert_used or args.expert_used_count
-        self.eps = args.layer_norm_rms_epsilon
-        self.token_embd = mf.read_dense("token_embd.weight", pinned)  # (vocab, d)
+        self._init_face(mf, args, experts, pinned, n_expert_used)
         self.layers = [DecoderLayer(mf, args, i, n_ctx, experts, self.k)
                        for i in range(args.block_count)]
         self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
@@ -230,10 +232,6 @@ class Model:
         still = ~args.rotated_pairs()  # pairs on the 4th axis: position 0 for text
         self.cos[:, still], self.sin[:, still] = 1, 0
         self.next_pos = 0  # where the recurrent states stand
-        self.routing_hook: RoutingHook | None = None
-        self.matvec: MatVec = matvec
-        self.matmul_t: MatMulT = matmul_t
-        self.vector: Callable[[int], np.ndarray] = private_vectors()
 
     def gemv_matrices(self) -> list[np.ndarray]:
         """The dense matrices `forward` multiplies through `self.matvec`."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from abbench.engine.arch.common import check_header, header_numbers
+from abbench.engine.arch.common import check_header, expert_stacks, header_numbers
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -155,13 +155,9 @@ class ModelArgs:
         return shapes
 
     def expert_shapes(self) -> dict[str, tuple[int, ...]]:
-        e, ff, d = self.expert_count, self.expert_feed_forward_length, self.embedding_length
         shapes: dict[str, tuple[int, ...]] = {}
         for i in range(self.block_count):
-            b = f"blk.{i}."
-            shapes |= {b + "ffn_gate_exps.weight": (e, ff, d),
-                       b + "ffn_up_exps.weight": (e, ff, d),
-                       b + "ffn_down_exps.weight": (e, d, ff)}
+            shapes |= expert_stacks(self, i)
         return shapes
 
     def rotated_pairs(self) -> np.ndarray:

@@ -18,13 +18,17 @@ llama.cpp clears a new sequence's recurrent cells) and any other pass must conti
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from abbench.engine.arch.common import RoutingHook, embedding
-from abbench.engine.arch.graph_common import OutputGraph
-from abbench.engine.arch.qwen3moe_graph import KV_PAD
+from abbench.engine.arch.graph_common import (
+    DecodeGraphs,
+    GraphFace,
+    OutputGraph,
+    attended,
+    causal_mask,
+)
 from abbench.engine.arch.qwen35moe_args import ModelArgs
 from abbench.engine.arch.qwen35moe_graph_layers import DeltaNetWeights, LayerGraph, LayerWeights
 from abbench.engine.qcompute import QuantTeam, Weight, weighted_sum
@@ -35,57 +39,30 @@ if TYPE_CHECKING:
     from abbench.engine.gguf_file import ModelFile
 
 
-class GraphModel:
+class GraphModel(GraphFace):
     """The whole decoder on ggml graphs; the interface of `qwen35moe.Model`."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
                  team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None
                  ) -> None:
-        self.args, self.experts, self.team = args, experts, team
-        self.k = n_expert_used or args.expert_used_count
-        self.kv_size = -(-n_ctx // KV_PAD) * KV_PAD
-        self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
+        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used)
         self.weights = [LayerWeights(mf, args, i, team, pinned, self.kv_size)
                         for i in range(args.block_count)]
         # Per pass size t: the residual stream (t, d), the positions (t,) and the four
         # RoPE positions a token (4t,: p, p, p, 0 for text) the graphs read; the causal
         # mask (t, n_kv) per attended length.
-        self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._positions: dict[int, np.ndarray] = {}
         self._masks: dict[tuple[int, int], np.ndarray] = {}
-        self._graphs: dict[int, list[LayerGraph]] = {}  # decode's, by attended length
+        self._graphs: DecodeGraphs[list[LayerGraph]] = DecodeGraphs()
         name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self._output = (mf.read_dense("output_norm.weight", True), team.matrix(mf, name, pinned))
         self._output_graph: OutputGraph | None = None
         self.next_pos = 0  # where the recurrent states stand
-        self.routing_hook: RoutingHook | None = None
-        # What the session sets on a model; the graphs compute without them.
-        self.matvec: Any = None
-        self.matmul_t: Any = None
-        self.vector: Any = None
 
     # -- the interface the engine and predictors use -------------------------------------
 
-    def router_matrix(self, layer: int) -> np.ndarray:
-        return self.weights[layer].router  # (n_expert, d)
-
-    def router_bias(self, layer: int) -> np.ndarray | None:
-        """What the router adds to its logits before ranking them: nothing here."""
-        return None
-
-    def fuse_next_routers(self) -> None:
-        """Nothing to fuse: a predictor computes the next layer's routing itself."""
-
-    def gemv_matrices(self) -> list[Any]:
-        return []
-
     def dense_matrices(self) -> list[Weight]:
         return [*(m for w in self.weights for m in w.matrices()), self._output[1]]
-
-    def dense_types(self) -> list[str]:
-        from gguf import GGMLQuantizationType
-
-        return sorted({GGMLQuantizationType(m.ggml_type).name for m in self.dense_matrices()})
 
     def reset(self) -> None:
         """Start a new sequence: the linear layers' states to zero."""
@@ -95,13 +72,6 @@ class GraphModel:
         self.next_pos = 0
 
     # -- passes -------------------------------------------------------------------------
-
-    def inputs(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """The buffers a pass of `t` tokens reads: h (t, d) and its positions (t,)."""
-        if t not in self._inputs:
-            self._inputs[t] = (np.zeros((t, self.args.embedding_length), np.float32),
-                               np.zeros(t, np.int32))
-        return self._inputs[t]
 
     def positions(self, t: int) -> np.ndarray:
         """(4t,) the multi-section RoPE's positions of a pass of `t` tokens."""
@@ -126,25 +96,20 @@ class GraphModel:
             raise EngineError(f"qwen35moe: a pass at position {pos}, but the recurrent "
                               f"state stands at {self.next_pos} (it can only go on)")
         self.next_pos = end
-        n_kv = min(self.kv_size, max(KV_PAD, -(-end // KV_PAD) * KV_PAD))
+        n_kv = attended(end, self.kv_size)
         h, positions = self.inputs(t)
         h[...] = self.token_embd[tokens]  # (t, d)
         positions[...] = np.arange(pos, end, dtype=np.int32)
         rope = self.positions(t).reshape(4, t)
         rope[:3] = positions  # text: the first three axes at the position, the 4th at 0
         rope[3] = 0
-        mask = self.mask(t, n_kv)
-        mask.fill(-np.inf)
-        for i in range(t):
-            mask[i, : pos + i + 1] = 0.0
+        causal_mask(self.mask(t, n_kv), pos)
         return h, n_kv
 
     def _decode_graphs(self, pos: int, n_kv: int) -> list[LayerGraph]:
         """The layers' graphs for one token, built once per attended length."""
-        graphs = self._graphs.get(n_kv)
-        if graphs is None:  # the graphs of a shorter attended length are done with
-            graphs = [LayerGraph(self, i, 1, n_kv, self.k) for i in range(len(self.weights))]
-            self._graphs = {n_kv: graphs}
+        graphs = self._graphs.get(n_kv, lambda: [LayerGraph(self, i, 1, n_kv, self.k)
+                                                 for i in range(len(self.weights))])
         for g in graphs:
             g.set_position(pos)
         return graphs

@@ -13,7 +13,6 @@ also runs the experts' FFN: this architecture's is plain SwiGLU without biases
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,8 +24,9 @@ from abbench.engine.arch.common import (
     rms_norm_rows,
     rope_tables,
 )
+from abbench.engine.arch.numpy_face import NumpyFace
 from abbench.engine.arch.qwen3moe_args import ModelArgs
-from abbench.engine.compute import SWIGLU, MatMulT, MatVec, matmul_t, matvec, private_vectors
+from abbench.engine.compute import SWIGLU, MatMulT, MatVec, matmul_t, matvec
 from abbench.engine.streamer import BufferArena, arena_copy
 
 if TYPE_CHECKING:
@@ -283,7 +283,7 @@ class DecoderLayer:
         self.moe = SparseMoE(mf, layer, arena, experts, k)
 
 
-class Model:
+class Model(NumpyFace):
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
     def __init__(
@@ -295,11 +295,7 @@ class Model:
         n_ctx: int,
         n_expert_used: int | None = None,
     ) -> None:
-        self.args = args
-        self.experts = experts
-        self.k = n_expert_used or args.expert_used_count
-        self.eps = args.layer_norm_rms_epsilon
-        self.token_embd = mf.read_dense("token_embd.weight", pinned)  # (vocab, d)
+        self._init_face(mf, args, experts, pinned, n_expert_used)
         # The pinned matrices the GEMVs stream, in huge pages (`arena_copy`).
         self.arena = BufferArena() if pinned else None
         self.layers = [DecoderLayer(mf, args, i, self.arena, n_ctx, experts, self.k)
@@ -310,11 +306,6 @@ class Model:
         if self.arena is not None:
             self.output = arena_copy(self.arena, self.output)
         self.cos, self.sin = rope_tables(args.key_length, n_ctx, args.rope_freq_base)  # (T, hd/2)
-        self.routing_hook: RoutingHook | None = None
-        self.matvec: MatVec = matvec  # the session may hand the large GEMVs to a partner
-        self.matmul_t: MatMulT = matmul_t  # and a prefill batch's dense GEMMs
-        # and give the GEMVs' inputs a place (`Partner.input`: its shared block)
-        self.vector: Callable[[int], np.ndarray] = private_vectors()
 
     def gemv_matrices(self) -> list[np.ndarray]:
         """The dense matrices `forward` multiplies through `self.matvec`."""

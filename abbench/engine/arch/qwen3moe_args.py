@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from abbench.engine.arch.common import check_header, header_numbers
+from abbench.engine.arch.common import check_header, expert_stacks, header_numbers
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -98,15 +98,9 @@ class ModelArgs:
     def expert_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every layer's stacked experts, with their numpy shapes: checked against the
         header too, so that an expert the header says is small is not read as a large one."""
-        e, ff, d = self.expert_count, self.expert_feed_forward_length, self.embedding_length
         shapes: dict[str, tuple[int, ...]] = {}
         for i in range(self.block_count):
-            b = f"blk.{i}."
-            shapes |= {
-                b + "ffn_gate_exps.weight": (e, ff, d),
-                b + "ffn_up_exps.weight": (e, ff, d),
-                b + "ffn_down_exps.weight": (e, d, ff),
-            }
+            shapes |= expert_stacks(self, i)
         return shapes
 
     def context_bytes(self, n_ctx: int) -> int:

@@ -20,13 +20,18 @@ weighted sum are finished in numpy in llama.cpp's arithmetic (`qcompute.routing`
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from abbench.engine import ggml
-from abbench.engine.arch.common import RoutingHook, embedding
-from abbench.engine.arch.graph_common import OutputGraph
+from abbench.engine.arch.graph_common import (
+    DecodeGraphs,
+    GraphFace,
+    OutputGraph,
+    attended,
+    causal_mask,
+)
 from abbench.engine.arch.qwen3moe_args import ModelArgs
 from abbench.engine.qcompute import QuantTeam, Weight, routing, weighted_sum
 
@@ -34,7 +39,6 @@ if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
     from abbench.engine.gguf_file import ModelFile
 
-KV_PAD = 256  # llama.cpp attends over a multiple of this many positions (get_n_kv)
 ROPE_NEOX = 2  # GGML_ROPE_TYPE_NEOX
 # llama.cpp's RoPE settings without scaling: freq_scale, ext_factor, attn_factor,
 # beta_fast, beta_slow (llama_hparams' defaults; ext_factor 0 turns YaRN off)
@@ -132,17 +136,14 @@ class LayerGraph:
             self.ctx.set_data(t, v_at)
 
 
-class GraphModel:
+class GraphModel(GraphFace):
     """The whole decoder on ggml graphs; the interface of `qwen3moe.Model`."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
                  team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None
                  ) -> None:
-        self.args, self.experts, self.team = args, experts, team
-        self.k = n_expert_used or args.expert_used_count
-        self.kv_size = -(-n_ctx // KV_PAD) * KV_PAD
+        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used)
         kv_rows = args.head_count_kv * args.key_length
-        self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
         self.weights = [LayerWeights(mf, i, team, pinned) for i in range(args.block_count)]
         self.k_cache = [np.zeros((self.kv_size, kv_rows), np.float32)  # (T_max, nkv*hd)
                         for _ in self.weights]
@@ -150,49 +151,18 @@ class GraphModel:
                         for _ in self.weights]
         # Per pass size t: the residual stream (t, d) and the positions (t,) the graphs
         # read, and the causal mask (t, n_kv) per cache length.
-        self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._masks: dict[tuple[int, int], np.ndarray] = {}
-        self._graphs: dict[int, list[LayerGraph]] = {}  # decode's, by attended length
+        self._graphs: DecodeGraphs[list[LayerGraph]] = DecodeGraphs()
         name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self._output = (mf.read_dense("output_norm.weight", True), team.matrix(mf, name, pinned))
         self._output_graph: OutputGraph | None = None
-        self.routing_hook: RoutingHook | None = None
-        # What the session sets on a model; the graphs compute without them.
-        self.matvec: Any = None
-        self.matmul_t: Any = None
-        self.vector: Any = None
 
     # -- the interface the engine and predictors use -------------------------------------
-
-    def router_matrix(self, layer: int) -> np.ndarray:
-        return self.weights[layer].router  # (n_expert, d)
-
-    def router_bias(self, layer: int) -> np.ndarray | None:
-        """What the router adds to its logits before ranking them: nothing here."""
-        return None
-
-    def fuse_next_routers(self) -> None:
-        """Nothing to fuse: a predictor computes the next layer's routing itself."""
-
-    def gemv_matrices(self) -> list[Any]:
-        return []
 
     def dense_matrices(self) -> list[Weight]:
         return [*(m for w in self.weights for m in (w.wq, w.wk, w.wv, w.wo)), self._output[1]]
 
-    def dense_types(self) -> list[str]:
-        from gguf import GGMLQuantizationType
-
-        return sorted({GGMLQuantizationType(m.ggml_type).name for m in self.dense_matrices()})
-
     # -- passes -------------------------------------------------------------------------
-
-    def inputs(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """The buffers a pass of `t` tokens reads: h (t, d) and its positions (t,)."""
-        if t not in self._inputs:
-            self._inputs[t] = (np.zeros((t, self.args.embedding_length), np.float32),
-                               np.zeros(t, np.int32))
-        return self._inputs[t]
 
     def mask(self, t: int, n_kv: int) -> np.ndarray:
         """(t, n_kv) the causal mask's buffer (0 where a token sees a position, else -inf),
@@ -207,22 +177,17 @@ class GraphModel:
         end = pos + t
         if end > self.kv_size:
             raise ValueError(f"position {end} past the context ({self.kv_size})")
-        n_kv = min(self.kv_size, max(KV_PAD, -(-end // KV_PAD) * KV_PAD))
+        n_kv = attended(end, self.kv_size)
         h, positions = self.inputs(t)
         h[...] = self.token_embd[tokens]  # (t, d)
         positions[...] = np.arange(pos, end, dtype=np.int32)
-        mask = self.mask(t, n_kv)
-        mask.fill(-np.inf)
-        for i in range(t):
-            mask[i, : pos + i + 1] = 0.0
+        causal_mask(self.mask(t, n_kv), pos)
         return h, n_kv
 
     def _decode_graphs(self, pos: int, n_kv: int) -> list[LayerGraph]:
         """The layers' graphs for one token, built once per attended length."""
-        graphs = self._graphs.get(n_kv)
-        if graphs is None:  # the graphs of a shorter attended length are done with
-            graphs = [LayerGraph(self, w, i, 1, n_kv) for i, w in enumerate(self.weights)]
-            self._graphs = {n_kv: graphs}
+        graphs = self._graphs.get(n_kv, lambda: [LayerGraph(self, w, i, 1, n_kv)
+                                                 for i, w in enumerate(self.weights)])
         for g in graphs:
             g.set_position(pos)
         return graphs
