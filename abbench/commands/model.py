@@ -24,7 +24,8 @@ UNREAD_SHOWN = 5  # unread metadata arrays named in `model info`'s text
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     model = sub.add_parser("model", help="write synthetic models, describe model files")
     msub = model.add_subparsers(dest="model_cmd", required=True, metavar="COMMAND")
-    sy = msub.add_parser("synth", help="write a synthetic MoE GGUF model (qwen3moe, gpt-oss)",
+    sy = msub.add_parser("synth", help="write a synthetic MoE GGUF model (qwen3moe, gpt-oss, "
+                         "qwen35moe, gemma4)",
                          description="Write a synthetic MoE model whose routing behaves like a "
                          "trained model's, in architecture --arch. Presets: " + ", ".join(
                              f"{k} ({v.arch}: {v.n_layer} layers, {v.n_expert} experts, "
@@ -32,9 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                              for k, v in synth.PRESETS.items())
                          + " (--arch gpt-oss --preset tiny writes gpt-oss-tiny)")
     sy.add_argument("--arch", choices=list(synth.ARCHS),
-                    help="architecture: qwen3moe (the default) or gpt-oss (sliding-window "
+                    help="architecture: qwen3moe (the default); gpt-oss (sliding-window "
                     "attention with sinks, YaRN RoPE, biases, MXFP4 experts, harmony "
-                    "vocabulary); a --shape has its own")
+                    "vocabulary); qwen35moe (gated delta-net layers with gated full "
+                    "attention every 4th, a shared expert); gemma4 (sliding and full "
+                    "layers, a dense FFN beside the experts, softcapped logits); a --shape "
+                    "has its own")
     sy.add_argument("--preset", choices=list(dict.fromkeys(
         k.removeprefix(f"{v.arch}-") for k, v in synth.PRESETS.items())),
                     help="a synthetic geometry of --arch (default tiny; default exists for "
