@@ -25,7 +25,7 @@ means' ratio; each round is printed and the median of the rounds is the figure.
 `--llama-flash-attn off` runs llama-bench with `-fa 0`: the attention the engine computes
 (KQ, the masked softmax, KQV) rather than its default flash attention over an F16 cache,
 which the engine does not compute (measured here on gpt-oss-small, two runs: llama.cpp's
-default decodes 1.11-1.13x faster than its own `-fa 0`).
+default decodes 1.11-1.12x faster than its own `-fa 0`).
 
 `--arch ARCH` measures that architecture on its small synthetic file (`synthetic:small`
 for qwen3moe, `synthetic:ARCH-small` for the others), against the bar every architecture

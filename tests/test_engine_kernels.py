@@ -92,6 +92,25 @@ def test_streaming_and_resident_give_the_same_bits(q4km_model: Path) -> None:
     np.testing.assert_array_equal(streamed, resident)
 
 
+def test_a_resident_ggml_run_takes_the_short_way_and_counts_as_the_general_one(
+        q4km_model: Path) -> None:
+    """With every expert resident, the ggml team runs a layer's experts by their buffers
+    (`QuantTeam.run_resident`) rather than through the lookups: the same tokens, and the
+    same hits and routed experts counted, as the general path over the same cache."""
+    cfg = EngineConfig(model=str(q4km_model), prompt_tokens=(5, 9, 30, 41), n_tokens=6,
+                       temp=0.0, ignore_eos=True, kernels="ggml", resident=True,
+                       repack=False, threads=1)
+    with Engine(cfg, q4km_model) as engine:
+        assert engine.runner._direct is not None
+        short = engine.run()
+        engine.runner._direct = None
+        general = engine.run()
+    assert short.output_ids == general.output_ids
+    counted = ("experts_routed", "hits", "misses")
+    assert [[getattr(t, c) for c in counted] for t in short.records] == \
+        [[getattr(t, c) for c in counted] for t in general.records]
+
+
 def test_repacked_weights_give_the_same_results_to_rounding(q4km_model: Path) -> None:
     """--repack (the default) lays resident Q4_K weights out for ggml's repacked kernels
     where this CPU has them, as llama.cpp does: other kernels, the same products."""
