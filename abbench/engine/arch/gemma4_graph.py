@@ -30,9 +30,11 @@ from abbench.engine.arch.gemma4_args import ModelArgs
 from abbench.engine.arch.gemma4_layer_graph import LayerGraph, LayerWeights, ending
 from abbench.engine.arch.graph_common import (
     DecodeGraphs,
+    ExpertNodes,
     GraphFace,
     LayerCache,
     SlidingMasks,
+    TokenGraph,
     attended,
 )
 from abbench.engine.qcompute import QuantTeam, Weight
@@ -40,6 +42,7 @@ from abbench.engine.qcompute import QuantTeam, Weight
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
     from abbench.engine.gguf_file import ModelFile
+    from abbench.engine.slots import SlotPool
 
 N_UBATCH = 512  # llama.cpp's default micro-batch, which a sliding layer's ring holds beside
 # its window
@@ -49,12 +52,14 @@ class LogitsGraph:
     """The last layer's end, the final norm, the output product and the softcap, for one
     token after the decode graphs `last` (its layer)."""
 
-    def __init__(self, model: GraphModel, last: LayerGraph) -> None:
+    def __init__(self, model: GraphModel, last: LayerGraph, moe: int | None = None) -> None:
+        """moe: the last layer's experts' sum (d, 1) in a token's one graph
+        (`TokenGraph`), which then computes these nodes too."""
         a, (norm, output) = model.args, model.output
         d, rows = a.embedding_length, output.rows
         ctx = self.ctx = ggml.Context(model.team.g, 32, 64, 4 * (12 * d + 4 * rows) + 8192)
         op = ctx.op
-        h = ending(ctx, model, last, 1)  # (d, 1)
+        h = ending(ctx, model, last, 1, moe)  # (d, 1)
         x = op("mul", op("rms_norm", h, a.layer_norm_rms_epsilon),
                ctx.tensor(ggml.F32, (d,), norm.ctypes.data))
         logits = op("mul_mat", output.tensor(ctx, model.team.repacker), x)  # (vocab, 1)
@@ -62,7 +67,9 @@ class LogitsGraph:
         if cap:
             logits = op("scale", op("tanh", op("scale", logits, float(np.float32(1) / cap))),
                         float(cap))
-        self.graph = ctx.graph([logits], model.team.threads_pool)
+        self.tensor = logits
+        if moe is None:
+            self.graph = ctx.graph([logits], model.team.threads_pool)
         self.logits = ctx.array(logits, (rows,), np.float32)
 
 
@@ -157,10 +164,39 @@ class GraphModel(GraphFace, SlidingMasks):
             g.set_position(pos)
         return built
 
+    def _token_graph(self, pos: int, n_kv: tuple[int, int],
+                     stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
+        """A decode token as one graph (each layer's, its experts', the output's), built
+        once per attended length."""
+
+        def build() -> TokenGraph:
+            layers: list[LayerGraph] = []
+            parts: list[object] = []
+            outputs: list[int] = []
+            moe: int | None = None
+            for i in range(len(self.weights)):
+                g = LayerGraph(self, i, 1, n_kv[self.caches[i].swa], pos,
+                               layers[-1] if layers else None, True, moe)
+                e = ExpertNodes(self.team, stacks[i], self.args.expert_count, i, *g.nodes,
+                                self.k)
+                moe = e.sum  # (d, 1): the next layer's graph ends this one with it
+                layers.append(g)
+                parts += [g, e]
+                outputs += [*g.writes.copies, moe]
+            out = LogitsGraph(self, layers[-1], moe)
+            return TokenGraph(self.team, [*parts, out], [*outputs, out.tensor], layers,
+                              [g.order[0, : self.k] for g in layers], out.logits)
+
+        return self._token_graphs.get(n_kv, build)
+
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""
         hook, k, moe_y, moe_w = self.routing_hook, self.k, self.moe_y, self.moe_w
-        graphs, output = self._decode_graphs(pos, self._begin([token], pos))
+        n_kv = self._begin([token], pos)
+        stacks = self._token_stacks(phase)
+        if stacks is not None:
+            return self._token_graph(pos, n_kv, stacks).run(pos, self.experts)
+        graphs, output = self._decode_graphs(pos, n_kv)
         for layer, g in enumerate(graphs):
             g.graph.compute()
             ids = g.order[0, :k].astype(np.int64)  # (k,)

@@ -77,7 +77,11 @@ class LayerGraph:
     and of `attn_out` (d, t), for the next graph."""
 
     def __init__(self, model: Any, layer: int, t: int, n_kv: int, pos: int,
-                 prev: LayerGraph | None, decode: bool = False) -> None:
+                 prev: LayerGraph | None, decode: bool = False, moe: int | None = None
+                 ) -> None:
+        """moe: the layer before's experts' sum (d, 1) in a token's one graph
+        (`TokenGraph`), which then computes this layer's nodes too (this one builds no
+        graph of its own)."""
         a, w = model.args, model.weights[layer]
         self.decode = decode
         d, hd, nq, nkv = a.embedding_length, a.head_dim(layer), a.head_count, a.kv_heads[layer]
@@ -89,7 +93,7 @@ class LayerGraph:
         ctx = self.ctx = ggml.Context(model.team.g, 192, 512, scratch + (1 << 16))
         op = ctx.op
         pos_buf = model.inputs(t)[1]
-        h = ending(ctx, model, prev, t)  # (d, t)
+        h = ending(ctx, model, prev, t, moe)  # (d, t)
         positions = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
         mask = ctx.tensor(ggml.F32, (n_kv, t), model.mask(cache.swa, t, n_kv).ctypes.data)
         x = self.rms(h, w.norm["attn_norm"])  # (d, t)
@@ -112,7 +116,13 @@ class LayerGraph:
         mlp = self._dense_ffn(attn_out)  # (d, t)
         xe = self.rms(attn_out, w.norm["pre_ffw_norm_2"])  # (d, t) the experts' input
         unit, order, weights = self._router(attn_out, model.k, t)
-        self.graph = ctx.graph([*self.writes.copies, mlp, xe, weights], model.team.threads_pool)
+        if moe is None:
+            self.graph = ctx.graph([*self.writes.copies, mlp, xe, weights],
+                                   model.team.threads_pool)
+        # the tensors a token's one graph goes on from: the experts' input, the top k (a
+        # view of the argsort), their weights; the dense FFN's output and `attn_out`
+        self.nodes = (xe, op("view_2d", order, model.k, t, n_expert * 4, 0), weights)
+        self.ends = (mlp, attn_out)
         self.x = ctx.array(xe, (t, d), np.float32)
         self.unit = ctx.array(unit, (t, d), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)  # its first k: the experts
@@ -166,14 +176,16 @@ class LayerGraph:
         self.writes.set_position(pos)
 
 
-def ending(ctx: ggml.Context, model: Any, prev: LayerGraph | None, t: int) -> int:
+def ending(ctx: ggml.Context, model: Any, prev: LayerGraph | None, t: int,
+           moe: int | None = None) -> int:
     """The residual stream entering a layer (d, t), as a tensor of `ctx`: the scaled
     embedding (`model.inputs`) for the first layer, else the end of the layer before
     (gemma4.cpp L339-395): its experts' sum normed (`post_ffw_norm_2`), plus its dense
     FFN's output, normed (`post_ffw_norm`), plus its `attn_out`, times its scalar. After a
     decode graph the sum is made here as build_moe_ffn makes it (each output times its
     weight, then added in routing order: `model.moe_y`, `model.moe_w`), else it is
-    `model.moe_out` (numpy's, the same arithmetic)."""
+    `model.moe_out` (numpy's, the same arithmetic). In a token's one graph, `moe` is the
+    sum's tensor and the layer before's are its own tensors (`prev.ends`)."""
     d, op = model.args.embedding_length, ctx.op
     if prev is None:
         return ctx.tensor(ggml.F32, (d, t), model.inputs(t)[0].ctypes.data)
@@ -183,14 +195,17 @@ def ending(ctx: ggml.Context, model: Any, prev: LayerGraph | None, t: int) -> in
         return op("mul", op("rms_norm", x, eps), ctx.tensor(ggml.F32, (d,),
                                                            weight.ctypes.data))
 
-    if prev.decode:
-        moe = expert_sum(ctx, model.moe_y, model.moe_w)  # (d, 1)
-        if model.moe_w.shape[0] == 1:
-            moe = op("cont", moe)
+    if moe is not None:
+        mlp, attn_out = prev.ends
     else:
-        moe = ctx.tensor(ggml.F32, (d, t), model.moe_out(t).ctypes.data)
-    mlp = ctx.tensor(ggml.F32, (d, t), prev.mlp_at)
-    attn_out = ctx.tensor(ggml.F32, (d, t), prev.attn_out_at)
+        if prev.decode:
+            moe = expert_sum(ctx, model.moe_y, model.moe_w)  # (d, 1)
+        else:
+            moe = ctx.tensor(ggml.F32, (d, t), model.moe_out(t).ctypes.data)
+        mlp = ctx.tensor(ggml.F32, (d, t), prev.mlp_at)
+        attn_out = ctx.tensor(ggml.F32, (d, t), prev.attn_out_at)
+    if prev.decode and model.moe_w.shape[0] == 1:
+        moe = op("cont", moe)
     cur = ctx.add(mlp, rms(moe, w.norm["post_ffw_norm_2"]))  # (d, t)
     cur = ctx.add(rms(cur, w.norm["post_ffw_norm"]), attn_out)  # (d, t)
     if w.out_scale is not None:

@@ -28,11 +28,13 @@ from abbench.engine import ggml
 from abbench.engine.arch.gpt_oss_args import ModelArgs
 from abbench.engine.arch.graph_common import (
     DecodeGraphs,
+    ExpertNodes,
     GraphFace,
     LayerCache,
     OutputGraph,
     RingWrites,
     SlidingMasks,
+    TokenGraph,
     attended,
     cache_attention,
     expert_sum,
@@ -42,6 +44,7 @@ from abbench.engine.qcompute import QuantTeam, Weight, weighted_sum
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
     from abbench.engine.gguf_file import ModelFile
+    from abbench.engine.slots import SlotPool
 
 
 class LayerWeights:
@@ -73,10 +76,12 @@ class LayerGraph:
     selected experts' weights `weights` (t, k)."""
 
     def __init__(self, model: GraphModel, layer: int, t: int, n_kv: int, pos: int,
-                 residual: np.ndarray | None = None) -> None:
+                 residual: np.ndarray | None = None, stream: int | None = None) -> None:
         """residual: the layer before's `ffn_inp` (1, d), when this decode graph finishes
         that layer (its experts' outputs and weights in `model.moe_y`, `model.moe_w`)
-        rather than read the stream the caller finished."""
+        rather than read the stream the caller finished. stream: the layer before's end
+        (d, 1) in a token's one graph (`TokenGraph`), which then computes this layer's
+        nodes too (this one builds no graph of its own)."""
         a, w = model.args, model.weights[layer]
         d, hd, nq, nkv = a.embedding_length, a.key_length, a.head_count, a.head_count_kv
         n_expert = a.expert_count
@@ -101,9 +106,13 @@ class LayerGraph:
         h_buf, pos_buf = model.inputs(t)
         # the layer before's end, as llama.cpp ends a layer: its experts' weighted sum
         # plus its `ffn_inp`
-        h = (ctx.tensor(f32, (d, t), h_buf.ctypes.data) if residual is None
-             else ctx.add(expert_sum(ctx, model.moe_y, model.moe_w),
-                          ctx.tensor(f32, (d, 1), residual.ctypes.data)))  # (d, t)
+        if stream is not None:
+            h = stream
+        elif residual is None:
+            h = ctx.tensor(f32, (d, t), h_buf.ctypes.data)  # (d, t)
+        else:
+            h = ctx.add(expert_sum(ctx, model.moe_y, model.moe_w),
+                        ctx.tensor(f32, (d, 1), residual.ctypes.data))  # (d, 1)
         positions = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
         mask = ctx.tensor(f32, (n_kv, t), model.mask(cache.swa, t, n_kv).ctypes.data)
         x = rms(h, w.attn_norm)  # (d, t)
@@ -121,7 +130,12 @@ class LayerGraph:
         ffn_inp = ctx.add(linear(w.wo, w.bo, heads), h)  # (d, t)
         xf = rms(ffn_inp, w.post_norm)  # (d, t)
         order, weights = self._router(w, xf, model.k, n_expert, t)
-        self.graph = ctx.graph([*self.writes.copies, order, weights], model.team.threads_pool)
+        if stream is None:
+            self.graph = ctx.graph([*self.writes.copies, order, weights],
+                                   model.team.threads_pool)
+        # the tensors a token's one graph goes on from: x, the top k (a view of the
+        # argsort), their weights, ffn_inp
+        self.nodes = (xf, op("view_2d", order, model.k, t, n_expert * 4, 0), weights, ffn_inp)
         self.h = ctx.array(h, (t, d), np.float32)  # the stream this layer read
         self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
         self.x = ctx.array(xf, (t, d), np.float32)
@@ -215,10 +229,38 @@ class GraphModel(GraphFace, SlidingMasks):
             g.set_position(pos)
         return graphs
 
+    def _token_graph(self, pos: int, n_kv: tuple[int, int],
+                     stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
+        """A decode token as one graph (each layer's, its experts', the output's), built
+        once per attended length."""
+
+        def build() -> TokenGraph:
+            layers: list[LayerGraph] = []
+            parts: list[object] = []
+            outputs: list[int] = []
+            end: int | None = None
+            for i, cache in enumerate(self.caches):
+                g = LayerGraph(self, i, 1, n_kv[cache.swa], pos, stream=end)
+                x, ids, weights, ffn_inp = g.nodes
+                e = ExpertNodes(self.team, stacks[i], self.args.expert_count, i, x, ids,
+                                weights, self.k)
+                end = e.ctx.add(e.sum, ffn_inp)  # (d, 1) as llama.cpp ends the layer
+                layers.append(g)
+                parts += [g, e]
+                outputs += [*g.writes.copies, end]
+            out = OutputGraph(self, *self._output, stream=end)
+            return TokenGraph(self.team, [*parts, out], [*outputs, out.tensor], layers,
+                              [g.order[0, : self.k] for g in layers], out.logits)
+
+        return self._token_graphs.get(n_kv, build)
+
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""
         hook, k = self.routing_hook, self.k
         h, n_kv = self._begin([token], pos)
+        stacks = self._token_stacks(phase)
+        if stacks is not None:
+            return self._token_graph(pos, n_kv, stacks).run(pos, self.experts)
         for layer, g in enumerate(self._decode_graphs(pos, n_kv)):
             g.graph.compute()
             ids = g.order[0, :k].astype(np.int64)  # (k,)

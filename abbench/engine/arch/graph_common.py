@@ -17,11 +17,13 @@ import numpy as np
 
 from abbench.engine import ggml
 from abbench.engine.arch.common import KV_PAD, RoutingHook, embedding, pad
+from abbench.errors import EngineError
 
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
     from abbench.engine.gguf_file import ModelFile
     from abbench.engine.qcompute import QuantTeam, Weight
+    from abbench.engine.slots import SlotPool
 
 T = TypeVar("T")
 
@@ -31,16 +33,21 @@ class OutputGraph:
     (its `args` with `embedding_length` and `layer_norm_rms_epsilon`, its `team`, and
     `inputs(1)`: the residual stream's buffer (1, d) this graph reads)."""
 
-    def __init__(self, model: Any, norm: np.ndarray, output: Weight) -> None:
+    def __init__(self, model: Any, norm: np.ndarray, output: Weight,
+                 stream: int | None = None) -> None:
+        """stream: the last layer's end (d, 1) in a token's one graph (`TokenGraph`), which
+        then computes this one's nodes too; None: read `model.inputs(1)`."""
         d = model.args.embedding_length
         rows = output.rows
         self.norm, self.output = norm, output
         ctx = self.ctx = ggml.Context(model.team.g, 8, 16, 4 * (3 * d + rows) + 4096)
-        h = ctx.tensor(ggml.F32, (d, 1), model.inputs(1)[0].ctypes.data)
+        h = (ctx.tensor(ggml.F32, (d, 1), model.inputs(1)[0].ctypes.data) if stream is None
+             else stream)
         x = ctx.op("mul", ctx.op("rms_norm", h, model.args.layer_norm_rms_epsilon),
                    ctx.tensor(ggml.F32, (d,), norm.ctypes.data))
-        logits = ctx.op("mul_mat", output.tensor(ctx, model.team.repacker), x)
-        self.graph = ctx.graph([logits], model.team.threads_pool)
+        logits = self.tensor = ctx.op("mul_mat", output.tensor(ctx, model.team.repacker), x)
+        if stream is None:
+            self.graph = ctx.graph([logits], model.team.threads_pool)
         self.logits = ctx.array(logits, (rows,), np.float32)
 
 
@@ -140,14 +147,86 @@ def expert_sum(ctx: ggml.Context, moe_y: np.ndarray, moe_w: np.ndarray) -> int:
     """A decode layer's experts' outputs `moe_y` (k, d) times their weights `moe_w` (k,),
     added in routing order, as build_moe_ffn sums them → (d, 1). The rows of experts a
     policy dropped hold zeros (adding +0 changes no bits)."""
-    op, f32 = ctx.op, ggml.F32
     k, d = moe_y.shape
-    y = ctx.tensor(f32, (d, k), moe_y.ctypes.data)  # (d, k)
-    scaled = op("mul", y, ctx.tensor(f32, (1, k), moe_w.ctypes.data))  # (d, k)
+    return weighted_experts(ctx, ctx.tensor(ggml.F32, (d, k), moe_y.ctypes.data),
+                            ctx.tensor(ggml.F32, (1, k), moe_w.ctypes.data), k, d)
+
+
+def weighted_experts(ctx: ggml.Context, y: int, w: int, k: int, d: int) -> int:
+    """Tensors of one token's experts' outputs y (d, k) and weights w (1, k) → their
+    weighted sum (d, 1): ggml_mul, then the outputs added in routing order."""
+    op = ctx.op
+    scaled = op("mul", y, w)  # (d, k)
     moe = op("view_2d", scaled, d, 1, d * 4, 0)  # (d, 1)
     for j in range(1, k):
         moe = ctx.add(moe, op("view_2d", scaled, d, 1, d * 4, j * d * 4))
     return moe
+
+
+class ExpertNodes:
+    """A decode layer's routed experts as nodes of the token's graph, as llama.cpp's
+    build_moe_ffn runs them: `mul_mat_id` of the gate and up stacks, the architecture's
+    FFN steps, `mul_mat_id` of the down stack, each output times its weight and added in
+    routing order. The stacks are the complete cache's slots of the layer (`stack`: the
+    pool and the layer's first slot, expert e in slot first + e:
+    `ExpertRunner.layer_stack`), so the router's own expert ids choose the matrices and
+    nothing leaves the graph between the router and the sum. From tensors of the
+    layer's graph: its experts' input x (d, 1), the top k's ids (I32, k, 1: a view of
+    the router's argsort) and weights (k, 1) → `sum` (d, 1)."""
+
+    def __init__(self, team: QuantTeam, stack: tuple[SlotPool, int], n_expert: int,
+                 layer: int, x: int, ids: int, weights: int, k: int) -> None:
+        pool, first = stack
+        lay = pool.layout
+        d, ff = lay.gate.cols, lay.gate.rows
+        g = team.g
+        ctx = self.ctx = ggml.Context(
+            g, 48 + 4 * k, 0, 4 * k * (3 * ff + 3 * d) + team.ffn.graph_bytes(k, ff, d)
+            + (1 << 12))
+        op = ctx.op
+        stacks = []
+        for i, part in enumerate((lay.gate, lay.up, lay.down)):
+            row, stride = ggml.row_bytes(part.ggml_type, part.cols), lay.stride
+            stack_t = ctx.tensor(
+                part.ggml_type, (part.cols, part.rows, n_expert),
+                pool.part_address(i) + first * stride,
+                (g.base.ggml_type_size(part.ggml_type), row, stride, stride * n_expert))
+            if pool.repack[i] and not (team.repacker and team.repacker.attach(stack_t)):
+                raise EngineError("a repacked expert part has no repacked kernel")
+            stacks.append(stack_t)
+        self.ffn = team.ffn.graph(ctx, ids)
+        self.ffn.set_layer(layer)
+        xt = op("reshape_3d", x, d, 1, 1)  # (d, 1, 1)
+        gate = ctx.mul_mat_id(stacks[0], xt, ids)  # (ff, k, 1)
+        up = ctx.mul_mat_id(stacks[1], xt, ids)  # (ff, k, 1)
+        down = ctx.mul_mat_id(stacks[2], self.ffn.act(gate, up), ids)  # (d, k, 1)
+        y = op("reshape_2d", self.ffn.post(down), d, k)  # (d, k)
+        self.sum = weighted_experts(ctx, y, op("reshape_2d", weights, 1, k), k, d)  # (d, 1)
+
+
+class TokenGraph:
+    """One decode token as one graph, as llama.cpp computes it: every layer's nodes and
+    the output's, joined across the contexts that hold them (`parts`, kept alive here).
+    `outputs` in the order the graph must compute them: each layer's cache writes before
+    its attention reads the cache (they share no edge), the logits last."""
+
+    def __init__(self, team: QuantTeam, parts: list[Any], outputs: list[int],
+                 layers: list[Any], routed: list[np.ndarray], logits: np.ndarray) -> None:
+        """layers: the layers' graph objects (`set_position` moves their cache writes);
+        routed: each layer's top k ids (k,) I32, views the graph fills; logits (vocab,):
+        the output's, likewise."""
+        self.parts, self.layers, self.routed, self.logits = parts, layers, routed, logits
+        self.ctx = ggml.Context(team.g, 1, 64 * 1024)
+        self.graph = self.ctx.graph(outputs, team.threads_pool)
+
+    def run(self, pos: int, experts: ExpertRunner) -> np.ndarray:
+        """Compute the token at position `pos` → its logits (vocab,); the expert side
+        counts each layer's routing as its short way would."""
+        for layer in self.layers:
+            layer.set_position(pos)
+        self.graph.compute()
+        experts.count_in_graph([r.tolist() for r in self.routed])
+        return self.logits.copy()
 
 
 class GraphFace:
@@ -168,6 +247,12 @@ class GraphFace:
         self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
         self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.routing_hook: RoutingHook | None = None
+        # A decode token as one graph (`TokenGraph`) where the expert side allows it
+        # (`_token_stacks`); False: a graph per layer and the experts between them, as
+        # every other pass computes (the tests compare the two).
+        self.one_graph = True
+        self._stacks: list[tuple[SlotPool, int] | None] | None = None
+        self._token_graphs: DecodeGraphs[TokenGraph] = DecodeGraphs()
         # What the session sets on a model; the graphs compute without them.
         self.matvec: Any = None
         self.matmul_t: Any = None
@@ -175,6 +260,19 @@ class GraphFace:
 
     def router_matrix(self, layer: int) -> np.ndarray:
         return self.weights[layer].router  # (n_expert, d)
+
+    def _token_stacks(self, phase: int) -> list[tuple[SlotPool, int]] | None:
+        """Each layer's expert stack (`ExpertNodes`), where this pass may compute as one
+        graph: a decode pass with no routing hook (it sees each layer's routing before
+        that layer's experts run), the expert side's `in_graph`, and every layer's
+        experts in consecutive slots. None: a graph per layer."""
+        if not self.one_graph or self.routing_hook is not None \
+                or not self.experts.in_graph(phase):
+            return None
+        if self._stacks is None:
+            self._stacks = [self.experts.layer_stack(i) for i in range(len(self.weights))]
+        stacks = self._stacks
+        return None if any(s is None for s in stacks) else stacks  # type: ignore[return-value]
 
     def router_bias(self, layer: int) -> np.ndarray | None:
         """What the router adds to its logits before ranking them: nothing here."""

@@ -24,8 +24,10 @@ import numpy as np
 
 from abbench.engine.arch.graph_common import (
     DecodeGraphs,
+    ExpertNodes,
     GraphFace,
     OutputGraph,
+    TokenGraph,
     attended,
     causal_mask,
 )
@@ -37,6 +39,7 @@ from abbench.errors import EngineError
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
     from abbench.engine.gguf_file import ModelFile
+    from abbench.engine.slots import SlotPool
 
 
 class GraphModel(GraphFace):
@@ -114,10 +117,37 @@ class GraphModel(GraphFace):
             g.set_position(pos)
         return graphs
 
+    def _token_graph(self, n_kv: int, stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
+        """A decode token as one graph (each layer's, its experts', the output's), built
+        once per attended length."""
+
+        def build() -> TokenGraph:
+            layers: list[LayerGraph] = []
+            parts: list[object] = []
+            outputs: list[int] = []
+            end: int | None = None
+            for i in range(len(self.weights)):
+                g = LayerGraph(self, i, 1, n_kv, self.k, stream=end)
+                x, ids, weights, shared, ffn_inp = g.nodes
+                e = ExpertNodes(self.team, stacks[i], self.args.expert_count, i, x, ids,
+                                weights, self.k)
+                end = e.ctx.add(e.ctx.add(e.sum, shared), ffn_inp)  # (d, 1)
+                layers.append(g)
+                parts += [g, e]
+                outputs += [*g.writes, end]
+            out = OutputGraph(self, *self._output, stream=end)
+            return TokenGraph(self.team, [*parts, out], [*outputs, out.tensor], layers,
+                              [g.ids[0] for g in layers], out.logits)
+
+        return self._token_graphs.get(n_kv, build)
+
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""
         hook = self.routing_hook
         h, n_kv = self._begin([token], pos)
+        stacks = self._token_stacks(phase)
+        if stacks is not None:
+            return self._token_graph(n_kv, stacks).run(pos, self.experts)
         for layer, g in enumerate(self._decode_graphs(pos, n_kv)):
             g.graph.compute()
             x, top, w, shared, ffn_inp = g.first  # the pass's one token

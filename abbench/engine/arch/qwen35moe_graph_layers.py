@@ -138,7 +138,11 @@ class LayerGraph:
     input `x` (t, d), the `k` experts chosen and their weights (t, k), and the gated shared
     expert's output `shared` (t, d). A linear layer's pass moves its state on."""
 
-    def __init__(self, model: GraphModel, layer: int, t: int, n_kv: int, k: int) -> None:
+    def __init__(self, model: GraphModel, layer: int, t: int, n_kv: int, k: int,
+                 stream: int | None = None) -> None:
+        """stream: the layer before's end (d, 1) in a token's one graph (`TokenGraph`),
+        which then computes this layer's nodes too (this one builds no graph of its
+        own); None: the stream in `model.inputs(t)`."""
         a = model.args
         w = self.w = model.weights[layer]
         ctx = self.ctx = ggml.Context(model.team.g, 192, 256, scratch_bytes(a, t, n_kv))
@@ -147,7 +151,8 @@ class LayerGraph:
         self.k_write: tuple[int, int] | None = None  # a full layer's, moved per pass
         self.v_write: tuple[int, int] | None = None
         h_buf, _ = model.inputs(t)
-        h = ctx.tensor(ggml.F32, (a.embedding_length, t), h_buf.ctypes.data)
+        h = (ctx.tensor(ggml.F32, (a.embedding_length, t), h_buf.ctypes.data)
+             if stream is None else stream)
         x = self.rms(h, w.attn_norm)  # (d, t)
         mixer = (self._delta_net(w.mixer, x) if isinstance(w.mixer, DeltaNetWeights)
                  else self._attention(w.mixer, x, n_kv))  # (d, t)
@@ -155,7 +160,10 @@ class LayerGraph:
         xf = self.rms(ffn_inp, w.post_norm)  # (d, t)
         top, weights = self._router(w, xf, k)  # (k, t) I32, (k, t)
         shared = self._shared(w, xf)  # (d, t)
-        self.graph = ctx.graph([*self.writes, weights, shared], model.team.threads_pool)
+        if stream is None:
+            self.graph = ctx.graph([*self.writes, weights, shared], model.team.threads_pool)
+        # the tensors a token's one graph goes on from
+        self.nodes = (xf, top, weights, shared, ffn_inp)
         d, e = a.embedding_length, a.expert_count
         self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
         self.x = ctx.array(xf, (t, d), np.float32)

@@ -27,17 +27,20 @@ import numpy as np
 from abbench.engine import ggml
 from abbench.engine.arch.graph_common import (
     DecodeGraphs,
+    ExpertNodes,
     GraphFace,
     OutputGraph,
+    TokenGraph,
     attended,
     causal_mask,
 )
 from abbench.engine.arch.qwen3moe_args import ModelArgs
-from abbench.engine.qcompute import QuantTeam, Weight, routing, weighted_sum
+from abbench.engine.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight, routing, weighted_sum
 
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
     from abbench.engine.gguf_file import ModelFile
+    from abbench.engine.slots import SlotPool
 
 ROPE_NEOX = 2  # GGML_ROPE_TYPE_NEOX
 # llama.cpp's RoPE settings without scaling: freq_scale, ext_factor, attn_factor,
@@ -68,7 +71,10 @@ class LayerGraph:
     (t, d) and the router's probabilities and ranking (t, n_expert)."""
 
     def __init__(self, model: GraphModel, w: LayerWeights, layer: int, t: int,
-                 n_kv: int) -> None:
+                 n_kv: int, stream: int | None = None) -> None:
+        """stream: the layer before's end (d, 1) in a token's one graph (`TokenGraph`),
+        which then computes this layer's nodes too, the routing weights among them (this
+        one builds no graph of its own); None: the stream in `model.inputs(t)`."""
         a = model.args
         d, hd, nq, nkv = a.embedding_length, a.key_length, a.head_count, a.head_count_kv
         kv_size, n_expert = model.kv_size, a.expert_count
@@ -88,7 +94,7 @@ class LayerGraph:
             return op("mul", op("rms_norm", x, a.layer_norm_rms_epsilon), vector(weight))
 
         h_buf, pos_buf = model.inputs(t)
-        h = ctx.tensor(f32, (d, t), h_buf.ctypes.data)
+        h = ctx.tensor(f32, (d, t), h_buf.ctypes.data) if stream is None else stream
         pos = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
         mask = ctx.tensor(f32, (n_kv, t), model.mask(t, n_kv).ctypes.data)
         x = rms(h, w.attn_norm)  # (d, t)
@@ -121,7 +127,16 @@ class LayerGraph:
         probs = op("soft_max", op("mul_mat", ctx.tensor(f32, (d, n_expert),
                                                         w.router.ctypes.data), xf))
         order = op("argsort", probs, ggml.SORT_DESC)  # (n_expert, t) I32
-        self.graph = ctx.graph([*writes, order], model.team.threads_pool)
+        if stream is None:
+            self.graph = ctx.graph([*writes, order], model.team.threads_pool)
+        else:  # build_moe_ffn's weights: the top k's probabilities over their sum, clamped
+            k = model.k
+            top = op("view_2d", order, k, t, n_expert * 4, 0)  # (k, t) argsort_top_k
+            chosen = op("reshape_2d", ctx.get_rows(op("reshape_3d", probs, 1, n_expert, t),
+                                                   top), k, t)  # (k, t)
+            total = op("clamp", op("sum_rows", chosen), WEIGHT_SUM_MIN, math.inf)  # (1, t)
+            self.nodes = (xf, top, op("div", chosen, total), ffn_inp)
+        self.writes = writes
         self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
         self.x = ctx.array(xf, (t, d), np.float32)
         self.probs = ctx.array(probs, (t, n_expert), np.float32)
@@ -192,10 +207,40 @@ class GraphModel(GraphFace):
             g.set_position(pos)
         return graphs
 
+    def _token_graph(self, n_kv: int, stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
+        """A decode token as one graph (each layer's, its experts', the output's), built
+        once per attended length."""
+
+        def build() -> TokenGraph:
+            layers: list[LayerGraph] = []
+            outputs: list[int] = []
+            # the first layer reads the stream's buffer, in the token's graph all the same
+            leaf = ggml.Context(self.team.g, 1)
+            end = leaf.tensor(ggml.F32, (self.args.embedding_length, 1),
+                              self.inputs(1)[0].ctypes.data)  # (d, 1)
+            parts: list[object] = [leaf]
+            for i, w in enumerate(self.weights):
+                g = LayerGraph(self, w, i, 1, n_kv, stream=end)
+                x, ids, weights, ffn_inp = g.nodes
+                e = ExpertNodes(self.team, stacks[i], self.args.expert_count, i, x, ids,
+                                weights, self.k)
+                end = e.ctx.add(e.sum, ffn_inp)  # (d, 1) as llama.cpp ends the layer
+                layers.append(g)
+                parts += [g, e]
+                outputs += [*g.writes, end]
+            out = OutputGraph(self, *self._output, stream=end)
+            return TokenGraph(self.team, [*parts, out], [*outputs, out.tensor], layers,
+                              [g.order[0, : self.k] for g in layers], out.logits)
+
+        return self._token_graphs.get(n_kv, build)
+
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""
         hook = self.routing_hook
         h, n_kv = self._begin([token], pos)
+        stacks = self._token_stacks(phase)
+        if stacks is not None:
+            return self._token_graph(n_kv, stacks).run(pos, self.experts)
         for layer, g in enumerate(self._decode_graphs(pos, n_kv)):
             g.graph.compute()
             ids, weights = routing(g.probs[0], g.order[0], self.k)  # (k,), (k,)

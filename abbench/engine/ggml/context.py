@@ -94,9 +94,10 @@ class Context:
             raise EngineError(f"mul_mat: ({sa.ne[0]}, {sa.ne[1]}) by ({sb.ne[0]}, {sb.ne[1]})")
         return self._result(self.g.base.ggml_mul_mat(self.ctx, a, b), out)
 
-    def mul_mat_id(self, as_: int, b: int, ids: int, out: int) -> int:
+    def mul_mat_id(self, as_: int, b: int, ids: int, out: int | None = None) -> int:
         """Matrices `as_` (k, m, n_as) chosen by `ids` (I32: n_used, n_tokens) times b
-        (k, 1 or n_used, n_tokens) → (m, n_used, n_tokens) F32 at `out`."""
+        (k, 1 or n_used, n_tokens) → (m, n_used, n_tokens) F32 at `out` (None: the
+        scratch's next bytes)."""
         sa, sb, si = (TensorStruct.from_address(x) for x in (as_, b, ids))
         if (sa.ne[0] != sb.ne[0] or si.type != I32 or si.ne[1] != sb.ne[2]
                 or si.ne[0] % sb.ne[1] or sb.type != F32 or sa.nb[0] > sa.nb[1]):
