@@ -72,7 +72,8 @@ from abbench.engine.telemetry import summarize  # noqa: E402
 def llama_bench(binary: Path, model: Path, threads: int, tokens: int,
                 flash_attn: str = "auto") -> tuple[float, float]:
     """(decode tok/s, prefill tok/s) of one llama-bench run: `tg tokens`, `pp tokens`;
-    `flash_attn` its -fa (auto: its default, flash attention with an F16 cache on CPU)."""
+    `flash_attn` its -fa (auto: its default, flash attention with an F16 cache on CPU).
+    Its cache is F16 either way: llama-bench takes no F32 cache type (-ctk)."""
     fa = [] if flash_attn == "auto" else ["-fa", "0"]
     out = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-r", "1",
                           "-p", str(tokens), "-n", str(tokens), "-o", "json", *fa],
@@ -83,14 +84,17 @@ def llama_bench(binary: Path, model: Path, threads: int, tokens: int,
     return float(tg), float(pp)
 
 
-def embedded(model: Path, threads: int, tokens: int,
-             kernels: str = "auto") -> tuple[tuple[float, float], tuple[float, float]]:
+def embedded(model: Path, threads: int, tokens: int, kernels: str = "auto",
+             sampler: str = "file") -> tuple[tuple[float, float], tuple[float, float]]:
     """((decode tok/s, prefill tok/s) measured after a warm-up run, as llama-bench
     measures, and the same of the warm-up run itself) of one embedded engine, every expert
-    resident."""
+    resident; `sampler` file: the file's sampling settings, greedy: the argmax, no
+    penalty."""
     prompt = tuple(3 + (7 * i) % 256 for i in range(tokens))  # byte tokens: any text
+    greedy = {"temp": 0.0, "repeat_penalty": 1.0} if sampler == "greedy" else {}
     cfg = EngineConfig(model=str(model), prompt_tokens=prompt, n_tokens=tokens,
-                       resident=True, threads=threads, ignore_eos=True, kernels=kernels)
+                       resident=True, threads=threads, ignore_eos=True, kernels=kernels,
+                       **greedy)  # type: ignore[arg-type]
     with Engine(cfg, model) as engine:
         cold = engine.run()
         warm = engine.run()  # the same prompt again: its KV positions are rewritten
@@ -122,6 +126,10 @@ def main() -> None:
     ap.add_argument("--llama-flash-attn", choices=("auto", "off"), default="auto",
                     help="llama-bench's -fa: auto (its default: flash attention, F16 KV "
                     "cache) or off (the attention the engine computes: KQ, softmax, KQV)")
+    ap.add_argument("--sampler", choices=("file", "greedy"), default="file",
+                    help="how the engine picks each token: file (the file's sampling "
+                    "settings, as `abbench engine run` does) or greedy (the argmax, no "
+                    "penalty: llama-bench samples nothing)")
     a = ap.parse_args()
     if a.tokens < 2:
         ap.error("--tokens must be at least 2 (a prompt of one token has no prefill pass)")
@@ -138,7 +146,8 @@ def main() -> None:
     model = Path(resolve_model(a.model))
     print(f"model: {a.model} ({model}), {a.threads} threads, {a.tokens} tokens, "
           f"{a.rounds} alternating rounds, --kernels {a.kernels}; llama.cpp 0c1e570 "
-          f"(llama-cpp-python sdist), flash attention {a.llama_flash_attn}")
+          f"(llama-cpp-python sdist), flash attention {a.llama_flash_attn}; the "
+          f"engine's sampler: {a.sampler}")
     blas = [f"{i['internal_api']} {i.get('version')} {i.get('architecture')}"
             for i in threadpool_info() if i["user_api"] == "blas"]
     print(f"numpy BLAS: {', '.join(blas) or 'unknown'}; OPENBLAS_CORETYPE="
@@ -146,10 +155,10 @@ def main() -> None:
     p7, p8, p7_cold, p8_cold = [], [], [], []
     for i in range(a.rounds):
         # ABBA: a drift of the host's speed that is linear over the round falls on both
-        first = embedded(model, a.threads, a.tokens, a.kernels)
-        theirs = mean(llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn),
-                      llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn))
-        last = embedded(model, a.threads, a.tokens, a.kernels)
+        first = embedded(model, a.threads, a.tokens, a.kernels, a.sampler)
+        theirs = mean(*(llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn)
+                        for _ in range(2)))
+        last = embedded(model, a.threads, a.tokens, a.kernels, a.sampler)
         ours, cold = mean(first[0], last[0]), mean(first[1], last[1])
         p7.append(ours[0] / theirs[0])
         p8.append(ours[1] / theirs[1])

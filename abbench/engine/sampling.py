@@ -32,7 +32,8 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         """logits: (vocab,) → token id. One uniform draw per token whatever the logits."""
-        if self.recent or self.banned.size:
+        owned = bool(self.recent or self.banned.size)
+        if owned:
             logits = logits.astype(np.float64)  # (vocab,) a copy: the caller's stays intact
         if self.recent:
             distinct = set(self.recent)  # each penalised once, in any order (np.unique sorts)
@@ -42,15 +43,21 @@ class Sampler:
                                    seen * self.repeat_penalty)
         if self.banned.size:
             logits[self.banned[self.banned < logits.size]] = -np.inf
-        token = self._choose(logits)
+        token = self._choose(logits, owned)
         self.accept(token)
         return token
 
-    def _choose(self, logits: np.ndarray) -> int:
+    def _choose(self, logits: np.ndarray, owned: bool = False) -> int:
+        """owned: `logits` is float64 and this sampler's own copy, free to overwrite."""
         if self.temp <= 0.0:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64, copy=False) / self.temp  # no second copy
-        p = np.exp(z - z.max())
-        cdf = np.cumsum(p)
+        # Each step overwrites one float64 copy rather than making a temporary: this runs
+        # on every decode token's path, just after a graph that left the caches cold.
+        z = logits.astype(np.float64, copy=not owned)
+        if self.temp != 1.0:  # z / 1.0 is z
+            np.divide(z, self.temp, out=z)
+        np.subtract(z, z.max(), out=z)
+        np.exp(z, out=z)
+        cdf = np.cumsum(z, out=z)
         u = self.rng.random() * cdf[-1]
         return int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))

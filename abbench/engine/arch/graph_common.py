@@ -225,7 +225,7 @@ class TokenGraph:
         for layer in self.layers:
             layer.set_position(pos)
         self.graph.compute()
-        experts.count_in_graph([r.tolist() for r in self.routed])
+        experts.count_in_graph(np.array(self.routed).tolist())  # one copy, one conversion
         return self.logits.copy()
 
 
@@ -324,7 +324,10 @@ class SlidingMasks:
         """A pass at `positions` (t,) into the ring's cells, and both caches' masks for
         it (attending over n_kv (full, sliding) cells)."""
         t, pos = len(positions), int(positions[0])
-        self.swa_pos[positions % self.swa_size] = positions
+        if t == 1:  # decode, on every token's path: one cell, no temporaries
+            self.swa_pos[pos % self.swa_size] = pos
+        else:
+            self.swa_pos[positions % self.swa_size] = positions
         if t == 1 and self._decoded == (pos - 1, n_kv):
             self._step_masks(pos, n_kv)
         else:
