@@ -49,6 +49,7 @@ import numpy as np
 from abbench.engine import partner
 from abbench.engine.cache import BufferKind, ExpertCache, Key
 from abbench.engine.compute import SWIGLU, ComputeTeam, Job
+from abbench.engine.expert_in_graph import InGraph
 from abbench.engine.expert_pass import Direct, Load, Miss, Selection, TokenCounters, by_expert_id
 from abbench.engine.expert_prefill import BatchPrefill
 from abbench.engine.expert_speculation import Speculation
@@ -70,12 +71,11 @@ __all__ = ["MIB", "Direct", "ExpertRunner", "Load", "Miss", "Selection", "TokenC
 MIB = 1024 * 1024
 
 
-class ExpertRunner(BatchPrefill, Speculation):
+class ExpertRunner(BatchPrefill, Speculation, InGraph):
     """The experts of every layer: one cache, one set of reader lanes, one compute team.
 
-    The prefill path (`expert_prefill.py`) and speculation (`expert_speculation.py`) are
-    parts of this class kept in their own modules; this one holds the state and a decode
-    layer's steps."""
+    Parts are kept in their own modules (`expert_prefill.py`, `expert_speculation.py`,
+    `expert_in_graph.py`); this holds the state and a decode layer's steps."""
 
     def __init__(
         self,
@@ -275,44 +275,6 @@ class ExpertRunner(BatchPrefill, Speculation):
         bufs = [table[e] for e in routed]
         tok.mgmt_s += time.perf_counter() - t0
         return weights, direct[0].run_resident(bufs, x, routed, layer)
-
-    # -- a decode pass whose experts run inside the model's graph ---------------------
-
-    def in_graph(self, phase: int) -> bool:
-        """Whether this decode pass's experts may run inside the model's one graph per
-        token (as llama.cpp's do): every expert resident on the ggml team and nothing
-        acting between a layer's router and its experts — no drop policy, speculation,
-        route trace or reads in flight. The model counts the pass with `count_in_graph`."""
-        return (phase == 1 and self._direct is not None and isinstance(self.team, QuantTeam)
-                and self.policies.drop_frac_in(1) is None and not self.policies.speculates
-                and self.trace is None and not self._pending and self._retain_at is None)
-
-    def layer_stack(self, layer: int) -> tuple[SlotPool, int] | None:
-        """A complete cache's slot pool and first slot of `layer`'s experts, where expert e
-        sits in slot first + e (as `_preload` places them): the stack a graph's
-        `mul_mat_id` takes the router's expert ids into. None: not so placed."""
-        if self._direct is None:
-            return None
-        bufs = self._direct[1][layer]
-        pool, first = bufs[0].kind, bufs[0].index  # type: ignore[attr-defined]
-        if not isinstance(pool, SlotPool) or any(
-                b.kind is not pool or b.index != first + e  # type: ignore[attr-defined]
-                for e, b in enumerate(bufs)):
-            return None
-        return pool, first
-
-    def count_in_graph(self, routed: Sequence[list[int]]) -> None:
-        """What `run_routed`'s short way counts for each layer, for a pass whose experts
-        ran in the model's graph (`routed`: each layer's expert ids, routing order)."""
-        t0 = time.perf_counter()
-        n = 0
-        for layer, ids in enumerate(routed):
-            self._routing[layer] = ids  # the next token's previous routing
-            n += len(ids)
-        self.tok.experts_routed += n
-        self.tok.hits += n
-        self.cache.counters.hits += n
-        self.tok.mgmt_s += time.perf_counter() - t0
 
     def select(self, layer: int, ids: np.ndarray, weights: np.ndarray,
                phase: int) -> Selection:

@@ -103,16 +103,8 @@ class LayerGraph:
         def linear(m: Weight, bias: np.ndarray, x: int) -> int:  # build_qkv, wo: bias after
             return ctx.add(op("mul_mat", matrix(m), x), vector(bias))
 
-        h_buf, pos_buf = model.inputs(t)
-        # the layer before's end, as llama.cpp ends a layer: its experts' weighted sum
-        # plus its `ffn_inp`
-        if stream is not None:
-            h = stream
-        elif residual is None:
-            h = ctx.tensor(f32, (d, t), h_buf.ctypes.data)  # (d, t)
-        else:
-            h = ctx.add(expert_sum(ctx, model.moe_y, model.moe_w),
-                        ctx.tensor(f32, (d, 1), residual.ctypes.data))  # (d, 1)
+        pos_buf = model.inputs(t)[1]
+        h = stream if stream is not None else self._stream(model, residual, t)  # (d, t)
         positions = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
         mask = ctx.tensor(f32, (n_kv, t), model.mask(cache.swa, t, n_kv).ctypes.data)
         x = rms(h, w.attn_norm)  # (d, t)
@@ -145,6 +137,15 @@ class LayerGraph:
     def set_position(self, pos: int) -> None:
         """Where this pass's keys and values go: cell (pos + i) mod cells for token i."""
         self.writes.set_position(pos)
+
+    def _stream(self, model: GraphModel, residual: np.ndarray | None, t: int) -> int:
+        """The stream this layer reads (d, t): the caller's, or the layer before's end as
+        llama.cpp ends a layer, its experts' weighted sum plus its `ffn_inp`."""
+        ctx, d = self.ctx, model.args.embedding_length
+        if residual is None:
+            return ctx.tensor(ggml.F32, (d, t), model.inputs(t)[0].ctypes.data)
+        return ctx.add(expert_sum(ctx, model.moe_y, model.moe_w),
+                       ctx.tensor(ggml.F32, (d, 1), residual.ctypes.data))  # (d, 1)
 
     def _router(self, w: LayerWeights, xf: int, k: int, n_expert: int, t: int
                 ) -> tuple[int, int]:

@@ -29,9 +29,11 @@ from abbench.engine.arch.graph_common import (
     DecodeGraphs,
     ExpertNodes,
     GraphFace,
+    LayerCache,
     OutputGraph,
     TokenGraph,
     attended,
+    cache_attention,
     causal_mask,
 )
 from abbench.engine.arch.qwen3moe_args import ModelArgs
@@ -114,14 +116,8 @@ class LayerGraph:
         self.k_write = (k_dst, op("cpy", op("reshape_2d", k, nkv * hd, t), k_dst))
         self.v_write = (v_dst, op("cpy", op("transpose", v), v_dst))
         writes = [self.k_write[1], self.v_write[1]]
-        keys = op("permute", op("view_3d", k_cache, hd, nkv, n_kv, hd * 4, nkv * hd * 4, 0),
-                  0, 2, 1, 3)  # (hd, n_kv, nkv)
-        values = op("permute", op("view_3d", v_cache, n_kv, nkv, hd, kv_size * hd * 4,
-                                  kv_size * 4, 0), 0, 2, 1, 3)  # (n_kv, hd, nkv)
-        kq = op("mul_mat", keys, op("permute", q, 0, 2, 1, 3))  # (n_kv, t, nq)
-        kq = op("soft_max_ext", kq, mask, 1.0 / math.sqrt(hd), 0.0)
-        kqv = op("permute", op("mul_mat", values, kq), 0, 2, 1, 3)  # (hd, nq, t)
-        heads = op("reshape_2d", op("cont", kqv), hd * nq, t)  # (nq*hd, t)
+        heads = cache_attention(ctx, LayerCache(False, self.k_cache, self.v_cache), q, mask,
+                                n_kv, (hd, nq, t), 1.0 / math.sqrt(hd))  # (nq*hd, t)
         ffn_inp = op("add", op("mul_mat", matrix(w.wo), heads), h)  # (d, t)
         xf = rms(ffn_inp, w.ffn_norm)  # (d, t)
         probs = op("soft_max", op("mul_mat", ctx.tensor(f32, (d, n_expert),
@@ -129,18 +125,25 @@ class LayerGraph:
         order = op("argsort", probs, ggml.SORT_DESC)  # (n_expert, t) I32
         if stream is None:
             self.graph = ctx.graph([*writes, order], model.team.threads_pool)
-        else:  # build_moe_ffn's weights: the top k's probabilities over their sum, clamped
-            k = model.k
-            top = op("view_2d", order, k, t, n_expert * 4, 0)  # (k, t) argsort_top_k
-            chosen = op("reshape_2d", ctx.get_rows(op("reshape_3d", probs, 1, n_expert, t),
-                                                   top), k, t)  # (k, t)
-            total = op("clamp", op("sum_rows", chosen), WEIGHT_SUM_MIN, math.inf)  # (1, t)
-            self.nodes = (xf, top, op("div", chosen, total), ffn_inp)
+        else:
+            self.nodes = (xf, *self._weights(probs, order, model.k, t), ffn_inp)
         self.writes = writes
         self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
         self.x = ctx.array(xf, (t, d), np.float32)
         self.probs = ctx.array(probs, (t, n_expert), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)
+
+    def _weights(self, probs: int, order: int, k: int, t: int) -> tuple[int, int]:
+        """build_moe_ffn's top k of the router's softmax `probs` (n_expert, t) by its
+        argsort `order` and their weights, the probabilities over their sum clamped below
+        → the ids (k, t) I32 (a view of the argsort), the weights (k, t)."""
+        ctx, op = self.ctx, self.ctx.op
+        n_expert = ggml.TensorStruct.from_address(probs).ne[0]
+        top = op("view_2d", order, k, t, n_expert * 4, 0)  # (k, t) argsort_top_k
+        chosen = op("reshape_2d", ctx.get_rows(op("reshape_3d", probs, 1, n_expert, t), top),
+                    k, t)  # (k, t)
+        total = op("clamp", op("sum_rows", chosen), WEIGHT_SUM_MIN, math.inf)  # (1, t)
+        return top, op("div", chosen, total)
 
     def set_position(self, pos: int) -> None:
         """Where this pass's keys and values go: cache position `pos` on."""
