@@ -22,10 +22,15 @@ means' ratio; each round is printed and the median of the rounds is the figure.
     python benches/p7_vs_llamacpp.py --arch gpt-oss [--rounds 3]
     python benches/p7_vs_llamacpp.py --arch qwen35moe --kernels ggml [--rounds 3]
 
-`--llama-flash-attn off` runs llama-bench with `-fa 0`: the attention the engine computes
-(KQ, the masked softmax, KQV) rather than its default flash attention over an F16 cache,
-which the engine does not compute (measured here on gpt-oss-small, two runs: llama.cpp's
-default decodes 1.11-1.12x faster than its own `-fa 0`).
+What is compared with what (docs/benches.md, "P7 per architecture"):
+- `--llama-flash-attn off` runs llama-bench with `-fa 0`: the attention the engine computes
+  by default (KQ, the masked softmax, KQV) rather than llama-bench's default flash
+  attention over an F16 cache (its cache stays F16: llama-bench takes no F32 cache type).
+- `--flash-attn` runs the engine with `--flash-attn`: llama-bench's default computation
+  (flash attention over an F16 cache), to the bit as llama.cpp computes it.
+- `--sampler greedy` has the engine take each token by the argmax with no penalty, where
+  the default (`file`) samples with the file's settings, as `abbench engine run` does:
+  llama-bench's `tg` test decodes and samples nothing.
 
 `--arch ARCH` measures that architecture on its small synthetic file (`synthetic:small`
 for qwen3moe, `synthetic:ARCH-small` for the others), against the bar every architecture
@@ -85,16 +90,17 @@ def llama_bench(binary: Path, model: Path, threads: int, tokens: int,
 
 
 def embedded(model: Path, threads: int, tokens: int, kernels: str = "auto",
-             sampler: str = "file") -> tuple[tuple[float, float], tuple[float, float]]:
+             sampler: str = "file", flash_attn: bool = False
+             ) -> tuple[tuple[float, float], tuple[float, float]]:
     """((decode tok/s, prefill tok/s) measured after a warm-up run, as llama-bench
     measures, and the same of the warm-up run itself) of one embedded engine, every expert
     resident; `sampler` file: the file's sampling settings, greedy: the argmax, no
-    penalty."""
+    penalty; `flash_attn`: the engine's --flash-attn."""
     prompt = tuple(3 + (7 * i) % 256 for i in range(tokens))  # byte tokens: any text
     greedy = {"temp": 0.0, "repeat_penalty": 1.0} if sampler == "greedy" else {}
     cfg = EngineConfig(model=str(model), prompt_tokens=prompt, n_tokens=tokens,
                        resident=True, threads=threads, ignore_eos=True, kernels=kernels,
-                       **greedy)  # type: ignore[arg-type]
+                       flash_attn=flash_attn, **greedy)  # type: ignore[arg-type]
     with Engine(cfg, model) as engine:
         cold = engine.run()
         warm = engine.run()  # the same prompt again: its KV positions are rewritten
@@ -126,6 +132,9 @@ def main() -> None:
     ap.add_argument("--llama-flash-attn", choices=("auto", "off"), default="auto",
                     help="llama-bench's -fa: auto (its default: flash attention, F16 KV "
                     "cache) or off (the attention the engine computes: KQ, softmax, KQV)")
+    ap.add_argument("--flash-attn", action="store_true",
+                    help="the engine with --flash-attn: flash attention over an F16 cache, "
+                    "as llama-bench's default computes it")
     ap.add_argument("--sampler", choices=("file", "greedy"), default="file",
                     help="how the engine picks each token: file (the file's sampling "
                     "settings, as `abbench engine run` does) or greedy (the argmax, no "
@@ -147,7 +156,8 @@ def main() -> None:
     print(f"model: {a.model} ({model}), {a.threads} threads, {a.tokens} tokens, "
           f"{a.rounds} alternating rounds, --kernels {a.kernels}; llama.cpp 0c1e570 "
           f"(llama-cpp-python sdist), flash attention {a.llama_flash_attn}; the "
-          f"engine's sampler: {a.sampler}")
+          f"engine's attention: {'flash, F16 cache' if a.flash_attn else 'F32'}, its "
+          f"sampler: {a.sampler}")
     blas = [f"{i['internal_api']} {i.get('version')} {i.get('architecture')}"
             for i in threadpool_info() if i["user_api"] == "blas"]
     print(f"numpy BLAS: {', '.join(blas) or 'unknown'}; OPENBLAS_CORETYPE="
@@ -155,10 +165,10 @@ def main() -> None:
     p7, p8, p7_cold, p8_cold = [], [], [], []
     for i in range(a.rounds):
         # ABBA: a drift of the host's speed that is linear over the round falls on both
-        first = embedded(model, a.threads, a.tokens, a.kernels, a.sampler)
+        first = embedded(model, a.threads, a.tokens, a.kernels, a.sampler, a.flash_attn)
         theirs = mean(*(llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn)
                         for _ in range(2)))
-        last = embedded(model, a.threads, a.tokens, a.kernels, a.sampler)
+        last = embedded(model, a.threads, a.tokens, a.kernels, a.sampler, a.flash_attn)
         ours, cold = mean(first[0], last[0]), mean(first[1], last[1])
         p7.append(ours[0] / theirs[0])
         p8.append(ours[1] / theirs[1])

@@ -36,22 +36,24 @@ def config(path: Path, **extra: object) -> EngineConfig:
                         **settings)  # type: ignore[arg-type]
 
 
-def logits(path: Path, one_graph: bool) -> tuple[np.ndarray, bool]:
+def logits(path: Path, one_graph: bool, flash: bool) -> tuple[np.ndarray, bool]:
     """Every position's logits through `forward`, and whether a token graph was built."""
     tokens = [int(t) for t in np.random.default_rng(8).integers(3, 250, 20)]
     cfg = EngineConfig(model=str(path), prompt_tokens=tuple(tokens), n_tokens=1, n_ctx=300,
-                       ignore_eos=True, resident=True, kernels="ggml", threads=2)
+                       ignore_eos=True, resident=True, kernels="ggml", threads=2,
+                       flash_attn=flash)
     with Engine(cfg, path) as engine:
         engine.model.one_graph = one_graph
         out = np.stack([engine.model.forward(t, pos, 1) for pos, t in enumerate(tokens)])
         return out, engine.model._token_graphs._built is not None
 
 
+@pytest.mark.parametrize("flash", [False, True], ids=["f32-attention", "flash-attn"])
 @pytest.mark.parametrize("name", TINY)
 def test_one_graph_a_token_gives_the_bits_of_a_graph_a_layer(
-        name: str, files: dict[str, Path]) -> None:
-    one, built = logits(files[name], True)
-    per_layer, built_per_layer = logits(files[name], False)
+        name: str, flash: bool, files: dict[str, Path]) -> None:
+    one, built = logits(files[name], True, flash)
+    per_layer, built_per_layer = logits(files[name], False, flash)
     assert built and not built_per_layer
     np.testing.assert_array_equal(one, per_layer)
 

@@ -11,7 +11,8 @@ cached).
   with the BPE vocabulary), and on gpt-oss's tiny and small files (its graph model: MXFP4
   experts computed in their type, as llama.cpp's graph), with
   llama.cpp's attention in F32 (`-fa off -ctk f32 -ctv f32`: its default flash attention
-  rounds K/V to F16 and swaps near-tie routings). On the SentencePiece vocabulary (byte
+  rounds K/V to F16 and swaps near-tie routings; the engine's `--flash-attn` is held to
+  it in tests/test_llamacpp_flash_attn.py). On the SentencePiece vocabulary (byte
   tokens and three control tokens) equal bytes are equal tokens; on the BPE one a token
   that differed would change every token after it.
 
@@ -131,11 +132,19 @@ def write_presets(folder: Path, names: tuple[str, ...]) -> dict[str, Path]:
     return paths
 
 
-def _llama_completion(llama_bin: Path, model: Path, *extra: str) -> bytes:
+# llama.cpp's attention: in F32, as the engine computes it by default, or its default
+# flash attention over an F16 cache (the engine's --flash-attn)
+F32_ATTENTION = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
+FLASH_ATTENTION = ("-fa", "on")
+
+
+def _llama_completion(llama_bin: Path, model: Path, *extra: str, flash: bool = False
+                      ) -> bytes:
+    attention = FLASH_ATTENTION if flash else F32_ATTENTION
     for _ in range(ATTEMPTS):
         out = subprocess.run(
             [str(llama_bin / "llama-completion"), "-m", str(model), "-p", PROMPT,
-             "-n", str(N_TOKENS), *GREEDY, "-fa", "off", "-ctk", "f32", "-ctv", "f32",
+             "-n", str(N_TOKENS), *GREEDY, *attention,
              "--ignore-eos", "--no-display-prompt", "-no-cnv", "-t", str(THREADS), "-s", "0",
              *extra],
             capture_output=True, timeout=600)
@@ -239,10 +248,11 @@ def numpy_logits(model: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(ours), np.array(theirs)
 
 
-def _max_logit_difference(model: Path, n: int) -> float:
+def _max_logit_difference(model: Path, n: int, flash: bool = False) -> float:
     """llama.cpp's greedy continuation of PROMPT (in this process: llama-cpp-python over the
     same ggml, weights not re-laid), then the engine's logits at every position of it: the
-    largest absolute difference over the n decode positions."""
+    largest absolute difference over the n decode positions. flash: both with flash
+    attention over an F16 cache (llama.cpp's default, the engine's --flash-attn)."""
     import llama_cpp
     import llama_cpp.llama as high
 
@@ -258,15 +268,17 @@ def _max_logit_difference(model: Path, n: int) -> float:
     original = high.llama_cpp.llama_model_default_params
     high.llama_cpp.llama_model_default_params = plain_weights
     try:
+        attention = {"flash_attn": True} if flash else {"flash_attn": False, "type_k": 0,
+                                                        "type_v": 0}  # 0: F32
         llm = high.Llama(model_path=str(model), n_ctx=256, n_threads=THREADS,
-                         n_threads_batch=THREADS, logits_all=True, flash_attn=False,
-                         type_k=0, type_v=0, verbose=False, n_batch=1, n_ubatch=1)
+                         n_threads_batch=THREADS, logits_all=True, verbose=False, n_batch=1,
+                         n_ubatch=1, **attention)  # type: ignore[arg-type]
     finally:
         high.llama_cpp.llama_model_default_params = original
     seq, theirs = _greedy(llm, prompt, n)
     cfg = EngineConfig(model=str(model), prompt_tokens=tuple(seq), n_tokens=1,
                        n_ctx=len(seq) + 1, ignore_eos=True, threads=THREADS, kernels="ggml",
-                       repack=False)
+                       repack=False, flash_attn=flash)
     with Engine(cfg, model) as engine:
         ours = [engine.model.forward(t, pos, 1) for pos, t in enumerate(seq[:-1])]
     return float(np.abs(np.array(ours[len(prompt) - 1 :]) - np.array(theirs)).max())
@@ -283,20 +295,21 @@ def test_a_quantized_file_decodes_as_llama_cpp_decodes_it(
 
 
 def decodes_as_llama_cpp(llama_bin: Path, model: Path, label: str, *extra: str,
-                         drop_nul: bool = False) -> None:
+                         drop_nul: bool = False, flash: bool = False) -> None:
     """The engine's greedy text (`extra`: its options) is llama-completion's, both
     `--no-repack`, and its logits at all N_TOKENS positions are llama.cpp's to the bit.
     llama.cpp runs the passes the engine makes: the prompt but its last token in one
     batch, then that token alone (a pass's token count picks ggml's kernels, and a GEMM
     over several tokens sums in another order than a GEMV: both engines' bits depend on
     it), then the decode steps. drop_nul: the engine's NUL bytes set aside (llama.cpp's
-    logger cannot print them)."""
-    ours = _abbench_text(model, *extra)
+    logger cannot print them). flash: both with flash attention over an F16 cache
+    (llama.cpp's default; the engine's --flash-attn)."""
+    ours = _abbench_text(model, *extra, *(("--flash-attn",) if flash else ()))
     n = len(tokenizer_for(ModelFile(model)).encode(PROMPT))
     theirs = _llama_completion(llama_bin, model, "--no-repack", "-b", str(n - 1), "-ub",
-                               str(n - 1))
+                               str(n - 1), flash=flash)
     assert theirs == (ours.replace(b"\x00", b"") if drop_nul else ours), (ours, theirs)
     assert ours
-    diff = _max_logit_difference(model, N_TOKENS)
+    diff = _max_logit_difference(model, N_TOKENS, flash)
     print(f"{label}: logits' max abs difference over {N_TOKENS} positions {diff}")
     assert diff == 0.0

@@ -113,6 +113,11 @@ class EngineConfig:
                           "ggml's repacked kernels where this CPU has them, as llama.cpp does "
                           "by default (--no-repack: as the file has them; the bits differ "
                           "in the last place)", STREAMING, toggle=True)
+    flash_attn: bool = option(False, "attention as llama.cpp's default computes it on CPU: "
+                              "flash attention over an F16 KV cache (llama-completion's "
+                              "-fa on); default off: KQ, the masked softmax and KQV over an "
+                              "F32 cache (its -fa off -ctk f32 -ctv f32). Computed on ggml's "
+                              "graph model: --kernels auto takes it, numpy refuses", STREAMING)
     # policies (all off by default)
     drop_cold_experts: float | None = option(  # F: skip non-resident experts below F/k
         None, "in decode, skip a routed expert that is not resident and whose weight is "
@@ -163,16 +168,7 @@ class EngineConfig:
             raise bad("n_expert_used", f"must be at least 1 (got {self.n_expert_used})")
         if self.n_ctx is not None and self.n_ctx < 2:
             raise bad("n_ctx", f"must be at least 2 (got {self.n_ctx})")
-        if self.dense not in ("pinned", "mmap"):
-            raise bad("dense", f"must be `pinned` or `mmap` (got `{self.dense}`)")
-        if self.kernels not in KERNELS:
-            raise bad("kernels", f"must be one of {', '.join(KERNELS)} (got `{self.kernels}`)")
-        if not self.cache_mib >= 0:
-            raise bad("cache_mib", f"must be >= 0 (got {self.cache_mib})")
-        if not 1 <= self.io_lanes <= 64:
-            raise bad("io_lanes", f"must be between 1 and 64 (got {self.io_lanes})")
-        if not 0 <= self.threads <= 256:
-            raise bad("threads", f"must be between 0 (auto) and 256 (got {self.threads})")
+        self._check_compute()
         if self.prompt_tokens is not None and not self.prompt_tokens:
             raise bad("prompt_tokens", "must name at least one token id")
         if self.prompt_tokens is None and not self.prompt:
@@ -204,6 +200,23 @@ class EngineConfig:
         if not 0 <= self.turn_tokens <= MAX_TURN_TOKENS:
             raise bad("turn_tokens", f"must be between 0 (off) and {MAX_TURN_TOKENS} "
                       f"(got {self.turn_tokens})")
+
+    def _check_compute(self) -> None:
+        """The settings of how weights are held, read and computed."""
+        bad = ConfigError.of
+        if self.dense not in ("pinned", "mmap"):
+            raise bad("dense", f"must be `pinned` or `mmap` (got `{self.dense}`)")
+        if self.kernels not in KERNELS:
+            raise bad("kernels", f"must be one of {', '.join(KERNELS)} (got `{self.kernels}`)")
+        if self.flash_attn and self.kernels == "numpy":
+            raise bad("flash_attn", "is computed on ggml's graph model: not with --kernels "
+                      "numpy")
+        if not self.cache_mib >= 0:
+            raise bad("cache_mib", f"must be >= 0 (got {self.cache_mib})")
+        if not 1 <= self.io_lanes <= 64:
+            raise bad("io_lanes", f"must be between 1 and 64 (got {self.io_lanes})")
+        if not 0 <= self.threads <= 256:
+            raise bad("threads", f"must be between 0 (auto) and 256 (got {self.threads})")
 
     @property
     def speculates(self) -> bool:

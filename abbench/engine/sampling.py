@@ -24,6 +24,7 @@ class Sampler:
         self.repeat_penalty = repeat_penalty
         self.recent: deque[int] = deque(maxlen=last_n if repeat_penalty != 1.0 else 0)
         self.banned = np.fromiter(sorted(set(banned)), np.int64)  # never chosen
+        self._banned_in: tuple[int, np.ndarray] = (-1, self.banned)  # (vocab, those within)
 
     def accept(self, token: int) -> None:
         """A token entered the context (a prompt token, or one this sampler chose)."""
@@ -42,7 +43,9 @@ class Sampler:
             logits[ids] = np.where(seen > 0, seen / self.repeat_penalty,
                                    seen * self.repeat_penalty)
         if self.banned.size:
-            logits[self.banned[self.banned < logits.size]] = -np.inf
+            if self._banned_in[0] != logits.size:  # once per vocabulary, not per token
+                self._banned_in = (logits.size, self.banned[self.banned < logits.size])
+            logits[self._banned_in[1]] = -np.inf
         token = self._choose(logits, owned)
         self.accept(token)
         return token
@@ -53,7 +56,7 @@ class Sampler:
             return int(np.argmax(logits))
         # Each step overwrites one float64 copy rather than making a temporary: this runs
         # on every decode token's path, just after a graph that left the caches cold.
-        z = logits.astype(np.float64, copy=not owned)
+        z = logits if owned else logits.astype(np.float64)
         if self.temp != 1.0:  # z / 1.0 is z
             np.divide(z, self.temp, out=z)
         np.subtract(z, z.max(), out=z)

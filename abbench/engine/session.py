@@ -16,6 +16,7 @@ taking turns with another run (`turns.py`) and the records a run returns
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,7 +78,8 @@ class Engine:
         self.dense_bytes = int(self.info["dense_bytes"])
         self.kernels = choose_kernels(config.kernels, self.layout,
                                       self.mf.architecture in GRAPHS,
-                                      self.mf.architecture in GRAPH_FOR_F32)
+                                      self.mf.architecture in GRAPH_FOR_F32
+                                      or config.flash_attn)
         self._load(arch, args, n_ctx, k)
         self.predictor = self._attach_predictor(args.block_count)
         self._start_partner()
@@ -88,6 +90,9 @@ class Engine:
         FFN) and the dense model beside it."""
         config = self.config
         graph = GRAPHS.get(self.mf.architecture)
+        if config.flash_attn and (self.kernels != "ggml" or graph is None):
+            raise EngineError(f"{self.mf.path}: --flash-attn is computed on ggml's graph "
+                              f"model, which `{self.mf.architecture}` has not here")
         if self.kernels == "ggml" and graph is None:
             raise EngineError(f"{self.mf.path}: no ggml graph of `{self.mf.architecture}` to "
                               "compute its quantized experts with",
@@ -114,7 +119,8 @@ class Engine:
             self.model = arch.Model(self.mf, args, self.runner, pinned, n_ctx, k)
         else:  # llama.cpp's graph, as llama.cpp computes a quantized file
             assert graph is not None
-            self.model = graph.GraphModel(self.mf, args, self.runner, team, pinned, n_ctx, k)
+            self.model = graph.GraphModel(self.mf, args, self.runner, team, pinned, n_ctx, k,
+                                          flash_attn=config.flash_attn)
 
     def _attach_predictor(self, n_layer: int) -> RoutePredictor | None:
         """The route predictor, when `--predict-log` or `--predict-prefetch` asks for one,
@@ -296,6 +302,8 @@ class Engine:
             "backend": self.kernels,
             "experts": self.runner.kernel_types,
             "dense": dense,
+            # what the attention computes: llama.cpp's -fa on (F16 cache) or -fa off (F32)
+            "attention": "flash, F16 cache" if self.config.flash_attn else "F32",
         }
         if self.kernels == "ggml":
             lib = ggml.lib()
@@ -320,8 +328,9 @@ class Engine:
             logits = self.model.forward(token, pos, phase)  # (vocab,)
             # NaN or inf weights, or bytes that are not what the header says they are,
             # decode into tokens all the same: a run on them is no measurement. One pass
-            # over the logits per token (microseconds) decides it, on either backend.
-            if not np.isfinite(logits).all():
+            # over the logits per token (microseconds) decides it, on either backend: their
+            # sum in double is finite exactly when each is (an F32 sum could overflow).
+            if not math.isfinite(np.add.reduce(logits, dtype=np.float64)):
                 raise EngineError(
                     f"{self.mf.path}: non-finite logits (NaN or inf) at decode step {step}: "
                     "NaN or inf in the weights, or a tensor's bytes are not what its header "

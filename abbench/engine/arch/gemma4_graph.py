@@ -77,18 +77,16 @@ class GraphModel(GraphFace, SlidingMasks):
     """The whole decoder on ggml graphs; the interface of `gemma4.Model`."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
-                 team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None
-                 ) -> None:
-        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used)
+                 team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None,
+                 flash_attn: bool = False) -> None:
+        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used, flash_attn)
         self._init_masks(pad(min(pad(n_ctx), args.sliding_window + N_UBATCH)))
         self.embd_scale = np.sqrt(np.float32(args.embedding_length))  # sqrtf(n_embd)
         self.weights = [LayerWeights(mf, args, i, team, pinned)
                         for i in range(args.block_count)]
-        self.caches = [LayerCache(swa, np.zeros((n, rows), np.float32),
-                                  np.zeros((rows, n), np.float32))
-                       for i, swa in enumerate(args.swa_layers)
-                       for n, rows in [(self.swa_size if swa else self.kv_size,
-                                        args.kv_heads[i] * args.head_dim(i))]]
+        self.caches = [LayerCache.new(swa, self.swa_size if swa else self.kv_size,
+                                      args.kv_heads[i] * args.head_dim(i), flash_attn)
+                       for i, swa in enumerate(args.swa_layers)]
         self.rope_freqs = (np.zeros(1, np.float32) if all(args.swa_layers) else
                            np.ascontiguousarray(mf.read_dense("rope_freqs.weight", True),
                                                 dtype=np.float32))  # (n_rot/2,)
@@ -141,6 +139,7 @@ class GraphModel(GraphFace, SlidingMasks):
         np.multiply(self.token_embd[tokens], self.embd_scale, out=h)  # (t, d) ggml_scale
         positions[...] = np.arange(pos, end, dtype=np.int32)
         self._place(positions, n_kv)
+        self._half_masks(t)
         return n_kv
 
     def _graph(self, layer: int, t: int, n_kv: tuple[int, int], pos: int,

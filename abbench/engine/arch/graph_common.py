@@ -67,16 +67,38 @@ def causal_mask(mask: np.ndarray, pos: int) -> None:
 
 @dataclass(frozen=True)
 class LayerCache:
-    """One layer's KV cache: `cells` cells (a sliding layer's ring, or the context's),
-    K (cells, nkv*hd) by rows, V (nkv*hd, cells) transposed, as llama.cpp lays them."""
+    """One layer's KV cache: `cells` cells (a sliding layer's ring, or the context's), as
+    llama.cpp lays them: F32, K (cells, nkv*hd) by rows and V (nkv*hd, cells) transposed;
+    or, for flash attention (`flash`), F16 with V by rows like K."""
 
     swa: bool
     k: np.ndarray  # (cells, nkv*hd)
-    v: np.ndarray  # (nkv*hd, cells)
+    v: np.ndarray  # (nkv*hd, cells); flash: (cells, nkv*hd)
+    flash: bool = False
+
+    @classmethod
+    def new(cls, swa: bool, cells: int, rows: int, flash: bool) -> LayerCache:
+        """An empty cache of `cells` cells of `rows` (nkv*hd) values each."""
+        if flash:
+            return cls(swa, np.zeros((cells, rows), np.float16),
+                       np.zeros((cells, rows), np.float16), True)
+        return cls(swa, np.zeros((cells, rows), np.float32), np.zeros((rows, cells), np.float32))
 
     @property
     def cells(self) -> int:
         return self.k.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[1]
+
+    def tensors(self, ctx: ggml.Context) -> tuple[int, int]:
+        """K (nkv*hd, cells) and V as tensors of `ctx`: V (cells, nkv*hd), or for flash
+        attention (nkv*hd, cells) like K."""
+        gtype = ggml.F16 if self.flash else ggml.F32
+        k = ctx.tensor(gtype, (self.rows, self.cells), self.k.ctypes.data)
+        v_ne = (self.rows, self.cells) if self.flash else (self.cells, self.rows)
+        return k, ctx.tensor(gtype, v_ne, self.v.ctypes.data)
 
 
 class RingWrites:
@@ -87,29 +109,33 @@ class RingWrites:
 
     def __init__(self, ctx: ggml.Context, cache: LayerCache, k: int, v: int, t: int,
                  pos: int) -> None:
-        op, cells = ctx.op, cache.cells
-        rows = cache.k.shape[1]  # nkv*hd
-        k_cache = ctx.tensor(ggml.F32, (rows, cells), cache.k.ctypes.data)
-        v_cache = ctx.tensor(ggml.F32, (cells, rows), cache.v.ctypes.data)
+        op, cells, rows = ctx.op, cache.cells, cache.rows  # rows: nkv*hd
+        size = cache.k.itemsize  # F32, or F16 for flash attention (the copy converts)
+        k_cache, v_cache = cache.tensors(ctx)
         first = min(t, cells - pos % cells)
         # per moving tensor: its header, the cache's address, a cell's bytes there, the
         # pass's token its first cell is for (set per decode step: looked up once)
         self._moves: list[tuple[ggml.TensorStruct, int, int, int]] = []
         self._cells = cells
         k_at, v_at = cache.k.ctypes.data, cache.v.ctypes.data
+        v_cell = rows * size if cache.flash else size  # V by rows, or transposed
         self.copies: list[int] = []
         for t0, n in ((0, first), (first, t - first)):
             if n == 0:
                 continue
-            k_dst = op("view_2d", k_cache, rows, n, rows * 4, 0)  # (nkv*hd, n)
-            v_dst = op("view_2d", v_cache, n, rows, cells * 4, 0)  # (n, nkv*hd)
+            k_dst = op("view_2d", k_cache, rows, n, rows * size, 0)  # (nkv*hd, n)
             k_src = op("view_2d", k, rows, n, rows * 4, t0 * rows * 4)  # (nkv*hd, n)
-            v_src = op("transpose", op("view_2d", v, rows, n, rows * 4, t0 * rows * 4))
+            v_src = op("view_2d", v, rows, n, rows * 4, t0 * rows * 4)  # (nkv*hd, n)
+            if cache.flash:
+                v_dst = op("view_2d", v_cache, rows, n, rows * size, 0)  # (nkv*hd, n)
+            else:
+                v_dst = op("view_2d", v_cache, n, rows, cells * size, 0)  # (n, nkv*hd)
+                v_src = op("transpose", v_src)
             kc, vc = op("cpy", k_src, k_dst), op("cpy", v_src, v_dst)
-            self._moves += [(ggml.TensorStruct.from_address(k_dst), k_at, rows * 4, t0),
-                            (ggml.TensorStruct.from_address(kc), k_at, rows * 4, t0),
-                            (ggml.TensorStruct.from_address(v_dst), v_at, 4, t0),
-                            (ggml.TensorStruct.from_address(vc), v_at, 4, t0)]
+            self._moves += [(ggml.TensorStruct.from_address(k_dst), k_at, rows * size, t0),
+                            (ggml.TensorStruct.from_address(kc), k_at, rows * size, t0),
+                            (ggml.TensorStruct.from_address(v_dst), v_at, v_cell, t0),
+                            (ggml.TensorStruct.from_address(vc), v_at, v_cell, t0)]
             self.copies += [kc, vc]
         self.set_position(pos)
 
@@ -122,15 +148,24 @@ class RingWrites:
 def cache_attention(ctx: ggml.Context, cache: LayerCache, q: int, mask: int, n_kv: int,
                     heads: tuple[int, int, int], scale: float, sinks: int | None = None
                     ) -> int:
-    """build_attn_mha without flash attention: q (hd, nq, t) over the cache's first n_kv
-    cells, KQ times `scale` under `mask`, softmaxed (with the layer's `sinks`, where it
-    has them: the sink's mass joins each denominator) → the heads (nq*hd, t). `heads`:
-    (hd, nq, t)."""
+    """build_attn_mha: q (hd, nq, t) over the cache's first n_kv cells, KQ times `scale`
+    under `mask` (n_kv, t) F32, softmaxed (with the layer's `sinks`, where it has them:
+    the sink's mass joins each denominator) → the heads (nq*hd, t). `heads`: (hd, nq, t).
+    Without flash attention: KQ, the masked softmax, KQV over the F32 cache; with it
+    (`cache.flash`), ggml's flash attention over the F16 cache, under the mask in F16."""
     op, cells = ctx.op, cache.cells
     hd, nq, t = heads
-    nkv = cache.k.shape[1] // hd
-    k_cache = ctx.tensor(ggml.F32, (nkv * hd, cells), cache.k.ctypes.data)
-    v_cache = ctx.tensor(ggml.F32, (cells, nkv * hd), cache.v.ctypes.data)
+    nkv = cache.rows // hd
+    if cache.flash:
+        k_cache, v_cache = cache.tensors(ctx)
+        k, v = (op("permute", op("view_3d", c, hd, nkv, n_kv, hd * 2, nkv * hd * 2, 0),
+                   0, 2, 1, 3) for c in (k_cache, v_cache))  # (hd, n_kv, nkv) each
+        if ggml.TensorStruct.from_address(mask).type != ggml.F16:
+            mask = op("cast", mask, ggml.F16)  # llama.cpp's flash attention reads F16
+        out = ctx.flash_attn_ext(op("permute", q, 0, 2, 1, 3), k, v, mask, scale,
+                                 sinks)  # (hd, nq, t)
+        return op("reshape_2d", out, hd * nq, t)  # (nq*hd, t)
+    k_cache, v_cache = cache.tensors(ctx)
     keys = op("permute", op("view_3d", k_cache, hd, nkv, n_kv, hd * 4, nkv * hd * 4, 0),
               0, 2, 1, 3)  # (hd, n_kv, nkv)
     values = op("permute", op("view_3d", v_cache, n_kv, nkv, hd, cells * hd * 4,
@@ -238,10 +273,15 @@ class GraphFace:
     weights: list[Any]
 
     def _init_face(self, mf: ModelFile, args: Any, experts: ExpertRunner, team: QuantTeam,
-                   pinned: bool, n_ctx: int, n_expert_used: int | None) -> None:
+                   pinned: bool, n_ctx: int, n_expert_used: int | None,
+                   flash_attn: bool = False) -> None:
         """What every graph model sets first: its args, expert side and team, the experts a
-        token takes, the full caches' cells, the token embedding (vocab, d)."""
+        token takes, the full caches' cells, the token embedding (vocab, d), and whether
+        its attention is flash attention over F16 caches (`LayerCache.new`)."""
         self.args, self.experts, self.team = args, experts, team
+        self.flash_attn = flash_attn
+        # flash attention's F16 masks, by their F32 mask's id: (the mask, its twin)
+        self._half: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.k = n_expert_used or args.expert_used_count
         self.kv_size = pad(n_ctx)
         self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
@@ -260,6 +300,22 @@ class GraphFace:
 
     def router_matrix(self, layer: int) -> np.ndarray:
         return self.weights[layer].router  # (n_expert, d)
+
+    def mask_tensor(self, ctx: ggml.Context, mask: np.ndarray) -> int:
+        """A mask buffer (t, n_kv) F32 as a graph reads it: itself, or for flash attention
+        an F16 twin (llama.cpp builds that mask in F16), which `_half_masks` refreshes
+        from it per pass."""
+        if not self.flash_attn:
+            return ctx.tensor(ggml.F32, mask.shape[::-1], mask.ctypes.data)
+        if id(mask) not in self._half:  # made as the pass's graphs are: as filled now
+            self._half[id(mask)] = (mask, mask.astype(np.float16))
+        return ctx.tensor(ggml.F16, mask.shape[::-1], self._half[id(mask)][1].ctypes.data)
+
+    def _half_masks(self, t: int) -> None:
+        """The F16 twins of a pass of `t` tokens' masks, from the masks just filled."""
+        for mask, half in self._half.values():
+            if mask.shape[0] == t:
+                np.copyto(half, mask)
 
     def _token_stacks(self, phase: int) -> list[tuple[SlotPool, int]] | None:
         """Each layer's expert stack (`ExpertNodes`), where this pass may compute as one

@@ -46,10 +46,10 @@ class GraphModel(GraphFace):
     """The whole decoder on ggml graphs; the interface of `qwen35moe.Model`."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
-                 team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None
-                 ) -> None:
-        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used)
-        self.weights = [LayerWeights(mf, args, i, team, pinned, self.kv_size)
+                 team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None,
+                 flash_attn: bool = False) -> None:
+        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used, flash_attn)
+        self.weights = [LayerWeights(mf, args, i, team, pinned, self.kv_size, flash_attn)
                         for i in range(args.block_count)]
         # Per pass size t: the residual stream (t, d), the positions (t,) and the four
         # RoPE positions a token (4t,: p, p, p, 0 for text) the graphs read; the causal
@@ -107,6 +107,7 @@ class GraphModel(GraphFace):
         rope[:3] = positions  # text: the first three axes at the position, the 4th at 0
         rope[3] = 0
         causal_mask(self.mask(t, n_kv), pos)
+        self._half_masks(t)
         return h, n_kv
 
     def _decode_graphs(self, pos: int, n_kv: int) -> list[LayerGraph]:

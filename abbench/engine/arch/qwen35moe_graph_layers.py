@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from abbench.engine import ggml
+from abbench.engine.arch.graph_common import LayerCache, RingWrites, cache_attention
 from abbench.engine.arch.qwen3moe_graph import ROPE_PLAIN
 from abbench.engine.arch.qwen35moe_args import ModelArgs
 from abbench.engine.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight
@@ -83,19 +84,19 @@ class DeltaNetWeights:
 
 
 class AttentionWeights:
-    """A full layer's weights and its KV cache (F32, K by rows, V transposed)."""
+    """A full layer's weights and its KV cache (`graph_common.LayerCache`: F32, K by rows,
+    V transposed; F16 for flash attention)."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, team: QuantTeam,
-                 pinned: bool, kv_size: int) -> None:
+                 pinned: bool, kv_size: int, flash_attn: bool) -> None:
         b = f"blk.{layer}."
         self.wq, self.wk, self.wv, self.wo = (
             team.matrix(mf, b + n, pinned) for n in ("attn_q.weight", "attn_k.weight",
                                                      "attn_v.weight", "attn_output.weight"))
         self.q_norm = _vec(mf, b + "attn_q_norm.weight")  # (hd,)
         self.k_norm = _vec(mf, b + "attn_k_norm.weight")  # (hd,)
-        rows = args.head_count_kv * args.key_length
-        self.k_cache = np.zeros((kv_size, rows), np.float32)  # (T_max, nkv*hd)
-        self.v_cache = np.zeros((rows, kv_size), np.float32)  # (nkv*hd, T_max)
+        self.cache = LayerCache.new(False, kv_size, args.head_count_kv * args.key_length,
+                                    flash_attn)
 
     def matrices(self) -> list[Weight]:
         return [self.wq, self.wk, self.wv, self.wo]
@@ -105,13 +106,13 @@ class LayerWeights:
     """One layer: its mixer's weights, the norms, the router (F32) and the shared expert."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, team: QuantTeam,
-                 pinned: bool, kv_size: int) -> None:
+                 pinned: bool, kv_size: int, flash_attn: bool = False) -> None:
         b = f"blk.{layer}."
         self.attn_norm = _vec(mf, b + "attn_norm.weight")  # (d,)
         self.post_norm = _vec(mf, b + "post_attention_norm.weight")  # (d,)
         self.mixer: DeltaNetWeights | AttentionWeights = (
             DeltaNetWeights(mf, args, layer, team, pinned) if args.recurrent_layers[layer]
-            else AttentionWeights(mf, args, layer, team, pinned, kv_size))
+            else AttentionWeights(mf, args, layer, team, pinned, kv_size, flash_attn))
         self.router = _vec(mf, b + "ffn_gate_inp.weight")  # (n_expert, d)
         self.sh_gate, self.sh_up, self.sh_down = (
             team.matrix(mf, b + f"ffn_{n}_shexp.weight", pinned) for n in ("gate", "up", "down"))
@@ -148,8 +149,7 @@ class LayerGraph:
         ctx = self.ctx = ggml.Context(model.team.g, 192, 256, scratch_bytes(a, t, n_kv))
         self.model, self.t = model, t
         self.writes: list[int] = []  # the state copies and KV writes the graph must run
-        self.k_write: tuple[int, int] | None = None  # a full layer's, moved per pass
-        self.v_write: tuple[int, int] | None = None
+        self.ring: RingWrites | None = None  # a full layer's KV writes, moved per pass
         h_buf, _ = model.inputs(t)
         h = (ctx.tensor(ggml.F32, (a.embedding_length, t), h_buf.ctypes.data)
              if stream is None else stream)
@@ -236,7 +236,7 @@ class LayerGraph:
         at the model's position (`set_position`)."""
         m, ctx, t = self.model, self.ctx, self.t
         a, op = m.args, ctx.op
-        hd, nq, nkv, kv_size = a.key_length, a.head_count, a.head_count_kv, m.kv_size
+        hd, nq, nkv = a.key_length, a.head_count, a.head_count_kv
         q_full = op("mul_mat", self.matrix(w.wq), x)  # (2*hd*nq, t): per head q, then gate
         k = op("reshape_3d", op("mul_mat", self.matrix(w.wk), x), hd, nkv, t)
         v = op("mul_mat", self.matrix(w.wv), x)  # (nkv*hd, t)
@@ -249,24 +249,12 @@ class LayerGraph:
                 a.rope_freq_base, *ROPE_PLAIN)
         q = op("rope_multi", self.rms(q, w.q_norm), pos, None, *rope)  # (hd, nq, t)
         k = op("rope_multi", self.rms(k, w.k_norm), pos, None, *rope)  # (hd, nkv, t)
-        self.k_cache, self.v_cache = w.k_cache, w.v_cache
-        k_cache = ctx.tensor(ggml.F32, (nkv * hd, kv_size), w.k_cache.ctypes.data)
-        v_cache = ctx.tensor(ggml.F32, (kv_size, nkv * hd), w.v_cache.ctypes.data)
-        k_dst = op("view_2d", k_cache, nkv * hd, t, nkv * hd * 4, 0)  # (nkv*hd, t)
-        v_dst = op("view_2d", v_cache, t, nkv * hd, kv_size * 4, 0)  # (t, nkv*hd)
-        # a copy's result is a view of its destination: both move to the pass's position
-        self.k_write = (k_dst, op("cpy", op("reshape_2d", k, nkv * hd, t), k_dst))
-        self.v_write = (v_dst, op("cpy", op("transpose", v), v_dst))
-        self.writes += [self.k_write[1], self.v_write[1]]
-        keys = op("permute", op("view_3d", k_cache, hd, nkv, n_kv, hd * 4, nkv * hd * 4, 0),
-                  0, 2, 1, 3)  # (hd, n_kv, nkv)
-        values = op("permute", op("view_3d", v_cache, n_kv, nkv, hd, kv_size * hd * 4,
-                                  kv_size * 4, 0), 0, 2, 1, 3)  # (n_kv, hd, nkv)
-        mask = ctx.tensor(ggml.F32, (n_kv, t), m.mask(t, n_kv).ctypes.data)
-        kq = op("mul_mat", keys, op("permute", q, 0, 2, 1, 3))  # (n_kv, t, nq)
-        kq = op("soft_max_ext", kq, mask, 1.0 / math.sqrt(hd), 0.0)
-        kqv = op("permute", op("mul_mat", values, kq), 0, 2, 1, 3)  # (hd, nq, t)
-        heads = op("reshape_2d", op("cont", kqv), hd * nq, t)  # (nq*hd, t)
+        # the pass's keys and values into the cache, moved to its position per pass
+        self.ring = RingWrites(ctx, w.cache, op("reshape_2d", k, nkv * hd, t), v, t, 0)
+        self.writes += self.ring.copies
+        mask = m.mask_tensor(ctx, m.mask(t, n_kv))  # (n_kv, t)
+        heads = cache_attention(ctx, w.cache, q, mask, n_kv, (hd, nq, t),
+                                1.0 / math.sqrt(hd))  # (nq*hd, t)
         gated = op("mul", heads, op("sigmoid", gate))  # (nq*hd, t)
         return op("mul_mat", self.matrix(w.wo), gated)  # (d, t)
 
@@ -293,10 +281,5 @@ class LayerGraph:
 
     def set_position(self, pos: int) -> None:
         """Where a full layer's keys and values go: cache position `pos` on."""
-        if self.k_write is None or self.v_write is None:
-            return
-        k_at, v_at = self.k_cache[pos:].ctypes.data, self.v_cache[:, pos:].ctypes.data
-        for t in self.k_write:
-            self.ctx.set_data(t, k_at)
-        for t in self.v_write:
-            self.ctx.set_data(t, v_at)
+        if self.ring is not None:
+            self.ring.set_position(pos)

@@ -31,6 +31,7 @@ from abbench.engine.arch.graph_common import (
     GraphFace,
     LayerCache,
     OutputGraph,
+    RingWrites,
     TokenGraph,
     attended,
     cache_attention,
@@ -79,12 +80,12 @@ class LayerGraph:
         one builds no graph of its own); None: the stream in `model.inputs(t)`."""
         a = model.args
         d, hd, nq, nkv = a.embedding_length, a.key_length, a.head_count, a.head_count_kv
-        kv_size, n_expert = model.kv_size, a.expert_count
+        n_expert = a.expert_count
         self.w = w
         scratch = 4 * t * (12 * d + 8 * (nq + 2 * nkv) * hd + 3 * n_kv * nq + 4 * n_expert)
         ctx = self.ctx = ggml.Context(model.team.g, 96, 128, scratch + (1 << 16))
         op, f32 = ctx.op, ggml.F32
-        self.k_cache, self.v_cache = model.k_cache[layer], model.v_cache[layer]
+        cache = model.caches[layer]
 
         def matrix(m: Weight) -> int:
             return m.tensor(ctx, model.team.repacker)
@@ -98,7 +99,7 @@ class LayerGraph:
         h_buf, pos_buf = model.inputs(t)
         h = ctx.tensor(f32, (d, t), h_buf.ctypes.data) if stream is None else stream
         pos = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
-        mask = ctx.tensor(f32, (n_kv, t), model.mask(t, n_kv).ctypes.data)
+        mask = model.mask_tensor(ctx, model.mask(t, n_kv))  # (n_kv, t)
         x = rms(h, w.attn_norm)  # (d, t)
         q = op("reshape_3d", op("mul_mat", matrix(w.wq), x), hd, nq, t)  # (hd, nq, t)
         k = op("reshape_3d", op("mul_mat", matrix(w.wk), x), hd, nkv, t)  # (hd, nkv, t)
@@ -107,17 +108,10 @@ class LayerGraph:
         q = op("rope_ext", rms(q, w.q_norm), pos, None, *rope)  # (hd, nq, t)
         k = op("rope_ext", rms(k, w.k_norm), pos, None, *rope)  # (hd, nkv, t)
         # This pass's keys and values into the cache (at `pos[0]`: `set_position`)
-        k_cache = ctx.tensor(f32, (nkv * hd, kv_size), self.k_cache.ctypes.data)
-        v_cache = ctx.tensor(f32, (kv_size, nkv * hd), self.v_cache.ctypes.data)
-        k_dst = op("view_2d", k_cache, nkv * hd, t, nkv * hd * 4, 0)  # (nkv*hd, t)
-        v_dst = op("view_2d", v_cache, t, nkv * hd, kv_size * 4, 0)  # (t, nkv*hd)
-        # A copy's result is a view of its destination, and the copy writes there: both
-        # move to the pass's position (`set_position`).
-        self.k_write = (k_dst, op("cpy", op("reshape_2d", k, nkv * hd, t), k_dst))
-        self.v_write = (v_dst, op("cpy", op("transpose", v), v_dst))
-        writes = [self.k_write[1], self.v_write[1]]
-        heads = cache_attention(ctx, LayerCache(False, self.k_cache, self.v_cache), q, mask,
-                                n_kv, (hd, nq, t), 1.0 / math.sqrt(hd))  # (nq*hd, t)
+        self.ring = RingWrites(ctx, cache, op("reshape_2d", k, nkv * hd, t), v, t, 0)
+        writes = self.ring.copies
+        heads = cache_attention(ctx, cache, q, mask, n_kv, (hd, nq, t),
+                                1.0 / math.sqrt(hd))  # (nq*hd, t)
         ffn_inp = op("add", op("mul_mat", matrix(w.wo), heads), h)  # (d, t)
         xf = rms(ffn_inp, w.ffn_norm)  # (d, t)
         probs = op("soft_max", op("mul_mat", ctx.tensor(f32, (d, n_expert),
@@ -147,26 +141,20 @@ class LayerGraph:
 
     def set_position(self, pos: int) -> None:
         """Where this pass's keys and values go: cache position `pos` on."""
-        k_at, v_at = self.k_cache[pos:].ctypes.data, self.v_cache[:, pos:].ctypes.data
-        for t in self.k_write:
-            self.ctx.set_data(t, k_at)
-        for t in self.v_write:
-            self.ctx.set_data(t, v_at)
+        self.ring.set_position(pos)
 
 
 class GraphModel(GraphFace):
     """The whole decoder on ggml graphs; the interface of `qwen3moe.Model`."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
-                 team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None
-                 ) -> None:
-        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used)
+                 team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None,
+                 flash_attn: bool = False) -> None:
+        self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used, flash_attn)
         kv_rows = args.head_count_kv * args.key_length
         self.weights = [LayerWeights(mf, i, team, pinned) for i in range(args.block_count)]
-        self.k_cache = [np.zeros((self.kv_size, kv_rows), np.float32)  # (T_max, nkv*hd)
-                        for _ in self.weights]
-        self.v_cache = [np.zeros((kv_rows, self.kv_size), np.float32)  # (nkv*hd, T_max)
-                        for _ in self.weights]
+        self.caches = [LayerCache.new(False, self.kv_size, kv_rows, flash_attn)
+                       for _ in self.weights]
         # Per pass size t: the residual stream (t, d) and the positions (t,) the graphs
         # read, and the causal mask (t, n_kv) per cache length.
         self._masks: dict[tuple[int, int], np.ndarray] = {}
@@ -200,6 +188,7 @@ class GraphModel(GraphFace):
         h[...] = self.token_embd[tokens]  # (t, d)
         positions[...] = np.arange(pos, end, dtype=np.int32)
         causal_mask(self.mask(t, n_kv), pos)
+        self._half_masks(t)
         return h, n_kv
 
     def _decode_graphs(self, pos: int, n_kv: int) -> list[LayerGraph]:

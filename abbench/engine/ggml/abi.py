@@ -38,6 +38,7 @@ GGML_MAX_N_THREADS = 512
 GGML_OBJECT_SIZE = 32  # struct ggml_object: offs, size, next, type + 4 bytes of padding
 STATUS_SUCCESS = 0
 SORT_DESC = 1  # enum ggml_sort_order
+PREC_F32 = 10  # enum ggml_prec: F32 accumulators
 ROPE_NORMAL, ROPE_NEOX = 0, 2  # GGML_ROPE_TYPE_*: pairs (2i, 2i+1), or (i, i + n_dims/2)
 
 
@@ -167,6 +168,14 @@ PROTOTYPES: tuple[tuple[str, str, object, tuple[object, ...]], ...] = (
     ("base", "ggml_soft_max_ext", T, (P, T, T, c_float, c_float)),
     # void ggml_soft_max_add_sinks(struct ggml_tensor * a, struct ggml_tensor * sinks);
     ("base", "ggml_soft_max_add_sinks", None, (T, T)),
+    # flash attention, as llama.cpp's default computes it on CPU (`--flash-attn`):
+    # ggml_flash_attn_ext(ctx, q, k, v, mask (F16), float scale, float max_bias,
+    #     float logit_softcap); its sinks; bool ggml_prec_set_acc(a, enum ggml_prec);
+    # ggml_cast(ctx, a, enum ggml_type) (the F16 mask)
+    ("base", "ggml_flash_attn_ext", T, (P, T, T, T, T, c_float, c_float, c_float)),
+    ("base", "ggml_flash_attn_ext_add_sinks", None, (T, T)),
+    ("base", "ggml_prec_set_acc", c_bool, (T, c_int)),
+    ("base", "ggml_cast", T, (P, T, c_int)),
     ("base", "ggml_rms_norm", T, (P, T, c_float)),
     ("base", "ggml_mul", T, (P, T, T)),
     ("base", "ggml_add", T, (P, T, T)),

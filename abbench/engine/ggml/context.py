@@ -21,6 +21,7 @@ from abbench.engine.ggml.abi import (
     F16,
     F32,
     I32,
+    PREC_F32,
     SORT_DESC,
     STATUS_SUCCESS,
     InitParams,
@@ -188,6 +189,31 @@ class Context:
             raise EngineError(f"soft_max_add_sinks: sinks {_shape(sinks)} for "
                               f"{_s(s.src[0]).ne[2]} heads")
         self.g.base.ggml_soft_max_add_sinks(kq, sinks)
+
+    def flash_attn_ext(self, q: int, k: int, v: int, mask: int, scale: float,
+                       sinks: int | None = None) -> int:
+        """Flash attention as llama.cpp's default computes it (build_attn_mha): q (hd, t,
+        nq) F32, k and v (hd, n_kv, nkv) F16 with contiguous rows, the mask (n_kv, t) F16
+        (0 where a query sees a key, else -inf), KQ times `scale`, the layer's `sinks`
+        (F32: nq,) where it has them, F32 accumulators → (hd, nq, t) F32, at the scratch's
+        next bytes."""
+        sq, sk, sv, sm = _s(q), _s(k), _s(v), _s(mask)
+        if (sq.type != F32 or sk.type != F16 or sv.type != F16 or sm.type != F16
+                or sk.ne[0] != sq.ne[0] or sv.ne[0] != sq.ne[0] or sk.ne[1] != sv.ne[1]
+                or sq.ne[2] % sk.ne[2] or sm.ne[0] != sk.ne[1] or sm.ne[1] < sq.ne[1]
+                or sq.nb[0] != 4 or sk.nb[0] != 2 or sv.nb[0] != 2
+                or not self.g.base.ggml_is_contiguous(mask)):
+            raise EngineError(f"flash_attn_ext: q {_shape(q)}, k {_shape(k)}, v {_shape(v)}, "
+                              f"mask {_shape(mask)}")
+        base = self.g.base
+        t = self._result(base.ggml_flash_attn_ext(self.ctx, q, k, v, mask, scale, 0.0, 0.0),
+                         None)
+        if sinks is not None:
+            if _s(sinks).type != F32 or _s(sinks).ne[0] != sq.ne[2]:
+                raise EngineError(f"flash_attn_ext: sinks {_shape(sinks)} for {sq.ne[2]} heads")
+            base.ggml_flash_attn_ext_add_sinks(t, sinks)
+        base.ggml_prec_set_acc(t, PREC_F32)
+        return t
 
     def get_rows(self, a: int, rows: int, out: int | None = None) -> int:
         """The rows of `a` (n, m, b2, b3) that `rows` (I32: k, b2, b3) names in each batch

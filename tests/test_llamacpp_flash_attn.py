@@ -1,0 +1,47 @@
+"""Parity with llama.cpp's default attention (`--flash-attn`): flash attention over an F16
+KV cache, as `llama-completion` computes it by default on CPU (`-fa on`), on every
+architecture's graph model — the helpers and settings of tests/test_llamacpp.py, imported.
+
+`abbench engine run --flash-attn --show-text` prints what `llama-completion -fa on` prints
+for 64 greedy tokens, and the logits at all 64 positions are llama.cpp's with
+`flash_attn=True` to the bit (max abs difference 0.0): the F16 cache written by a copy
+from F32 (llama.cpp's set_rows rounds the same way), V by rows, the causal mask cast to
+F16, ggml's `flash_attn_ext` with the layer's sinks and F32 accumulators, as
+`build_attn_mha` builds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_llamacpp import decodes_as_llama_cpp, llama_bin
+
+from abbench.engine import synth
+
+pytestmark = pytest.mark.slow
+
+__all__ = ["llama_bin"]  # the fixture, shared with tests/test_llamacpp.py
+PRESETS = ("gpt-oss-tiny", "gpt-oss-small", "qwen35moe-tiny", "qwen35moe-small",
+           "gemma4-tiny", "gemma4-small", "small")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("flash-attn")
+    paths = {}
+    for name in PRESETS:
+        spec = synth.named(name)
+        if name == "small":  # qwen3moe in a quantized type, as its graph computes it
+            spec = replace(spec, expert_type="Q8_0", dense_type="Q8_0")
+        paths[name] = folder / f"{name}.gguf"
+        synth.write_model(spec, paths[name], name=name)
+    return paths
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_flash_attention_decodes_as_llama_cpps_default(llama_bin: Path, name: str,
+                                                        models: dict[str, Path]) -> None:
+    decodes_as_llama_cpp(llama_bin, models[name], f"{name} --flash-attn", drop_nul=True,
+                         flash=True)
