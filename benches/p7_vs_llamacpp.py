@@ -32,6 +32,10 @@ What is compared with what (docs/benches.md, "P7 per architecture"):
   the default (`file`) samples with the file's settings, as `abbench engine run` does:
   llama-bench's `tg` test decodes and samples nothing.
 
+`--decode-only` runs no llama-bench prefill test and prints no P8: on the real gpt-oss
+shape (`--model synthetic:gpt-oss-20b-4L-MXFP4`) llama-bench's `pp` test dies of SIGSEGV
+here with its repacked MXFP4 experts (`--repack 0` runs).
+
 `--arch ARCH` measures that architecture on its small synthetic file (`synthetic:small`
 for qwen3moe, `synthetic:ARCH-small` for the others), against the bar every architecture
 must meet (>= 0.9, issue 31); `--model` names any other file. `--kernels` is the
@@ -75,16 +79,20 @@ from abbench.engine.telemetry import summarize  # noqa: E402
 
 
 def llama_bench(binary: Path, model: Path, threads: int, tokens: int,
-                flash_attn: str = "auto") -> tuple[float, float]:
+                flash_attn: str = "auto", prefill: bool = True) -> tuple[float, float]:
     """(decode tok/s, prefill tok/s) of one llama-bench run: `tg tokens`, `pp tokens`;
     `flash_attn` its -fa (auto: its default, flash attention with an F16 cache on CPU).
-    Its cache is F16 either way: llama-bench takes no F32 cache type (-ctk)."""
+    Its cache is F16 either way: llama-bench takes no F32 cache type (-ctk). prefill
+    False: no `pp` test (its prefill tok/s NaN)."""
     fa = [] if flash_attn == "auto" else ["-fa", "0"]
     out = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-r", "1",
-                          "-p", str(tokens), "-n", str(tokens), "-o", "json", *fa],
+                          "-p", str(tokens if prefill else 0), "-n", str(tokens),
+                          "-o", "json", *fa],
                          capture_output=True, text=True, timeout=1200, check=True)
     rows = json.loads(out.stdout)
     tg = next(r["avg_ts"] for r in rows if r["n_gen"] == tokens and r["n_prompt"] == 0)
+    if not prefill:
+        return float(tg), float("nan")
     pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == tokens and r["n_gen"] == 0)
     return float(tg), float(pp)
 
@@ -135,6 +143,10 @@ def main() -> None:
     ap.add_argument("--flash-attn", action="store_true",
                     help="the engine with --flash-attn: flash attention over an F16 cache, "
                     "as llama-bench's default computes it")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="run no llama-bench prefill test and print no P8 (llama-bench's "
+                    "pp test dies of SIGSEGV on the real gpt-oss shape's repacked MXFP4 "
+                    "experts here)")
     ap.add_argument("--sampler", choices=("file", "greedy"), default="file",
                     help="how the engine picks each token: file (the file's sampling "
                     "settings, as `abbench engine run` does) or greedy (the argmax, no "
@@ -166,21 +178,25 @@ def main() -> None:
     for i in range(a.rounds):
         # ABBA: a drift of the host's speed that is linear over the round falls on both
         first = embedded(model, a.threads, a.tokens, a.kernels, a.sampler, a.flash_attn)
-        theirs = mean(*(llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn)
-                        for _ in range(2)))
+        theirs = mean(*(llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn,
+                                    not a.decode_only) for _ in range(2)))
         last = embedded(model, a.threads, a.tokens, a.kernels, a.sampler, a.flash_attn)
         ours, cold = mean(first[0], last[0]), mean(first[1], last[1])
         p7.append(ours[0] / theirs[0])
         p8.append(ours[1] / theirs[1])
         p7_cold.append(cold[0] / theirs[0])
         p8_cold.append(cold[1] / theirs[1])
+        prefill = ("" if a.decode_only else
+                   f"   prefill {ours[1]:8.1f} vs {theirs[1]:8.1f} tok/s ({p8[-1]:.3f})")
+        cold_prefill = "" if a.decode_only else f", prefill {cold[1]:8.1f} ({p8_cold[-1]:.3f})"
         print(f"round {i + 1}: decode {ours[0]:7.1f} vs {theirs[0]:7.1f} tok/s "
-              f"({p7[-1]:.3f})   prefill {ours[1]:8.1f} vs {theirs[1]:8.1f} tok/s "
-              f"({p8[-1]:.3f})   cold: decode {cold[0]:7.1f} ({p7_cold[-1]:.3f}), prefill "
-              f"{cold[1]:8.1f} ({p8_cold[-1]:.3f})")
+              f"({p7[-1]:.3f}){prefill}   cold: decode {cold[0]:7.1f} "
+              f"({p7_cold[-1]:.3f}){cold_prefill}")
     print(f"P7 resident decode, embedded / llama.cpp, median of rounds: "
           f"{statistics.median(p7):.3f} (rounds {min(p7):.3f}-{max(p7):.3f})  {bar}; "
           f"cold {statistics.median(p7_cold):.3f}")
+    if a.decode_only:
+        return
     print(f"P8 prefill of {a.tokens} tokens, embedded / llama.cpp, median of rounds: "
           f"{statistics.median(p8):.3f} (rounds {min(p8):.3f}-{max(p8):.3f})  bar >= 0.5; "
           f"cold {statistics.median(p8_cold):.3f}")
