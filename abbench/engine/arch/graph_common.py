@@ -149,8 +149,9 @@ def cache_attention(ctx: ggml.Context, cache: LayerCache, q: int, mask: int, n_k
                     heads: tuple[int, int, int], scale: float, sinks: int | None = None
                     ) -> int:
     """build_attn_mha: q (hd, nq, t) over the cache's first n_kv cells, KQ times `scale`
-    under `mask` (n_kv, t) F32, softmaxed (with the layer's `sinks`, where it has them:
-    the sink's mass joins each denominator) → the heads (nq*hd, t). `heads`: (hd, nq, t).
+    under `mask` (n_kv, t; F32, or F16 for flash attention: `GraphFace.mask_tensor`),
+    softmaxed (with the layer's `sinks`, where it has them: the sink's mass joins each
+    denominator) → the heads (nq*hd, t). `heads`: (hd, nq, t).
     Without flash attention: KQ, the masked softmax, KQV over the F32 cache; with it
     (`cache.flash`), ggml's flash attention over the F16 cache, under the mask in F16."""
     op, cells = ctx.op, cache.cells
