@@ -1,4 +1,4 @@
-"""A resident decode token as one ggml graph (`graph_common.TokenGraph`): every
+"""A resident decode token as one ggml graph (`arch/token_graph.py`): every
 architecture's layers, its experts (`ExpertNodes`, over the complete cache's slots) and
 the output in one graph, as llama.cpp computes a token. It must compute the same bits and
 count the same as a graph per layer with the experts run between them, and be taken only

@@ -1,7 +1,7 @@
 """What a graph model's one graph a decode token asks of the expert side: whether this
 pass may run its experts inside that graph, where a layer's experts sit in the complete
 cache (the stack `mul_mat_id` indexes by expert id), and the counts of a pass whose
-experts ran there (`arch/graph_common.py`: `TokenGraph`, `ExpertNodes`).
+experts ran there (`arch/token_graph.py`: `TokenGraph`, `ExpertNodes`).
 
 `InGraph` is a part of `ExpertRunner` (experts.py), not an object of its own, as
 `Speculation` is.

@@ -30,13 +30,12 @@ from abbench.engine.arch.gemma4_args import ModelArgs
 from abbench.engine.arch.gemma4_layer_graph import LayerGraph, LayerWeights, ending
 from abbench.engine.arch.graph_common import (
     DecodeGraphs,
-    ExpertNodes,
     GraphFace,
     LayerCache,
     SlidingMasks,
-    TokenGraph,
     attended,
 )
+from abbench.engine.arch.token_graph import TokenGraph, token_graph
 from abbench.engine.qcompute import QuantTeam, Weight
 
 if TYPE_CHECKING:
@@ -166,27 +165,13 @@ class GraphModel(GraphFace, SlidingMasks):
     def _token_graph(self, pos: int, n_kv: tuple[int, int],
                      stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
         """A decode token as one graph (each layer's, its experts', the output's), built
-        once per attended length."""
-
-        def build() -> TokenGraph:
-            layers: list[LayerGraph] = []
-            parts: list[object] = []
-            outputs: list[int] = []
-            moe: int | None = None
-            for i in range(len(self.weights)):
-                g = LayerGraph(self, i, 1, n_kv[self.caches[i].swa], pos,
-                               layers[-1] if layers else None, True, moe)
-                e = ExpertNodes(self.team, stacks[i], self.args.expert_count, i, *g.nodes,
-                                self.k)
-                moe = e.sum  # (d, 1): the next layer's graph ends this one with it
-                layers.append(g)
-                parts += [g, e]
-                outputs += [*g.writes.copies, moe]
-            out = LogitsGraph(self, layers[-1], moe)
-            return TokenGraph(self.team, [*parts, out], [*outputs, out.tensor], layers,
-                              [g.order[0, : self.k] for g in layers], out.logits)
-
-        return self._token_graphs.get(n_kv, build)
+        once per attended length. A layer's end is its experts' sum, which the next
+        layer's graph (or the output's) finishes it with."""
+        return self._token_graphs.get(n_kv, lambda: token_graph(
+            self, stacks,
+            lambda i, prev, moe: LayerGraph(self, i, 1, n_kv[self.caches[i].swa], pos, prev,
+                                            True, moe),
+            lambda last, moe: LogitsGraph(self, last, moe)))
 
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""

@@ -26,7 +26,12 @@ import numpy as np
 from abbench.engine import ggml
 from abbench.engine.arch.gemma4 import DecoderLayer
 from abbench.engine.arch.gemma4_args import ModelArgs
-from abbench.engine.arch.graph_common import RingWrites, cache_attention, expert_sum
+from abbench.engine.arch.graph_common import (
+    RingWrites,
+    cache_attention,
+    expert_sum,
+)
+from abbench.engine.arch.token_graph import ExpertNodes
 from abbench.engine.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight
 
 if TYPE_CHECKING:
@@ -123,12 +128,19 @@ class LayerGraph:
         # view of the argsort), their weights; the dense FFN's output and `attn_out`
         self.nodes = (xe, op("view_2d", order, model.k, t, n_expert * 4, 0), weights)
         self.ends = (mlp, attn_out)
+        self.write_nodes = self.writes.copies
         self.x = ctx.array(xe, (t, d), np.float32)
         self.unit = ctx.array(unit, (t, d), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)  # its first k: the experts
         self.weights = ctx.array(weights, (t, model.k), np.float32)
         self.mlp_at = ggml.TensorStruct.from_address(mlp).data
         self.attn_out_at = ggml.TensorStruct.from_address(attn_out).data
+        self.routed = self.order[0, : model.k]
+
+    def end(self, experts: ExpertNodes) -> int:
+        """What a token's one graph carries to the next layer's graph: the experts' sum,
+        with which that graph ends this layer (`ending`)."""
+        return experts.sum
 
     # -- the graph's pieces ---------------------------------------------------------------
 

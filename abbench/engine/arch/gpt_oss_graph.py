@@ -28,17 +28,16 @@ from abbench.engine import ggml
 from abbench.engine.arch.gpt_oss_args import ModelArgs
 from abbench.engine.arch.graph_common import (
     DecodeGraphs,
-    ExpertNodes,
     GraphFace,
     LayerCache,
     OutputGraph,
     RingWrites,
     SlidingMasks,
-    TokenGraph,
     attended,
     cache_attention,
     expert_sum,
 )
+from abbench.engine.arch.token_graph import ExpertNodes, TokenGraph, token_graph
 from abbench.engine.qcompute import QuantTeam, Weight, weighted_sum
 
 if TYPE_CHECKING:
@@ -128,11 +127,18 @@ class LayerGraph:
         # the tensors a token's one graph goes on from: x, the top k (a view of the
         # argsort), their weights, ffn_inp
         self.nodes = (xf, op("view_2d", order, model.k, t, n_expert * 4, 0), weights, ffn_inp)
+        self.write_nodes = self.writes.copies
         self.h = ctx.array(h, (t, d), np.float32)  # the stream this layer read
         self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
         self.x = ctx.array(xf, (t, d), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)
         self.weights = ctx.array(weights, (t, model.k), np.float32)
+        self.routed = self.order[0, : model.k]
+
+    def end(self, experts: ExpertNodes) -> int:
+        """This layer's end (d, 1) in a token's one graph, as llama.cpp ends it: its
+        experts' weighted sum plus `ffn_inp`."""
+        return experts.ctx.add(experts.sum, self.nodes[3])
 
     def set_position(self, pos: int) -> None:
         """Where this pass's keys and values go: cell (pos + i) mod cells for token i."""
@@ -233,26 +239,11 @@ class GraphModel(GraphFace, SlidingMasks):
                      stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
         """A decode token as one graph (each layer's, its experts', the output's), built
         once per attended length."""
-
-        def build() -> TokenGraph:
-            layers: list[LayerGraph] = []
-            parts: list[object] = []
-            outputs: list[int] = []
-            end: int | None = None
-            for i, cache in enumerate(self.caches):
-                g = LayerGraph(self, i, 1, n_kv[cache.swa], pos, stream=end)
-                x, ids, weights, ffn_inp = g.nodes
-                e = ExpertNodes(self.team, stacks[i], self.args.expert_count, i, x, ids,
-                                weights, self.k)
-                end = e.ctx.add(e.sum, ffn_inp)  # (d, 1) as llama.cpp ends the layer
-                layers.append(g)
-                parts += [g, e]
-                outputs += [*g.writes.copies, end]
-            out = OutputGraph(self, *self._output, stream=end)
-            return TokenGraph(self.team, [*parts, out], [*outputs, out.tensor], layers,
-                              [g.order[0, : self.k] for g in layers], out.logits)
-
-        return self._token_graphs.get(n_kv, build)
+        return self._token_graphs.get(n_kv, lambda: token_graph(
+            self, stacks,
+            lambda i, _, end: LayerGraph(self, i, 1, n_kv[self.caches[i].swa], pos,
+                                         stream=end),
+            lambda _, end: OutputGraph(self, *self._output, stream=end)))
 
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from abbench.engine import ggml
 from abbench.engine.arch.common import KV_PAD, RoutingHook, embedding, pad
-from abbench.errors import EngineError
+from abbench.engine.arch.token_graph import TokenGraph, weighted_experts
 
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
@@ -186,83 +186,6 @@ def expert_sum(ctx: ggml.Context, moe_y: np.ndarray, moe_w: np.ndarray) -> int:
     k, d = moe_y.shape
     return weighted_experts(ctx, ctx.tensor(ggml.F32, (d, k), moe_y.ctypes.data),
                             ctx.tensor(ggml.F32, (1, k), moe_w.ctypes.data), k, d)
-
-
-def weighted_experts(ctx: ggml.Context, y: int, w: int, k: int, d: int) -> int:
-    """Tensors of one token's experts' outputs y (d, k) and weights w (1, k) → their
-    weighted sum (d, 1): ggml_mul, then the outputs added in routing order."""
-    op = ctx.op
-    scaled = op("mul", y, w)  # (d, k)
-    moe = op("view_2d", scaled, d, 1, d * 4, 0)  # (d, 1)
-    for j in range(1, k):
-        moe = ctx.add(moe, op("view_2d", scaled, d, 1, d * 4, j * d * 4))
-    return moe
-
-
-class ExpertNodes:
-    """A decode layer's routed experts as nodes of the token's graph, as llama.cpp's
-    build_moe_ffn runs them: `mul_mat_id` of the gate and up stacks, the architecture's
-    FFN steps, `mul_mat_id` of the down stack, each output times its weight and added in
-    routing order. The stacks are the complete cache's slots of the layer (`stack`: the
-    pool and the layer's first slot, expert e in slot first + e:
-    `ExpertRunner.layer_stack`), so the router's own expert ids choose the matrices and
-    nothing leaves the graph between the router and the sum. From tensors of the
-    layer's graph: its experts' input x (d, 1), the top k's ids (I32, k, 1: a view of
-    the router's argsort) and weights (k, 1) → `sum` (d, 1)."""
-
-    def __init__(self, team: QuantTeam, stack: tuple[SlotPool, int], n_expert: int,
-                 layer: int, x: int, ids: int, weights: int, k: int) -> None:
-        pool, first = stack
-        lay = pool.layout
-        d, ff = lay.gate.cols, lay.gate.rows
-        g = team.g
-        ctx = self.ctx = ggml.Context(
-            g, 48 + 4 * k, 0, 4 * k * (3 * ff + 3 * d) + team.ffn.graph_bytes(k, ff, d)
-            + (1 << 12))
-        op = ctx.op
-        stacks = []
-        for i, part in enumerate((lay.gate, lay.up, lay.down)):
-            row, stride = ggml.row_bytes(part.ggml_type, part.cols), lay.stride
-            stack_t = ctx.tensor(
-                part.ggml_type, (part.cols, part.rows, n_expert),
-                pool.part_address(i) + first * stride,
-                (g.base.ggml_type_size(part.ggml_type), row, stride, stride * n_expert))
-            if pool.repack[i] and not (team.repacker and team.repacker.attach(stack_t)):
-                raise EngineError("a repacked expert part has no repacked kernel")
-            stacks.append(stack_t)
-        self.ffn = team.ffn.graph(ctx, ids)
-        self.ffn.set_layer(layer)
-        xt = op("reshape_3d", x, d, 1, 1)  # (d, 1, 1)
-        gate = ctx.mul_mat_id(stacks[0], xt, ids)  # (ff, k, 1)
-        up = ctx.mul_mat_id(stacks[1], xt, ids)  # (ff, k, 1)
-        down = ctx.mul_mat_id(stacks[2], self.ffn.act(gate, up), ids)  # (d, k, 1)
-        y = op("reshape_2d", self.ffn.post(down), d, k)  # (d, k)
-        self.sum = weighted_experts(ctx, y, op("reshape_2d", weights, 1, k), k, d)  # (d, 1)
-
-
-class TokenGraph:
-    """One decode token as one graph, as llama.cpp computes it: every layer's nodes and
-    the output's, joined across the contexts that hold them (`parts`, kept alive here).
-    `outputs` in the order the graph must compute them: each layer's cache writes before
-    its attention reads the cache (they share no edge), the logits last."""
-
-    def __init__(self, team: QuantTeam, parts: list[Any], outputs: list[int],
-                 layers: list[Any], routed: list[np.ndarray], logits: np.ndarray) -> None:
-        """layers: the layers' graph objects (`set_position` moves their cache writes);
-        routed: each layer's top k ids (k,) I32, views the graph fills; logits (vocab,):
-        the output's, likewise."""
-        self.parts, self.layers, self.routed, self.logits = parts, layers, routed, logits
-        self.ctx = ggml.Context(team.g, 1, 64 * 1024)
-        self.graph = self.ctx.graph(outputs, team.threads_pool)
-
-    def run(self, pos: int, experts: ExpertRunner) -> np.ndarray:
-        """Compute the token at position `pos` → its logits (vocab,); the expert side
-        counts each layer's routing as its short way would."""
-        for layer in self.layers:
-            layer.set_position(pos)
-        self.graph.compute()
-        experts.count_in_graph(np.array(self.routed).tolist())  # one copy, one conversion
-        return self.logits.copy()
 
 
 class GraphFace:

@@ -24,15 +24,14 @@ import numpy as np
 
 from abbench.engine.arch.graph_common import (
     DecodeGraphs,
-    ExpertNodes,
     GraphFace,
     OutputGraph,
-    TokenGraph,
     attended,
     causal_mask,
 )
 from abbench.engine.arch.qwen35moe_args import ModelArgs
 from abbench.engine.arch.qwen35moe_graph_layers import DeltaNetWeights, LayerGraph, LayerWeights
+from abbench.engine.arch.token_graph import TokenGraph, token_graph
 from abbench.engine.qcompute import QuantTeam, Weight, weighted_sum
 from abbench.errors import EngineError
 
@@ -121,26 +120,9 @@ class GraphModel(GraphFace):
     def _token_graph(self, n_kv: int, stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
         """A decode token as one graph (each layer's, its experts', the output's), built
         once per attended length."""
-
-        def build() -> TokenGraph:
-            layers: list[LayerGraph] = []
-            parts: list[object] = []
-            outputs: list[int] = []
-            end: int | None = None
-            for i in range(len(self.weights)):
-                g = LayerGraph(self, i, 1, n_kv, self.k, stream=end)
-                x, ids, weights, shared, ffn_inp = g.nodes
-                e = ExpertNodes(self.team, stacks[i], self.args.expert_count, i, x, ids,
-                                weights, self.k)
-                end = e.ctx.add(e.ctx.add(e.sum, shared), ffn_inp)  # (d, 1)
-                layers.append(g)
-                parts += [g, e]
-                outputs += [*g.writes, end]
-            out = OutputGraph(self, *self._output, stream=end)
-            return TokenGraph(self.team, [*parts, out], [*outputs, out.tensor], layers,
-                              [g.ids[0] for g in layers], out.logits)
-
-        return self._token_graphs.get(n_kv, build)
+        return self._token_graphs.get(n_kv, lambda: token_graph(
+            self, stacks, lambda i, _, end: LayerGraph(self, i, 1, n_kv, self.k, stream=end),
+            lambda _, end: OutputGraph(self, *self._output, stream=end)))
 
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""

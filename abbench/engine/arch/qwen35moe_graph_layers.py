@@ -24,9 +24,14 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from abbench.engine import ggml
-from abbench.engine.arch.graph_common import LayerCache, RingWrites, cache_attention
+from abbench.engine.arch.graph_common import (
+    LayerCache,
+    RingWrites,
+    cache_attention,
+)
 from abbench.engine.arch.qwen3moe_graph import ROPE_PLAIN
 from abbench.engine.arch.qwen35moe_args import ModelArgs
+from abbench.engine.arch.token_graph import ExpertNodes
 from abbench.engine.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight
 
 if TYPE_CHECKING:
@@ -164,6 +169,7 @@ class LayerGraph:
             self.graph = ctx.graph([*self.writes, weights, shared], model.team.threads_pool)
         # the tensors a token's one graph goes on from
         self.nodes = (xf, top, weights, shared, ffn_inp)
+        self.write_nodes = self.writes
         d, e = a.embedding_length, a.expert_count
         self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
         self.x = ctx.array(xf, (t, d), np.float32)
@@ -174,6 +180,13 @@ class LayerGraph:
         self.shared = ctx.array(shared, (t, d), np.float32)
         # the first token's rows, as decode reads them on every layer of every token
         self.first = (self.x[0], self.ids[0], self.weights[0], self.shared[0], self.ffn_inp[0])
+        self.routed = self.ids[0]
+
+    def end(self, experts: ExpertNodes) -> int:
+        """This layer's end (d, 1) in a token's one graph, as llama.cpp ends it: the
+        experts' weighted sum plus the shared expert's output, plus `ffn_inp`."""
+        ctx, shared, ffn_inp = experts.ctx, self.nodes[3], self.nodes[4]
+        return ctx.add(ctx.add(experts.sum, shared), ffn_inp)
 
     def matrix(self, m: Weight) -> int:
         return m.tensor(self.ctx, self.model.team.repacker)

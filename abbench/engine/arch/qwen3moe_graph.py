@@ -27,17 +27,16 @@ import numpy as np
 from abbench.engine import ggml
 from abbench.engine.arch.graph_common import (
     DecodeGraphs,
-    ExpertNodes,
     GraphFace,
     LayerCache,
     OutputGraph,
     RingWrites,
-    TokenGraph,
     attended,
     cache_attention,
     causal_mask,
 )
 from abbench.engine.arch.qwen3moe_args import ModelArgs
+from abbench.engine.arch.token_graph import ExpertNodes, TokenGraph, token_graph
 from abbench.engine.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight, routing, weighted_sum
 
 if TYPE_CHECKING:
@@ -74,10 +73,11 @@ class LayerGraph:
     (t, d) and the router's probabilities and ranking (t, n_expert)."""
 
     def __init__(self, model: GraphModel, w: LayerWeights, layer: int, t: int,
-                 n_kv: int, stream: int | None = None) -> None:
-        """stream: the layer before's end (d, 1) in a token's one graph (`TokenGraph`),
-        which then computes this layer's nodes too, the routing weights among them (this
-        one builds no graph of its own); None: the stream in `model.inputs(t)`."""
+                 n_kv: int, stream: int | None = None, in_token: bool = False) -> None:
+        """stream: the layer before's end (d, 1), or None: the stream in `model.inputs(t)`.
+        in_token: a part of a token's one graph (`token_graph`), which then computes this
+        layer's nodes, the routing weights among them (this one builds no graph of its
+        own)."""
         a = model.args
         d, hd, nq, nkv = a.embedding_length, a.key_length, a.head_count, a.head_count_kv
         n_expert = a.expert_count
@@ -117,15 +117,21 @@ class LayerGraph:
         probs = op("soft_max", op("mul_mat", ctx.tensor(f32, (d, n_expert),
                                                         w.router.ctypes.data), xf))
         order = op("argsort", probs, ggml.SORT_DESC)  # (n_expert, t) I32
-        if stream is None:
-            self.graph = ctx.graph([*writes, order], model.team.threads_pool)
-        else:
+        if in_token:
             self.nodes = (xf, *self._weights(probs, order, model.k, t), ffn_inp)
-        self.writes = writes
+        else:
+            self.graph = ctx.graph([*writes, order], model.team.threads_pool)
+        self.write_nodes = writes
         self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
         self.x = ctx.array(xf, (t, d), np.float32)
         self.probs = ctx.array(probs, (t, n_expert), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)
+        self.routed = self.order[0, : model.k]
+
+    def end(self, experts: ExpertNodes) -> int:
+        """This layer's end (d, 1) in a token's one graph, as llama.cpp ends it: its
+        experts' weighted sum plus `ffn_inp`."""
+        return experts.ctx.add(experts.sum, self.nodes[3])
 
     def _weights(self, probs: int, order: int, k: int, t: int) -> tuple[int, int]:
         """build_moe_ffn's top k of the router's softmax `probs` (n_expert, t) by its
@@ -202,29 +208,10 @@ class GraphModel(GraphFace):
     def _token_graph(self, n_kv: int, stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
         """A decode token as one graph (each layer's, its experts', the output's), built
         once per attended length."""
-
-        def build() -> TokenGraph:
-            layers: list[LayerGraph] = []
-            outputs: list[int] = []
-            # the first layer reads the stream's buffer, in the token's graph all the same
-            leaf = ggml.Context(self.team.g, 1)
-            end = leaf.tensor(ggml.F32, (self.args.embedding_length, 1),
-                              self.inputs(1)[0].ctypes.data)  # (d, 1)
-            parts: list[object] = [leaf]
-            for i, w in enumerate(self.weights):
-                g = LayerGraph(self, w, i, 1, n_kv, stream=end)
-                x, ids, weights, ffn_inp = g.nodes
-                e = ExpertNodes(self.team, stacks[i], self.args.expert_count, i, x, ids,
-                                weights, self.k)
-                end = e.ctx.add(e.sum, ffn_inp)  # (d, 1) as llama.cpp ends the layer
-                layers.append(g)
-                parts += [g, e]
-                outputs += [*g.writes, end]
-            out = OutputGraph(self, *self._output, stream=end)
-            return TokenGraph(self.team, [*parts, out], [*outputs, out.tensor], layers,
-                              [g.order[0, : self.k] for g in layers], out.logits)
-
-        return self._token_graphs.get(n_kv, build)
+        return self._token_graphs.get(n_kv, lambda: token_graph(
+            self, stacks,
+            lambda i, _, end: LayerGraph(self, self.weights[i], i, 1, n_kv, end, True),
+            lambda _, end: OutputGraph(self, *self._output, stream=end)))
 
     def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
         """One token through every layer → the next-token logits (vocab,)."""
