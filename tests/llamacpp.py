@@ -7,6 +7,10 @@ with CMake into `$ABBENCH_CACHE/llama.cpp/VERSION/bin/` (default `~/.cache/abben
 build is reused, so only the first run pays its ~5 minutes on 2 cores; concurrent callers
 wait on a lock; a failed build leaves nothing behind but its log.
 
+`exit_linger()` builds beside it a small shared object that, preloaded, holds a tool's
+exit back for a moment: llama.cpp's tools print through an asynchronous logger whose thread
+is never joined, so without it the tail of their stdout can be lost at exit.
+
     python tests/llamacpp.py            # build (or find) and print the bin folder
 """
 
@@ -90,6 +94,35 @@ def build(log: bool = True) -> Path:
                 shutil.rmtree(home / "bin")
             os.replace(staged, home / "bin")
     return home / "bin"
+
+
+# Preloaded (LD_PRELOAD), its destructor runs after main has returned and before the process
+# ends: the logger's thread, still alive, writes what is queued while it sleeps. It changes
+# when the process ends, not what it computes or prints.
+LINGER_C = """#include <unistd.h>
+__attribute__((destructor)) static void abbench_linger(void) { usleep(%d); }
+"""
+LINGER_US = 300_000
+
+
+def exit_linger() -> Path | None:
+    """The shared object that holds a preloading process's exit back LINGER_US, built once
+    into the cache folder; None where no C compiler is on PATH."""
+    target = cache_dir() / f"exit-linger-{LINGER_US}.so"
+    if target.is_file():
+        return target
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".linger-") as tmp:
+        source = Path(tmp) / "linger.c"
+        source.write_text(LINGER_C % LINGER_US)
+        staged = Path(tmp) / "linger.so"
+        subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(staged), str(source)],
+                       check=True, capture_output=True)
+        os.replace(staged, target)
+    return target
 
 
 def _source(work: Path) -> Path:

@@ -35,15 +35,17 @@ Skipped, with the reason, only where no C++ toolchain exists.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from llamacpp import Unavailable, build
+from llamacpp import LINGER_US, Unavailable, build, exit_linger
 
 from abbench.engine import synth
 from abbench.engine.gguf_file import ModelFile
@@ -62,9 +64,11 @@ GREEDY = ("--temp", "0", "--repeat-penalty", "1")
 # One thread on both sides: the comparison is of numerics, not of how a reduction splits.
 THREADS = 1
 # llama-completion prints tokens through an asynchronous logger that it never joins (its
-# singleton is leaked by design, common/log.cpp), so a loaded machine can lose the tail of
-# stdout at exit: two CI runs printed 35 of 64 tokens, exit status 0. Its last write is
-# "\n\n"; the queue is written in order, so output ending in it is whole.
+# singleton is leaked by design, common/log.cpp), so its stdout can lose its tail at exit:
+# two CI runs printed 35 of 64 tokens, exit status 0, and a third lost the tail of a tiny
+# file's fast decode three times in a row. So it runs with `exit_linger` preloaded, which
+# gives the logger's thread time to write its queue. Its last write is "\n\n"; the queue
+# is written in order, so output ending in it is whole.
 END = b"\n\n"
 ATTEMPTS = 3
 
@@ -147,12 +151,33 @@ def _llama_completion(llama_bin: Path, model: Path, *extra: str, flash: bool = F
              "-n", str(N_TOKENS), *GREEDY, *attention,
              "--ignore-eos", "--no-display-prompt", "-no-cnv", "-t", str(THREADS), "-s", "0",
              *extra],
-            capture_output=True, timeout=600)
+            capture_output=True, timeout=600, env=_lingering_env())
         assert out.returncode == 0, out.stderr[-2000:]
         if out.stdout.endswith(END):
             return out.stdout.removesuffix(END)
     pytest.fail(f"llama-completion's stdout was cut short {ATTEMPTS} times "
                 f"(last: {out.stdout[-80:]!r})")
+
+
+def _lingering_env() -> dict[str, str]:
+    """This process's environment with `exit_linger` preloaded, where it can be built."""
+    env = dict(os.environ)
+    linger = exit_linger()
+    if linger is not None:
+        env["LD_PRELOAD"] = " ".join(filter(None, (env.get("LD_PRELOAD"), str(linger))))
+    return env
+
+
+def test_the_exit_linger_holds_exit_back_and_changes_no_output() -> None:
+    linger = exit_linger()
+    if linger is None:
+        pytest.skip("no C compiler to build the exit linger")
+    argv = [sys.executable, "-c", "print('whole')"]
+    start = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, env=_lingering_env(), timeout=60)
+    held = time.perf_counter() - start
+    assert out.returncode == 0 and out.stdout == b"whole\n"
+    assert held >= LINGER_US / 1e6  # usleep sleeps at least that long
 
 
 def _abbench_text(model: Path, *extra: str) -> bytes:
