@@ -4,9 +4,13 @@ prompt >= 0.5).
 
 llama.cpp is the one tests/llamacpp.py builds from the pinned source (built on first use,
 then cached), run as its users run it: `llama-bench -t THREADS -r 1` with its defaults.
-Its `tg N` test decodes N tokens after an empty context and its `pp N` test prefills an
-N-token prompt in one batch; by default each test is measured after a warm-up run of it
-(the whole prompt, one generated token). The embedded engine runs the same file with
+Its `tg N` test runs with `-d N` (its depth: N tokens in the context before it), so it
+decodes N tokens where the engine decodes them, after an N-token prompt — without it, `tg
+N` decodes after an empty context, and attention over N fewer cells made llama.cpp
+1.16-1.20x faster on gpt-oss-small here (llama-bench at -d 0 against -d 64, two runs). Its
+`pp N` test, in a second run at depth 0, prefills an N-token prompt in one batch. By
+default each test is measured after a warm-up run of it (the whole prompt, one generated
+token). The embedded engine runs the same file with
 every expert resident (`--resident`) and THREADS compute threads, measured the same way:
 one run of the same prompt as warm-up, then the measured run in the same engine — decode
 tok/s over N decoded tokens, and prefill tok/s of a prompt of N token ids: N over its
@@ -22,15 +26,18 @@ means' ratio; each round is printed and the median of the rounds is the figure.
     python benches/p7_vs_llamacpp.py --arch gpt-oss [--rounds 3]
     python benches/p7_vs_llamacpp.py --arch qwen35moe --kernels ggml [--rounds 3]
 
-What is compared with what (docs/benches.md, "P7 per architecture"):
-- `--llama-flash-attn off` runs llama-bench with `-fa 0`: the attention the engine computes
-  by default (KQ, the masked softmax, KQV) rather than llama-bench's default flash
-  attention over an F16 cache (its cache stays F16: llama-bench takes no F32 cache type).
-- `--flash-attn` runs the engine with `--flash-attn`: llama-bench's default computation
-  (flash attention over an F16 cache), to the bit as llama.cpp computes it.
-- `--sampler greedy` has the engine take each token by the argmax with no penalty, where
-  the default (`file`) samples with the file's settings, as `abbench engine run` does:
-  llama-bench's `tg` test decodes and samples nothing.
+What is compared with what (docs/benches.md, "P7 per architecture"): by default the same
+computation on both sides, so that the ratio is the engines' and not their settings'.
+- The engine's attention follows llama-bench's (`--engine-attention match`): with
+  llama-bench's default flash attention over an F16 cache, the engine runs `--flash-attn`
+  (the same computation, to the bit); with `--llama-flash-attn off` (llama-bench's `-fa
+  0`: KQ, the masked softmax, KQV; its cache stays F16, as llama-bench takes no F32 cache
+  type), the engine's default F32 attention. `--engine-attention f32|flash` sets it
+  instead: `f32` against llama-bench's default compares each engine's default attention.
+- The engine picks each token by the argmax with no penalty (`--sampler greedy`):
+  llama-bench's `tg` test decodes and samples nothing, and the argmax is the least a
+  decoder that must choose its next token does. `--sampler file` samples with the file's
+  settings, as `abbench engine run` does.
 
 `--decode-only` runs no llama-bench prefill test and prints no P8: on the real gpt-oss
 shape (`--model synthetic:gpt-oss-20b-4L-MXFP4`) llama-bench's `pp` test dies of SIGSEGV
@@ -80,21 +87,24 @@ from abbench.engine.telemetry import summarize  # noqa: E402
 
 def llama_bench(binary: Path, model: Path, threads: int, tokens: int,
                 flash_attn: str = "auto", prefill: bool = True) -> tuple[float, float]:
-    """(decode tok/s, prefill tok/s) of one llama-bench run: `tg tokens`, `pp tokens`;
-    `flash_attn` its -fa (auto: its default, flash attention with an F16 cache on CPU).
-    Its cache is F16 either way: llama-bench takes no F32 cache type (-ctk). prefill
-    False: no `pp` test (its prefill tok/s NaN)."""
+    """(decode tok/s, prefill tok/s) of llama-bench: `tg tokens` at depth `tokens` (after a
+    prompt of that many tokens, where the engine decodes them), then `pp tokens` (in a
+    second run: -d applies to every test of a run); `flash_attn` its -fa (auto: its
+    default, flash attention with an F16 cache on CPU). Its cache is F16 either way:
+    llama-bench takes no F32 cache type (-ctk). prefill False: no `pp` test (its prefill
+    tok/s NaN)."""
     fa = [] if flash_attn == "auto" else ["-fa", "0"]
-    out = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-r", "1",
-                          "-p", str(tokens if prefill else 0), "-n", str(tokens),
-                          "-o", "json", *fa],
-                         capture_output=True, text=True, timeout=1200, check=True)
-    rows = json.loads(out.stdout)
-    tg = next(r["avg_ts"] for r in rows if r["n_gen"] == tokens and r["n_prompt"] == 0)
-    if not prefill:
-        return float(tg), float("nan")
-    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == tokens and r["n_gen"] == 0)
-    return float(tg), float(pp)
+
+    def rate(test: list[str], n_prompt: int, n_gen: int) -> float:
+        out = subprocess.run([str(binary), "-m", str(model), "-t", str(threads), "-r", "1",
+                              *test, "-o", "json", *fa],
+                             capture_output=True, text=True, timeout=1200, check=True)
+        return float(next(r["avg_ts"] for r in json.loads(out.stdout)
+                          if r["n_prompt"] == n_prompt and r["n_gen"] == n_gen))
+
+    n = str(tokens)
+    tg = rate(["-p", "0", "-n", n, "-d", n], 0, tokens)
+    return tg, rate(["-p", n, "-n", "0"], tokens, 0) if prefill else float("nan")
 
 
 def embedded(model: Path, threads: int, tokens: int, kernels: str = "auto",
@@ -140,17 +150,19 @@ def main() -> None:
     ap.add_argument("--llama-flash-attn", choices=("auto", "off"), default="auto",
                     help="llama-bench's -fa: auto (its default: flash attention, F16 KV "
                     "cache) or off (the attention the engine computes: KQ, softmax, KQV)")
-    ap.add_argument("--flash-attn", action="store_true",
-                    help="the engine with --flash-attn: flash attention over an F16 cache, "
-                    "as llama-bench's default computes it")
+    ap.add_argument("--engine-attention", choices=("match", "f32", "flash"),
+                    default="match",
+                    help="the engine's attention: match (llama-bench's: --flash-attn "
+                    "against its default, F32 against -fa 0), f32 (the engine's default) "
+                    "or flash (--flash-attn)")
     ap.add_argument("--decode-only", action="store_true",
                     help="run no llama-bench prefill test and print no P8 (llama-bench's "
                     "pp test dies of SIGSEGV on the real gpt-oss shape's repacked MXFP4 "
                     "experts here)")
-    ap.add_argument("--sampler", choices=("file", "greedy"), default="file",
-                    help="how the engine picks each token: file (the file's sampling "
-                    "settings, as `abbench engine run` does) or greedy (the argmax, no "
-                    "penalty: llama-bench samples nothing)")
+    ap.add_argument("--sampler", choices=("greedy", "file"), default="greedy",
+                    help="how the engine picks each token: greedy (the argmax, no "
+                    "penalty: llama-bench samples nothing) or file (the file's sampling "
+                    "settings, as `abbench engine run` does)")
     a = ap.parse_args()
     if a.tokens < 2:
         ap.error("--tokens must be at least 2 (a prompt of one token has no prefill pass)")
@@ -158,6 +170,11 @@ def main() -> None:
         ap.error("--rounds and --threads must be at least 1")
     if a.arch and a.model:
         ap.error("--arch picks the model: give --arch or --model, not both")
+    flash = a.engine_attention == "flash" or (a.engine_attention == "match"
+                                              and a.llama_flash_attn == "auto")
+    if flash and a.kernels == "numpy":
+        ap.error("--kernels numpy computes F32 attention only: add --engine-attention f32 "
+                 "or --llama-flash-attn off")
     if a.arch:
         synth.arch_preset(a.arch, "small")  # an architecture without one: named, here
         a.model = f"synthetic:{synth.preset_name(a.arch, 'small')}"
@@ -168,7 +185,7 @@ def main() -> None:
     print(f"model: {a.model} ({model}), {a.threads} threads, {a.tokens} tokens, "
           f"{a.rounds} alternating rounds, --kernels {a.kernels}; llama.cpp 0c1e570 "
           f"(llama-cpp-python sdist), flash attention {a.llama_flash_attn}; the "
-          f"engine's attention: {'flash, F16 cache' if a.flash_attn else 'F32'}, its "
+          f"engine's attention: {'flash, F16 cache' if flash else 'F32'}, its "
           f"sampler: {a.sampler}")
     blas = [f"{i['internal_api']} {i.get('version')} {i.get('architecture')}"
             for i in threadpool_info() if i["user_api"] == "blas"]
@@ -177,10 +194,10 @@ def main() -> None:
     p7, p8, p7_cold, p8_cold = [], [], [], []
     for i in range(a.rounds):
         # ABBA: a drift of the host's speed that is linear over the round falls on both
-        first = embedded(model, a.threads, a.tokens, a.kernels, a.sampler, a.flash_attn)
+        first = embedded(model, a.threads, a.tokens, a.kernels, a.sampler, flash)
         theirs = mean(*(llama_bench(binary, model, a.threads, a.tokens, a.llama_flash_attn,
                                     not a.decode_only) for _ in range(2)))
-        last = embedded(model, a.threads, a.tokens, a.kernels, a.sampler, a.flash_attn)
+        last = embedded(model, a.threads, a.tokens, a.kernels, a.sampler, flash)
         ours, cold = mean(first[0], last[0]), mean(first[1], last[1])
         p7.append(ours[0] / theirs[0])
         p8.append(ours[1] / theirs[1])
