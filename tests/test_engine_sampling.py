@@ -131,3 +131,14 @@ def test_banned_tokens_are_never_chosen_and_the_callers_logits_stay() -> None:
     assert logits[1] == 3.0
     hot = Sampler(2.0, 5, banned=[1, 3, 99])  # an id past the vocabulary is no error
     assert {hot(logits) for _ in range(300)} == {0, 2}
+
+
+def test_greedy_with_banned_tokens_is_the_first_largest_unbanned_logit() -> None:
+    # ties everywhere (few distinct values), a banned token often the largest: the short
+    # way (no float64 copy when the argmax is not banned) must choose as the long one
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        logits = rng.integers(0, 4, 12).astype(np.float32)
+        banned = rng.choice(12, rng.integers(1, 4), replace=False).tolist()
+        allowed = np.where(np.isin(np.arange(12), banned), -np.inf, logits)
+        assert Sampler(0.0, 0, banned=banned)(logits) == int(np.argmax(allowed))

@@ -24,6 +24,7 @@ class Sampler:
         self.repeat_penalty = repeat_penalty
         self.recent: deque[int] = deque(maxlen=last_n if repeat_penalty != 1.0 else 0)
         self.banned = np.fromiter(sorted(set(banned)), np.int64)  # never chosen
+        self._banned_set = frozenset(self.banned.tolist())
         self._banned_in: tuple[int, np.ndarray] = (-1, self.banned)  # (vocab, those within)
 
     def accept(self, token: int) -> None:
@@ -33,6 +34,15 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         """logits: (vocab,) → token id. One uniform draw per token whatever the logits."""
+        if self.temp <= 0.0 and not self.recent:
+            # Greedy with nothing to penalise: the first largest logit, unless banned. It
+            # is the first largest of the unbanned ones too (every logit before it is
+            # smaller), so only a banned maximum takes the long way — which spares each
+            # decode token a float64 copy of the logits.
+            token = int(np.argmax(logits))
+            if token not in self._banned_set:
+                self.accept(token)
+                return token
         owned = bool(self.recent or self.banned.size)
         if owned:
             logits = logits.astype(np.float64)  # (vocab,) a copy: the caller's stays intact

@@ -286,6 +286,7 @@ class SlidingMasks:
     filled per pass (`_place`)."""
 
     args: Any
+    _half: dict[int, tuple[np.ndarray, np.ndarray]]  # GraphFace's F16 twins of the masks
 
     def _init_masks(self, swa_size: int) -> None:
         self.swa_size = swa_size
@@ -300,19 +301,23 @@ class SlidingMasks:
         per pass by `_place`."""
         return self._masks.setdefault((swa, t, n_kv), np.zeros((t, n_kv), np.float32))
 
-    def _place(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
+    def _place(self, positions: np.ndarray, n_kv: tuple[int, int]) -> bool:
         """A pass at `positions` (t,) into the ring's cells, and both caches' masks for
-        it (attending over n_kv (full, sliding) cells)."""
+        it (attending over n_kv (full, sliding) cells) → whether the masks were stepped
+        from the decode step before, their F16 twins with them (else the caller refreshes
+        the twins: `GraphFace._half_masks`)."""
         t, pos = len(positions), int(positions[0])
         if t == 1:  # decode, on every token's path: one cell, no temporaries
             self.swa_pos[pos % self.swa_size] = pos
         else:
             self.swa_pos[positions % self.swa_size] = positions
-        if t == 1 and self._decoded == (pos - 1, n_kv):
+        stepped = t == 1 and self._decoded == (pos - 1, n_kv)
+        if stepped:
             self._step_masks(pos, n_kv)
         else:
             self._fill_masks(positions, n_kv)
         self._decoded = (pos, n_kv) if t == 1 else None
+        return stepped
 
     def _fill_masks(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
         """Both caches' masks for queries at `positions` (t,): causal over the full
@@ -329,12 +334,17 @@ class SlidingMasks:
     def _step_masks(self, pos: int, n_kv: tuple[int, int]) -> None:
         """The decode masks of position pos-1 moved on to pos (what `_fill_masks` would
         write, in three cells rather than every cell): the full cache sees cell pos, the
-        ring its cell of pos and no longer that of pos - window."""
-        self.mask(False, 1, n_kv[0])[0, pos] = 0.0
-        ring = self.mask(True, 1, n_kv[1])
-        ring[0, pos % self.swa_size] = 0.0
+        ring its cell of pos and no longer that of pos - window. Their F16 twins (flash
+        attention) take the same cells: 0 and -inf are exact in F16."""
+        full, ring = self.mask(False, 1, n_kv[0]), self.mask(True, 1, n_kv[1])
+        cells = [(full, pos, 0.0), (ring, pos % self.swa_size, 0.0)]
         if pos >= self.args.sliding_window:
-            ring[0, (pos - self.args.sliding_window) % self.swa_size] = -np.inf
+            cells.append((ring, (pos - self.args.sliding_window) % self.swa_size, -np.inf))
+        for mask, cell, value in cells:
+            mask[0, cell] = value
+            twin = self._half.get(id(mask))
+            if twin is not None:
+                twin[1][0, cell] = value
 
 
 class DecodeGraphs(Generic[T]):
