@@ -137,8 +137,7 @@ class GraphModel(GraphFace, SlidingMasks):
         h, positions = self.inputs(t)
         np.multiply(self.token_embd[tokens], self.embd_scale, out=h)  # (t, d) ggml_scale
         positions[...] = np.arange(pos, end, dtype=np.int32)
-        if not self._place(positions, n_kv):
-            self._half_masks(t)
+        self._place(positions, n_kv)
         return n_kv
 
     def _graph(self, layer: int, t: int, n_kv: tuple[int, int], pos: int,

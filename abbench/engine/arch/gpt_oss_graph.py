@@ -213,8 +213,7 @@ class GraphModel(GraphFace, SlidingMasks):
         h, positions = self.inputs(t)
         h[...] = self.token_embd[tokens]  # (t, d)
         positions[...] = np.arange(pos, end, dtype=np.int32)
-        if not self._place(positions, n_kv):
-            self._half_masks(t)
+        self._place(positions, n_kv)
         return h, n_kv
 
     def _graph(self, layer: int, t: int, n_kv: tuple[int, int], pos: int) -> LayerGraph:

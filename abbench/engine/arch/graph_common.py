@@ -286,7 +286,9 @@ class SlidingMasks:
     filled per pass (`_place`)."""
 
     args: Any
-    _half: dict[int, tuple[np.ndarray, np.ndarray]]  # GraphFace's F16 twins of the masks
+    # GraphFace's F16 twins of the masks (flash attention), and their refresh
+    _half: dict[int, tuple[np.ndarray, np.ndarray]]
+    _half_masks: Callable[[int], None]
 
     def _init_masks(self, swa_size: int) -> None:
         self.swa_size = swa_size
@@ -301,23 +303,21 @@ class SlidingMasks:
         per pass by `_place`."""
         return self._masks.setdefault((swa, t, n_kv), np.zeros((t, n_kv), np.float32))
 
-    def _place(self, positions: np.ndarray, n_kv: tuple[int, int]) -> bool:
+    def _place(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
         """A pass at `positions` (t,) into the ring's cells, and both caches' masks for
-        it (attending over n_kv (full, sliding) cells) → whether the masks were stepped
-        from the decode step before, their F16 twins with them (else the caller refreshes
-        the twins: `GraphFace._half_masks`)."""
+        it (attending over n_kv (full, sliding) cells) with their F16 twins: stepped from
+        the decode step before, or filled and the twins copied from them."""
         t, pos = len(positions), int(positions[0])
         if t == 1:  # decode, on every token's path: one cell, no temporaries
             self.swa_pos[pos % self.swa_size] = pos
         else:
             self.swa_pos[positions % self.swa_size] = positions
-        stepped = t == 1 and self._decoded == (pos - 1, n_kv)
-        if stepped:
+        if t == 1 and self._decoded == (pos - 1, n_kv):
             self._step_masks(pos, n_kv)
         else:
             self._fill_masks(positions, n_kv)
+            self._half_masks(t)
         self._decoded = (pos, n_kv) if t == 1 else None
-        return stepped
 
     def _fill_masks(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
         """Both caches' masks for queries at `positions` (t,): causal over the full
