@@ -104,7 +104,7 @@ CELL_KEYS = frozenset({*tokens.CSV_COLUMNS, *tokens.PER_TOKEN_COLUMNS,
 # Modules whose own format has a key spelled like a cell's: these names there are that
 # format's keys, not a cell's.
 OWN_FORMATS = {
-    "analysis/drift.py": {"model"},  # a configuration's `model`
+    "analysis/tells.py": {"model"},  # a configuration's `model`
     "campaign/resolve.py": {"model", "tokens"},  # cells.toml's keys
     "campaign/tables.py": {"model", "tokens"},  # cells.toml's keys
     "commands/calibrate.py": {"model", "tokens"},  # the calibration's cells.toml keys

@@ -276,8 +276,6 @@ IMPORT_CASES = {
     "csv-not-utf8": _import({"a.csv": b"step,wall_ms\n1,\xff\n"}, "src/a.csv:2:", "`wall_ms`"),
     "csv-duplicate-column": _import({"a.csv": "step,wall_ms,step\n1,2,3\n"}, "src/a.csv:1:",
                                     "`step` appears twice"),
-    "csv-row-after-summary": _import({"a.csv": ROWS + "# summary tok/s=3\n4,1,1\n"},
-                                     "src/a.csv:6:", "after the `# summary`"),
     "csv-enormous-value": _import({"a.csv": ROWS + f"4,{'9x' * (MEGA // 2)},1\n"}, "src/a.csv:5:",
                                   "`wall_ms`", "is not a number"),
     "csv-enormous-header": _import({"a.csv": "step," + "w" * MEGA + "\n1,2\n"}, "src/a.csv:",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -11,9 +12,16 @@ from pathlib import Path
 
 from abbench.analysis.cells import CellStats, cell_stats
 from abbench.analysis.decide import Decision, compared_cells, decide, exit_status
-from abbench.analysis.drift import Drift, Tell, _capped_from, contamination_tells, sentinel_drift
+from abbench.analysis.drift import Drift, capped_from, sentinel_drift
 from abbench.analysis.interleave import interleaved_decision, run_pairs
-from abbench.analysis.matching import PairMatch, device_state_recorded, match_pair, tolerances
+from abbench.analysis.matching import (
+    Matches,
+    PairMatch,
+    PairMatches,
+    device_state_recorded,
+    match_pair,
+    tolerances,
+)
 from abbench.analysis.metrics import SPEED, metric
 from abbench.analysis.noise import (
     comparable,
@@ -24,12 +32,15 @@ from abbench.analysis.noise import (
 )
 from abbench.analysis.sequential import ALPHA
 from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
+from abbench.analysis.tells import Tell, contamination_tells
 from abbench.errors import EXIT_NO_GO, EXIT_NO_MEASUREMENT, RecordError
 from abbench.records import (
     CellRecord,
     ImportInfo,
     NoiseFloor,
     Plan,
+    Sample,
+    keys,
     read_import_info,
     read_journal,
     read_noise_floor,
@@ -78,8 +89,23 @@ class CampaignAnalysis:
     groups: tuple[tuple[int, ...], ...] = ()  # repeat groups (cell indices)
     looks: tuple[LookResult, ...] = ()  # sequential campaigns: every look, in order
     pending: tuple[int, ...] = ()  # cells recorded after the last look (not yet read)
-    matches: dict[tuple[int, int], PairMatch] = field(default_factory=dict, repr=False)
+    matches: Matches = field(default_factory=dict, repr=False)
     imported: ImportInfo | None = None  # an import's provenance (import.json)
+
+    @functools.cached_property
+    def _records_by_index(self) -> dict[int, CellRecord]:
+        return {r.index: r for r in self.records}
+
+    def record_of(self, index: int) -> CellRecord | None:
+        """The journal's record of cell `index`; None for a cell not run."""
+        return self._records_by_index.get(index)
+
+
+def mem_total(samples: Sequence[Sample]) -> float | None:
+    """The device's MemTotal in MiB as its samples recorded it; None where none did."""
+    seen = [float(v) for s in samples if isinstance(v := s.values.get(keys.MEM_TOTAL_MIB),
+                                                    (int, float)) and not isinstance(v, bool)]
+    return max(seen) if seen else None
 
 
 def _state(run: Path) -> str:
@@ -103,19 +129,16 @@ def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
     cells = [cell_stats(run, pc, by_index.get(pc.index), samples, plan.warmup_tokens)
              for pc in plan.cells]
     recorded = device_state_recorded(records)
-    matches: dict[tuple[int, int], PairMatch] = {}
-    for i, a in enumerate(cells):
-        for b in cells[i + 1:]:
-            matches[(a.index, b.index)] = match_pair(a, b, by_index.get(a.index),
-                                                     by_index.get(b.index), plan.match, recorded,
-                                                     plan.order_known)
+    by_cell = {c.index: c for c in cells}
+    matches = PairMatches(list(by_cell), lambda i, j: match_pair(
+        by_cell[i], by_cell[j], by_index.get(i), by_index.get(j), plan.match, recorded,
+        plan.order_known))
     adjacent = tuple(matches[(a.index, b.index)] for a, b in zip(cells, cells[1:], strict=False))
     floor = read_noise_floor(run)
     groups = repeat_groups(cells, matches)
     drift = tuple(sentinel_drift(cells, by_index, plan.match, plan.order_known))
     looks, decisions, noise, pending = _read_decisions(plan, cells, matches, floor)
     decisions = tuple(reconcile(d, drift, matches, cells, noise) for d in decisions)
-    by_cell = {c.index: c for c in cells}
     unverified = []
     for m in adjacent:
         first, second = by_cell[m.first], by_cell[m.second]
@@ -131,8 +154,9 @@ def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
         device_state_recorded=recorded, tolerances=tolerances(plan.match),
         cells=tuple(cells), pairs=adjacent,
         drift=drift,
-        tells=tuple(contamination_tells(cells, by_index, plan.match, plan.order_known)),
-        caps_timeline=tuple(_capped_from(cells, last)),
+        tells=tuple(contamination_tells(cells, by_index, plan.match, plan.order_known,
+                                        mem_total(samples))),
+        caps_timeline=tuple(capped_from(cells, last)),
         decisions=decisions, exit_status=run_exit_status(decisions, cells),
         unverified_ratios=tuple(unverified), noise=noise,
         own_noise=noise_for(groups, None), floor=floor,
@@ -169,7 +193,7 @@ def run_exit_status(decisions: Sequence[Decision], cells: Sequence[CellStats]) -
     return status
 
 
-def decisions_at(plan: Plan, cells: list[CellStats], matches: dict[tuple[int, int], PairMatch],
+def decisions_at(plan: Plan, cells: list[CellStats], matches: Matches,
                  floor: NoiseFloor | None, n: int, alpha: float
                  ) -> tuple[tuple[Decision, ...], Noise]:
     """Every decision of the plan read on the first `n` cells at a two-sided `alpha`, with
@@ -193,7 +217,7 @@ def decisions_at(plan: Plan, cells: list[CellStats], matches: dict[tuple[int, in
 
 
 def _read_decisions(plan: Plan, cells: list[CellStats],
-                    matches: dict[tuple[int, int], PairMatch], floor: NoiseFloor | None
+                    matches: Matches, floor: NoiseFloor | None
                     ) -> tuple[tuple[LookResult, ...], tuple[Decision, ...], Noise,
                                tuple[int, ...]]:
     """The decisions: at one look over every cell for a fixed campaign; for a sequential
@@ -219,7 +243,7 @@ def _read_decisions(plan: Plan, cells: list[CellStats],
     return tuple(looks), final, noise, pending
 
 
-def reconcile(d: Decision, drift: tuple[Drift, ...], matches: dict[tuple[int, int], PairMatch],
+def reconcile(d: Decision, drift: tuple[Drift, ...], matches: Matches,
               cells: list[CellStats], noise: Noise) -> Decision:
     """A decision beside the drift its campaign showed: a report never shows device drift and
     a verdict from the same cells without saying how they square (docs/method.md#two-levels,

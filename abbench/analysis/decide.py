@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 from abbench.analysis.cells import CellStats
 from abbench.analysis.confound import describe
-from abbench.analysis.matching import PairMatch
+from abbench.analysis.matching import Matches, PairMatch
 from abbench.analysis.metrics import metric
 from abbench.analysis.noise import cell_log_rate
 from abbench.analysis.sequential import ALPHA
@@ -311,7 +311,7 @@ def one_span(spec: DecisionSpec, pairs: Sequence[Comparison]) -> str | None:
 
 
 def _comparisons(cc: Sequence[CellStats], bc: Sequence[CellStats],
-                 matches: dict[tuple[int, int], PairMatch]
+                 matches: Matches
                  ) -> tuple[list[Comparison], list[Comparison], list[Comparison]]:
     """Every (candidate, baseline) comparison, the matched ones, and those a verdict rests
     on (the matched, or the unverified where none is matched)."""
@@ -324,7 +324,7 @@ def _comparisons(cc: Sequence[CellStats], bc: Sequence[CellStats],
 
 
 def compared_cells(spec: DecisionSpec, cells: Sequence[CellStats],
-                   matches: dict[tuple[int, int], PairMatch]) -> list[CellStats]:
+                   matches: Matches) -> list[CellStats]:
     """The cells a decision's verdict rests on: each in a pair it compares."""
     by = {c.index: c for c in cells}
     _, _, behind = _comparisons([c for c in cells if c.name == spec.candidate],
@@ -334,7 +334,7 @@ def compared_cells(spec: DecisionSpec, cells: Sequence[CellStats],
 
 
 def decide(spec: DecisionSpec, cells: list[CellStats],
-           matches: dict[tuple[int, int], PairMatch], noise: Noise,
+           matches: Matches, noise: Noise,
            alpha: float = ALPHA) -> Decision:
     """One decision from the campaign file (`candidate`, `baseline`, `min_effect`,
     `expect`, `max_regression`) at a two-sided `alpha`, with `noise` as the cell level;
@@ -358,7 +358,7 @@ def confounded(spec: DecisionSpec, d: Decision, cells: Sequence[CellStats]) -> D
 
 
 def _decide(spec: DecisionSpec, cells: list[CellStats],
-            matches: dict[tuple[int, int], PairMatch], noise: Noise,
+            matches: Matches, noise: Noise,
             alpha: float = ALPHA) -> Decision:
     cand, base, min_effect = spec.candidate, spec.baseline, spec.min_effect
     expect, max_regression = spec.expect, spec.max_regression

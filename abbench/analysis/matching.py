@@ -33,7 +33,7 @@ tick says nothing of its neighbour.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,57 @@ class PairMatch:
     @property
     def comparable(self) -> bool:
         return self.state in ("matched", "unverified")
+
+
+Pair = tuple[int, int]  # (earlier cell index, later cell index)
+
+
+class PairMatches(Mapping[Pair, PairMatch]):
+    """Every pair of a campaign's cells, each matched when it is first read (and kept): a
+    report reads the adjacent pairs and a decision its arms' pairs, so a campaign (or an
+    import) of n cells never builds all n(n-1)/2 of them. `(a, b)` and `(b, a)` are one
+    pair; iterating gives every pair, earlier cell first, in index order."""
+
+    def __init__(self, indexes: list[int], compute: Callable[[int, int], PairMatch]) -> None:
+        self._indexes = sorted(indexes)
+        self._known = set(self._indexes)
+        self._compute = compute
+        self._done: dict[Pair, PairMatch] = {}
+
+    def _key(self, key: object) -> Pair | None:
+        if not (isinstance(key, tuple) and len(key) == 2):
+            return None
+        a, b = key
+        if a == b or a not in self._known or b not in self._known:
+            return None
+        return (a, b) if a < b else (b, a)
+
+    def __getitem__(self, key: Pair) -> PairMatch:
+        pair = self._key(key)
+        if pair is None:
+            raise KeyError(key)
+        if pair not in self._done:
+            self._done[pair] = self._compute(*pair)
+        return self._done[pair]
+
+    def __contains__(self, key: object) -> bool:
+        return self._key(key) is not None
+
+    def __iter__(self) -> Iterator[Pair]:
+        for i, a in enumerate(self._indexes):
+            for b in self._indexes[i + 1:]:
+                yield (a, b)
+
+    def __len__(self) -> int:
+        n = len(self._indexes)
+        return n * (n - 1) // 2
+
+    def derived(self, change: Callable[[Pair, PairMatch], PairMatch]) -> PairMatches:
+        """The same pairs, each as `change` makes it of this mapping's match when read."""
+        return PairMatches(self._indexes, lambda a, b: change((a, b), self[(a, b)]))
+
+
+Matches = Mapping[Pair, PairMatch]
 
 
 def tolerances(match: MatchSpec) -> dict[str, float]:

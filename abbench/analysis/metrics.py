@@ -18,11 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from abbench.analysis.cells import CellStats
-from abbench.analysis.matching import Criterion, PairMatch
+from abbench.analysis.matching import Criterion, Matches, PairMatch, PairMatches
 from abbench.analysis.noise import campaign_noise
 from abbench.analysis.stats import Interval, Noise
 
-Matches = dict[tuple[int, int], PairMatch]
 # (cells, pairs, the repeat groups of those cells, the noise of speed) -> what the decision
 # reads: the cells as the metric sees them, the pairs it may use, the noise of its figure
 Read = Callable[[Sequence[CellStats], Matches, Sequence[Sequence[CellStats]], Noise],
@@ -93,16 +92,18 @@ def energy_matches(cells: Sequence[CellStats], matches: Matches) -> Matches:
     """The pairs an energy decision may read: a pair whose cell has no energy figure is
     unmatched for it, with the reason (the cell's note: charging, no power sensor)."""
     by = {c.index: c for c in cells}
-    out = {}
-    for key, m in matches.items():
+
+    def for_energy(key: tuple[int, int], m: PairMatch) -> PairMatch:
         missing = [by[i] for i in key if i in by and not by[i].energy.known]
         if not missing:
-            out[key] = m
-            continue
+            return m
         c = missing[0]
         detail = (f"no energy figure for cell {c.index + 1} ({c.name})"
                   + (f": {c.energy.note}" if c.energy.note else ": no power reading recorded"))
         crit = Criterion("energy", "fail", None, None, None, detail)
-        out[key] = replace(m, state="unmatched", criteria=(*m.criteria, crit),
-                           reasons=(*m.reasons, detail))
-    return out
+        return replace(m, state="unmatched", criteria=(*m.criteria, crit),
+                       reasons=(*m.reasons, detail))
+
+    if isinstance(matches, PairMatches):
+        return matches.derived(for_energy)
+    return {key: for_energy(key, m) for key, m in matches.items()}

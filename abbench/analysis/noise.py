@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from abbench.analysis.cells import CellStats
-from abbench.analysis.matching import PairMatch
+from abbench.analysis.matching import Matches, PairMatch
 from abbench.analysis.stats import UNKNOWN_NOISE, Noise, combine_noise, pooled_noise
 from abbench.records import NoiseFloor, RepeatRecord
 
@@ -48,10 +48,11 @@ def cell_log_rate(c: CellStats) -> float:
     return math.log(est) if math.isfinite(est) and est > 0 else math.nan
 
 
-def repeat_groups(cells: Sequence[CellStats],
-                  matches: dict[tuple[int, int], PairMatch]) -> list[list[CellStats]]:
+def repeat_groups(cells: Sequence[CellStats], matches: Matches) -> list[list[CellStats]]:
     """Groups of comparable cells with equal configuration and equal work, each in
-    execution order (see the module docstring); only groups of two or more cells."""
+    execution order (see the module docstring); only groups of two or more cells. A cell
+    joins every group it is comparable with some member of (the first such member ends
+    the search: pairs are matched as they are read, `matching.PairMatches`)."""
     groups: dict[tuple[str, str], list[list[CellStats]]] = defaultdict(list)
     for c in cells:
         if not c.ok or c.fingerprint is None or c.config_key is None \
@@ -60,8 +61,12 @@ def repeat_groups(cells: Sequence[CellStats],
         options = groups[(c.config_key, c.fingerprint)]
         linked = [g for g in options
                   if any(comparable(matches[(m.index, c.index)]) for m in g)]
+        if len(linked) == 1 and linked[0][-1].index < c.index:  # the usual case: in order
+            linked[0].append(c)
+            continue
         merged = sorted([m for g in linked for m in g] + [c], key=lambda x: x.index)
-        options[:] = [g for g in options if g not in linked] + [merged]
+        ids = {id(g) for g in linked}
+        options[:] = [g for g in options if id(g) not in ids] + [merged]
     out = [g for gs in groups.values() for g in gs if len(g) >= 2]
     return sorted(out, key=lambda g: g[0].index)
 
@@ -116,7 +121,7 @@ def noise_for(groups: list[list[CellStats]], floor: NoiseFloor | None) -> Noise:
     return combine_noise(campaign_noise(groups), floor_noise(floor))
 
 
-def repeat_records(cells: Sequence[CellStats], matches: dict[tuple[int, int], PairMatch],
+def repeat_records(cells: Sequence[CellStats], matches: Matches,
                    groups: list[list[CellStats]], *, device: str, run: str, campaign: str,
                    simulated: bool, t_start: dict[int, float]) -> list[RepeatRecord]:
     """Every repeat of the campaign, for the device history: consecutive members of each

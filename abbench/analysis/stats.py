@@ -85,11 +85,27 @@ def resampled_rates(series: Sequence[np.ndarray], seed: int, reps: int = REPS) -
         if len(s) == 0:
             out[:, j] = math.nan
             continue
-        idx = moving_block_indices(len(s), block_length(len(s)), reps, rng)
-        sums = s[idx].sum(axis=1)
+        sums = _resampled_sums(s, block_length(len(s)), reps, rng)
         with np.errstate(divide="ignore"):
             out[:, j] = np.where(sums > 0, len(s) * 1000.0 / sums, math.nan)
     return out
+
+
+def _resampled_sums(s: np.ndarray, block: int, reps: int, rng: np.random.Generator
+                    ) -> np.ndarray:
+    """(reps,) sums of a moving-block bootstrap of `s`, the draws `moving_block_indices`
+    makes: the sum of each resampled series as the sum of its blocks' sums (the last block
+    cut to what is left of n), read from the series' prefix sums instead of gathering
+    (reps, n) values — the same resamples at about 1/block of the work."""
+    n = len(s)
+    block = min(block, n)
+    k = math.ceil(n / block)
+    starts = rng.integers(0, n - block + 1, size=(reps, k))  # as moving_block_indices draws
+    prefix = np.concatenate(([0.0], np.cumsum(s)))  # (n + 1,)
+    whole = prefix[block:] - prefix[:n - block + 1]  # (n - block + 1,): each block's sum
+    tail = n - (k - 1) * block  # tokens of the last block kept
+    cut = prefix[tail:tail + n - block + 1] - prefix[:n - block + 1]
+    return whole[starts[:, :k - 1]].sum(axis=1) + cut[starts[:, k - 1]]
 
 
 def resampled_means(values: np.ndarray, weights: np.ndarray, seed: int,

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import AbbenchError, CellOutputError, ForeignRunError
-from abbench.records.bmoe_csv import parse_bmoe_csv, run_summary, work_fingerprint
+from abbench.records.bmoe_csv import parse_bmoe_csv, work_fingerprint
+from abbench.records.bmoe_view import run_summary
 from abbench.records.cell_config import EmbeddedConfig, LaunchedConfig, LlamaConfig
 from abbench.records.cell_doc import llama_bench_doc, llama_completion_doc
 from abbench.records.llamacpp import bench_summary, completion_summary, parse_bench_jsonl

@@ -8,8 +8,8 @@ from typing import Any
 
 from abbench.errors import UsageError
 from abbench.importers.folder import import_folder
-from abbench.records import read_import_info, read_journal, read_plan
 from abbench.report import print_report, write_reports
+from abbench.report.model import TERMINAL_ITEMS
 
 
 def parse_decision(text: str) -> tuple[str, str, float]:
@@ -60,15 +60,15 @@ def run(args: argparse.Namespace) -> int:
     order = [s.strip() for s in args.order.split(",") if s.strip()] if args.order else None
     decisions = [parse_decision(d) for d in args.decision]
     folder = import_folder(src, out, order, decisions, warmup=args.warmup, force=args.force)
-    plan, journal = read_plan(folder), read_journal(folder)
-    info = read_import_info(folder)
+    a, rc = write_reports(folder)
+    info, journal = a.imported, a.records
     source = (f"{info.order.kind}: {info.order.source}" if info is not None else "unknown")
     runs = f"{len(journal)} run{'s' if len(journal) != 1 else ''}"
-    arms = len({c.name for c in plan.cells})
+    arms = len({c.name for c in a.plan.cells})
     print(f"imported {runs} ({arms} arm{'s' if arms != 1 else ''}) from {src} into {folder} "
           f"(order {source})")
-    width = max(len(r.label) for r in journal)
-    for r in journal:
+    width = max(len(r.label) for r in journal[:TERMINAL_ITEMS])
+    for r in journal[:TERMINAL_ITEMS]:
         e = r.entry
         bits = [f"cpu {e.cpu_temp_c:.1f} C" if e.cpu_temp_c is not None else None,
                 f"battery {e.battery_temp_c:.1f} C" if e.battery_temp_c is not None else None,
@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                 f"capped {','.join(e.capped())}" if e.capped() else None]
         state = ", ".join(b for b in bits if b) or "no entry state recorded"
         print(f"  {r.label:<{width}}  {r.tokens_per_s:8.3f} tok/s  {state}")
-    a, rc = write_reports(folder)
+    if len(journal) > TERMINAL_ITEMS:
+        print(f"  … and {len(journal) - TERMINAL_ITEMS} more runs (the report lists every one)")
     print_report(a, args.style)
     print(f"report: {folder / 'report.html'}, {folder / 'report.md'}, "
           f"{folder / 'report.json'}")

@@ -12,20 +12,28 @@ from abbench.importers.driverlog import DriverEntry
 from abbench.importers.state import Snapshot
 from abbench.records import EntryState, Fact, GateWait, RunSummary, keys
 from abbench.records.bmoe_csv import BmoeRun, work_fingerprint
+from abbench.records.bmoe_view import run_summary as run_view_summary
 
 UNKNOWN = "unknown"
 
 
 def run_summary(run: Run) -> tuple[RunSummary, Fact]:
     """The run's summary (tokens, s/tok, tok/s ...), always with its tok/s: the CSV's
-    `# summary` line, else the log's `generation:` line, else derived from the `wall_ms`
-    column."""
+    `# summary` line(s) — what a user waited through where the run records the time between
+    decodes (`records.bmoe_view`) — else the log's `generation:` line, else derived from the
+    per-token rows."""
     table = run.table
-    own = RunSummary.from_json(table.summary) if table is not None else RunSummary()
-    if table is not None and own.tok_per_s is not None:  # a `# summary` tok/s is a number
-        where = f"{run.table_file.name}:{table.summary_line}" if run.table_file else "summary"
+    own = RunSummary.from_json(run_view_summary(table)) if table is not None else RunSummary()
+    if table is not None and table.turns and own.tok_per_s is not None:
+        where = f"{run.table_file.name}:{_trailers(table)}" if run.table_file else "summary"
+        if own.decode_tok_per_s is not None:
+            return own, Fact("derived", f"{where}: tokens / (decode + the time between "
+                             "decodes: `s/tok` + `loop_overhead_s/tok`), what a user waits "
+                             f"through; the decode alone {own.decode_tok_per_s:.3f} tok/s")
         return own, Fact("measured", f"{where} (`# summary` tok/s)")
-    if run.log_summary is not None:
+    if run.log_summary is not None and own.decode_tok_per_s is None:
+        # (rows that record the time between decodes beat a `generation:` line, which
+        # leaves it out: both arms of a comparison are read as a user waits through them)
         log = run.log_file.name if run.log_file else "log"
         return run.log_summary, Fact("measured", f"{log} (`generation:` line)")
     walls = table.column("wall_ms") if table is not None else None
@@ -33,12 +41,21 @@ def run_summary(run: Run) -> tuple[RunSummary, Fact]:
     if not walls:
         raise ForeignRunError(origin, "no tokens/s: no `# summary` line, no .log `generation:` "
                               "line and no `wall_ms` values")
-    total_s = sum(walls) / 1e3
-    if total_s <= 0:
+    if sum(walls) <= 0:
         raise ForeignRunError(origin, "the `wall_ms` column sums to zero")
-    return (RunSummary(tokens=len(walls), s_per_tok=total_s / len(walls),
-                       tok_per_s=len(walls) / total_s),
-            Fact("derived", f"tokens / sum of wall_ms in {Path(str(origin)).name}"))
+    name = Path(str(origin)).name
+    if own.decode_tok_per_s is not None:
+        return own, Fact("derived", f"tokens / sum of (wall_ms + loop_overhead_ms) in {name}, "
+                         "what a user waits through; the decode alone "
+                         f"{own.decode_tok_per_s:.3f} tok/s")
+    return own, Fact("derived", f"tokens / sum of wall_ms in {name}")
+
+
+def _trailers(table: BmoeRun) -> str:
+    """Where a run's trailers are: `70`, or `70, 141 (2 turns)`."""
+    lines = [t.line for t in table.turns]
+    shown = ", ".join(str(n) for n in lines[:4]) + (", ..." if len(lines) > 4 else "")
+    return shown + (f" ({len(lines)} turns)" if len(lines) > 1 else "")
 
 
 def hit_pct(run: Run, summary: RunSummary) -> tuple[float | None, Fact]:

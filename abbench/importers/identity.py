@@ -14,6 +14,7 @@ arms differ in more than the keys it names carries those keys as its `confounds`
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -85,12 +86,12 @@ def group_arms(names: list[str], identities: dict[str, Identity]
     share the arm of the first of them (in `names`' order); a partial one is its own."""
     arm_of: dict[str, str] = {}
     arms: dict[str, dict[str, Any]] = {}
+    first: dict[str, str] = {}  # a configuration's canonical text -> its arm
     for n in names:
         cfg, _, complete = identities[n]
         key = cfg if complete else {**cfg, OWN_ARM: n}
-        arm = next((a for a, c in arms.items() if c == key), None)
-        if arm is None:
-            arm = n
+        arm = first.setdefault(json.dumps(key, sort_keys=True, default=str), n)
+        if arm == n:
             arms[arm] = key
         arm_of[n] = arm
     return arm_of, arms

@@ -31,8 +31,10 @@ from abbench.records import (
     RunSummary,
     Sample,
     append_jsonl,
+    document_text,
     keys,
 )
+from abbench.records.bmoe_view import token_view
 from abbench.records.cell_doc import IMPORT_DOC_FORMAT, Resolved, import_doc
 from abbench.records.provenance import FACT_T_END, FACT_T_START, FACT_TOK_S, CrossSession
 from abbench.records.text import clip
@@ -59,7 +61,7 @@ def write_run_folder(out: Path, plan: Plan, runs: dict[str, Run], order: Order,
     info = ImportInfo(source=str(src.resolve()), order=order.fact, notes=tuple(notes),
                       cells=tuple(imported), not_imported=tuple(not_imported),
                       sessions=tuple(sessions))
-    atomic_write_text(out / IMPORT_FILE, json.dumps(info.to_json(), indent=1) + "\n")
+    atomic_write_text(out / IMPORT_FILE, document_text(info.to_json()))
 
 
 def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
@@ -82,7 +84,10 @@ def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
     folder = out / "cells" / cell.label
     folder.mkdir(parents=True)
     doc = _summary_doc(run, summary, tps_fact, fp, config)
-    atomic_write_text(folder / "summary.json", json.dumps(doc, allow_nan=False) + "\n")
+    # a new file in the import's own staging folder, which is renamed into place whole:
+    # no reader sees it half written, so it needs no temp file and no fsync of its own
+    (folder / "summary.json").write_text(json.dumps(doc, allow_nan=False) + "\n",
+                                         encoding="utf-8")
     if run.table_file is not None:
         shutil.copyfile(run.table_file, folder / "tokens.csv")
     record = CellRecord(
@@ -91,7 +96,7 @@ def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
         t_end_mono=max(0.0, t_end - t_start), entry=entry, gate=gate, summary=summary,
         fingerprint=fp, tokens_per_s=summary.tok_per_s,
     )
-    append_jsonl(out / "journal.jsonl", record.to_json())
+    append_jsonl(out / "journal.jsonl", record.to_json(), fsync=False)  # staged: see above
     return ImportedCell(cell.label, tuple(p.name for p in run.files()), config, facts)
 
 
@@ -105,7 +110,7 @@ def _summary_doc(run: Run, summary: RunSummary, tps_fact: Fact, fp: str | None,
         files=[p.name for p in run.files()], tps_source=tps_fact.source, summary=summary,
         fingerprint=fp, preamble=run.table.preamble if run.table else {},
         resolved=Resolved(threads=_whole(threads)), metrics=run.metrics,
-        per_token=run.table.columns if run.table else {},
+        per_token=_gaps_as_null(token_view(run.table)) if run.table else {},
     )
 
 
@@ -130,6 +135,11 @@ def _samples(run: Run, index: int, driver: DriverEntry | None,
                      "judged for caps")
     return [Sample(t_mono=t, t_wall=t, values=values, cell=index, position=position)
             for t, position, values, _ in read if t is not None and values]
+
+
+def _gaps_as_null(columns: dict[str, list[float]]) -> dict[str, list[float | None]]:
+    """Per-token columns as summary.json holds them: a gap (NaN) as null."""
+    return {k: [v if math.isfinite(v) else None for v in vs] for k, vs in columns.items()}
 
 
 def _whole(value: Any) -> int | None:

@@ -56,7 +56,13 @@ from abbench.records.journal import (
     read_journal,
     read_samples,
 )
-from abbench.records.jsonl import append_jsonl, numbered_jsonl, read_jsonl, read_record
+from abbench.records.jsonl import (
+    append_jsonl,
+    document_text,
+    numbered_jsonl,
+    read_jsonl,
+    read_record,
+)
 from abbench.records.plan import (
     EXPECT,
     DecisionSpec,
@@ -113,6 +119,7 @@ __all__ = [
     "append_repeats",
     "check_label",
     "config_key",
+    "document_text",
     "history_file",
     "numbered_jsonl",
     "read_cell_files",

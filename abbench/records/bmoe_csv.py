@@ -12,8 +12,11 @@ step,steps,wall_ms,io_ms,compute_ms,...              header row (names, any orde
 # summary tokens=256 s/tok=0.423 tok/s=2.366 ...     optional trailer
 ```
 
-The oldest files have neither preamble nor summary and only 8 columns; the newest 22 or
-more. Columns are read by name and every one is optional; a cell that is empty is a gap
+The oldest files have neither preamble nor summary and only 8 columns; the newest (v2,
+the seed engine's `core/src/metrics/csv_metrics_sink.cpp`) 29, and one `# summary` per
+*turn*: a session writes its rows and trailer for each prompt in turn, so rows after a
+trailer are the next turn's, and the run's summary combines the turns (`combine_turns`).
+Columns are read by name and every one is optional; a cell that is empty is a gap
 (None). A row with the wrong number of fields, a non-numeric value or a header that repeats
 a name is an error naming the file and line (and the column) — or, read `torn_ok` (a cell's
 own tokens.csv, which a crash can cut mid-row), the end of the table; read
@@ -27,10 +30,13 @@ import hashlib
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from abbench.errors import ForeignRunError
 from abbench.records.summary import RunSummary
@@ -68,16 +74,28 @@ class DroppedColumn:
 
 
 @dataclass(frozen=True)
+class Turn:
+    """One `# summary` trailer: its line, the token rows above it (of the whole file) and
+    its figures (numbers as float, else str)."""
+
+    line: int
+    rows: int
+    summary: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class BmoeRun:
-    """One run's per-token table, its preamble and its own `# summary` (if it wrote one)."""
+    """One run's per-token table, its preamble and its own `# summary` lines (if it wrote
+    any): `summary` is the run's (one trailer's, or the turns combined)."""
 
     source: str
     version: str | None
     preamble: dict[str, str]
     columns: dict[str, list[float | None]]  # header order, one value per token row
     summary: dict[str, Any] = field(default_factory=dict)  # numbers as float, else str
-    summary_line: int | None = None
+    summary_line: int | None = None  # the last trailer's
     dropped: tuple[DroppedColumn, ...] = ()  # read with `drop_bad_columns`: left out
+    turns: tuple[Turn, ...] = ()  # every trailer, in file order
 
     @property
     def n_rows(self) -> int:
@@ -99,6 +117,47 @@ def looks_like_bmoe_csv(text: str) -> bool:
         names = [n.strip() for n in s.split(",")]
         return "wall_ms" in names or "step" in names
     return False
+
+
+# How a `# summary` key of one turn joins the same key of the others (every other key: the
+# last turn's, as the session's state after it — the hit rate, the cache's residency, the
+# route-ahead agreement the engine counts over the session). Counts add; per-token figures
+# are weighted by the turn's tokens; the load happens once.
+SUMMED = frozenset({
+    "tokens", "read_MiB", "io_s", "n_prompt", "prefill_s", "spec_read_MiB", "spec_experts",
+    "spec_useful", "experts_routed", "experts_dropped", "mtp_drafted", "mtp_accepted",
+    "mtp_decodes", "drafted_steps", "cache_resizes", "evictions", "rereads"})
+FIRST = frozenset({"load_s"})
+
+
+def combine_turns(turns: Sequence[Turn]) -> dict[str, Any]:
+    """The run's summary from its trailers: one trailer as written; several (the turns of
+    one session) joined key by key — counts summed, per-token figures (`.../tok`) weighted
+    by each turn's tokens, `tok/s` and `prefill_tps` from the sums, `load_s` the first
+    turn's, the rest the last turn's — and `turns`, how many."""
+    if len(turns) <= 1:
+        return dict(turns[0].summary) if turns else {}
+    out: dict[str, Any] = {}
+    weights = [t.summary.get("tokens") for t in turns]
+    for key in dict.fromkeys(k for t in turns for k in t.summary):
+        values = [t.summary.get(key) for t in turns]
+        numbers = [v for v in values if isinstance(v, float)]
+        if key in SUMMED and len(numbers) == len(values):
+            out[key] = math.fsum(numbers)
+        elif key.endswith("/tok") and len(numbers) == len(values) \
+                and all(isinstance(w, float) for w in weights) and math.fsum(weights) > 0:
+            out[key] = math.fsum(v * w for v, w in zip(numbers, weights)) / math.fsum(weights)
+        elif key in FIRST:
+            out[key] = next((v for v in values if v is not None), None)
+        else:
+            out[key] = next((v for v in reversed(values) if v is not None), None)
+    if isinstance(out.get("s/tok"), float) and out["s/tok"] > 0:
+        out["tok/s"] = 1.0 / out["s/tok"]
+    if isinstance(out.get("prefill_s"), float) and out["prefill_s"] > 0 \
+            and isinstance(out.get("n_prompt"), float):
+        out["prefill_tps"] = out["n_prompt"] / out["prefill_s"]
+    out["turns"] = float(len(turns))
+    return out
 
 
 def parse_summary(body: str, source: str | Path, line: int) -> dict[str, Any]:
@@ -132,32 +191,22 @@ def parse_bmoe_csv(text: str, source: str | Path = "<text>", *, torn_ok: bool = 
 
 
 def _parse(text: str, source: str | Path, torn_ok: bool, drop_bad: bool) -> BmoeRun:
-    text = text.removeprefix("\ufeff")
-    version: str | None = None
-    preamble: dict[str, str] = {}
+    lines = text.removeprefix("\ufeff").splitlines()
+    fast = _parse_fast(lines, source)
+    if fast is not None:
+        return fast
+    head = _Head()
     header: list[str] | None = None
     whats: list[str] = []  # each column as messages name it
     columns: dict[str, list[float | None]] = {}
-    summary: dict[str, Any] = {}
-    summary_line: int | None = None
+    rows = 0
     dropped: dict[str, DroppedColumn] | None = {} if drop_bad else None
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line:
             continue
         if line.startswith("#"):
-            if line.startswith("# summary") and line[9:10] in ("", " ", "\t"):
-                if summary_line is not None:
-                    raise ForeignRunError(source, "a second `# summary` line "
-                                          f"(the first is line {summary_line})", n)
-                summary, summary_line = parse_summary(line[9:], source, n), n
-            elif m := VERSION.match(line):
-                version = m[1]
-            elif header is None:
-                for pair in line[1:].split():
-                    key, eq, value = pair.partition("=")
-                    if eq and key:
-                        preamble[key] = value
+            head.comment(line, n, rows, source, header is None)
             continue
         fields = [f.strip() for f in line.split(",")]
         if header is None:
@@ -166,8 +215,6 @@ def _parse(text: str, source: str | Path, torn_ok: bool, drop_bad: bool) -> Bmoe
             columns = {name: [] for name in header}
             continue
         try:
-            if summary_line is not None:
-                raise ForeignRunError(source, "a token row after the `# summary` line", n)
             if len(fields) != len(header):
                 raise ForeignRunError(source, f"{len(fields)} fields, the header has "
                                       f"{len(header)}", n)
@@ -178,13 +225,75 @@ def _parse(text: str, source: str | Path, torn_ok: bool, drop_bad: bool) -> Bmoe
             raise
         for name, value in zip(header, row):
             columns[name].append(value)
-    if header is None and summary_line is None:
+        rows += 1
+    if header is None and not head.turns:
         raise ForeignRunError(source, "no header row, no token rows and no `# summary` line"
                               " (empty, or not a bmoe_metrics CSV)")
     for name in dropped or ():
         del columns[name]
-    return BmoeRun(str(source), version, preamble, columns, summary, summary_line,
-                   tuple((dropped or {}).values()))
+    return head.run(source, columns, tuple((dropped or {}).values()))
+
+
+@dataclass
+class _Head:
+    """What a file's comment lines say: its version, its preamble (the comments before the
+    header row) and its trailers."""
+
+    version: str | None = None
+    preamble: dict[str, str] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)
+
+    def comment(self, line: str, n: int, rows: int, source: str | Path,
+                before_header: bool) -> None:
+        if line.startswith("# summary") and line[9:10] in ("", " ", "\t"):
+            self.turns.append(Turn(n, rows, parse_summary(line[9:], source, n)))
+        elif m := VERSION.match(line):
+            self.version = m[1]
+        elif before_header:
+            for pair in line[1:].split():
+                key, eq, value = pair.partition("=")
+                if eq and key:
+                    self.preamble[key] = value
+
+    def run(self, source: str | Path, columns: dict[str, list[float | None]],
+            dropped: tuple[DroppedColumn, ...] = ()) -> BmoeRun:
+        turns = tuple(self.turns)
+        return BmoeRun(str(source), self.version, self.preamble, columns,
+                       combine_turns(turns), turns[-1].line if turns else None, dropped,
+                       turns)
+
+
+def _parse_fast(lines: list[str], source: str | Path) -> BmoeRun | None:
+    """The file read in bulk when every token row is numbers (the common file: an import of
+    ten thousand runs reads them all); None for anything else, which the line-by-line
+    reading reads (and names the problem of) exactly as before."""
+    head = _Head()
+    header: list[str] | None = None
+    body: list[str] = []
+    try:
+        for n, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line:
+                continue
+            if line.startswith("#"):
+                head.comment(line, n, len(body), source, header is None)
+            elif header is None:
+                header = _header([f.strip() for f in line.split(",")], source, n)
+            else:
+                body.append(line)
+    except ForeignRunError:  # which problem comes first is the careful reading's to say
+        return None
+    if header is None or not body:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an empty line or field: the careful reading
+            table = np.loadtxt(body, delimiter=",", dtype=float, ndmin=2)  # (rows, columns)
+    except (ValueError, UserWarning):
+        return None
+    if table.shape != (len(body), len(header)) or not np.isfinite(table).all():
+        return None
+    return head.run(source, {name: table[:, j].tolist() for j, name in enumerate(header)})
 
 
 def _header(fields: list[str], source: str | Path, line: int) -> list[str]:
@@ -204,6 +313,14 @@ def _row(header: list[str], whats: list[str], fields: list[str], source: str | P
     """One token row's values. A value that is not a number is an error naming its column
     and what was expected; with `dropped` (not None) its column is left out instead and
     recorded there, unless the run's figures need it."""
+    if not dropped:  # the common row, all numbers: what `number` reads, without the walk
+        try:
+            fast = [float(value) for value in fields]
+        except ValueError:
+            pass
+        else:
+            if all(math.isfinite(x) for x in fast):
+                return fast  # type: ignore[return-value]
     row: list[float | None] = []
     for name, what, value in zip(header, whats, fields):
         if value == "" or (dropped is not None and name in dropped):
@@ -233,20 +350,6 @@ def read_bmoe_csv(path: Path) -> BmoeRun:
 def token_columns(run: BmoeRun) -> dict[str, list[float]]:
     """Every column as floats, a gap as NaN (as a per-token JSON column's null)."""
     return {k: [math.nan if v is None else v for v in vs] for k, vs in run.columns.items()}
-
-
-def run_summary(run: BmoeRun) -> dict[str, Any]:
-    """The run's summary: its own `# summary` line, else tokens, s/tok and tok/s from the
-    rows' wall times; {} when it has neither."""
-    summary = dict(run.summary)
-    walls = run.column("wall_ms")
-    if "tok/s" not in summary and walls and sum(walls) > 0:
-        summary["tokens"] = len(walls)
-        summary["s/tok"] = sum(walls) / len(walls) / 1e3
-        summary["tok/s"] = len(walls) / (sum(walls) / 1e3)
-    if summary:
-        summary.setdefault("tokens", len(walls or []))
-    return summary
 
 
 def work_fingerprint(run: BmoeRun) -> str | None:

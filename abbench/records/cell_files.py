@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from abbench.records.bmoe_csv import parse_bmoe_csv, token_columns
+import numpy as np
+
+from abbench.records.bmoe_csv import parse_bmoe_csv
+from abbench.records.bmoe_view import token_view
 from abbench.records.cell_doc import (
     FINGERPRINT,
     METRICS,
@@ -21,7 +24,7 @@ from abbench.records.cell_doc import (
     SAMPLES,
     SUMMARY,
 )
-from abbench.records.schema import is_number
+from abbench.records.schema import LIMIT, is_number
 from abbench.records.summary import RunSummary
 from abbench.records.tokens import WALL_MS
 
@@ -95,9 +98,23 @@ def _summary(doc: dict[str, Any]) -> RunSummary:
         return RunSummary()
 
 
+_NUMBERS = frozenset({int, float, type(None)})
+
+
 def _column(values: Any) -> list[float] | None:
     """A per-token column: a list of numbers (null: not measured), else None."""
-    if not isinstance(values, list) or not all(v is None or is_number(v) for v in values):
+    if not isinstance(values, list):
+        return None
+    if set(map(type, values)) <= _NUMBERS:  # the common column, read in bulk
+        try:
+            column = np.array(values, dtype=float)  # (n,): None as NaN
+        except OverflowError:  # an integer past any float: not a number here
+            return None
+        gaps = np.isnan(column)
+        if int(gaps.sum()) == values.count(None) and bool(np.all(gaps | (np.abs(column) <= LIMIT))):
+            return column.tolist()  # type: ignore[no-any-return]
+        return None  # a NaN written as a number, or a number past LIMIT
+    if not all(v is None or is_number(v) for v in values):
         return None
     return [math.nan if v is None else float(v) for v in values]
 
@@ -121,7 +138,7 @@ def _tokens_csv(path: Path) -> dict[str, list[float]]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return {}
-    return token_columns(parse_bmoe_csv(text, path, torn_ok=True))
+    return token_view(parse_bmoe_csv(text, path, torn_ok=True))
 
 
 __all__ = ["SUMMARY_JSON", "TOKENS_CSV", "CellFiles", "read_cell_files"]

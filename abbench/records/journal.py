@@ -4,7 +4,7 @@ and samples.jsonl (one Sample per sampler tick)."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,12 @@ from abbench.records.schema import build, from_dict, show, typed
 from abbench.records.summary import RunSummary
 
 FORMAT = "abbench-run v1"
+
+
+def _shallow(record: Any) -> dict[str, Any]:
+    """A record's fields by name, as `asdict` gives them but without its deep copy (the
+    callers replace every field that holds a record or a container)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,9 @@ class EntryState:
                 if p in self.hw_max_khz and cap < self.hw_max_khz[p]]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = _shallow(self)
+        d["caps_khz"], d["hw_max_khz"] = dict(self.caps_khz), dict(self.hw_max_khz)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> EntryState:
@@ -54,7 +62,7 @@ class GateWait:
     gave_up: bool = False  # the timeout fired: the cell ran anyway
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "reasons": list(self.reasons)}
+        return {**_shallow(self), "reasons": list(self.reasons)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GateWait:
@@ -83,7 +91,7 @@ class CellRecord:
     stderr_tail: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = _shallow(self)
         d["entry"] = self.entry.to_json()
         d["gate"] = self.gate.to_json()
         d["summary"] = self.summary.to_json()

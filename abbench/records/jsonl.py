@@ -21,6 +21,25 @@ def append_jsonl(path: Path, obj: dict[str, Any], fsync: bool = True) -> None:
     append_line(path, json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n", fsync)
 
 
+def document_text(doc: dict[str, Any]) -> str:
+    """A JSON document as abbench writes its records (plan.json, import.json, report.json):
+    one top-level key a line, and a list of objects one item a line — readable, diffable by
+    line, and written by json's C encoder (an indented dump of ten thousand cells takes
+    seconds). NaN is refused, as everywhere in a record."""
+
+    def one(value: Any) -> str:
+        return json.dumps(value, allow_nan=False)
+
+    lines = []
+    for key, value in doc.items():
+        if isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
+            items = ",\n  ".join(one(x) for x in value)
+            lines.append(f" {one(key)}: [\n  {items}\n ]")
+        else:
+            lines.append(f" {one(key)}: {one(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def numbered_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for every complete line of a JSON-lines file."""
     try:

@@ -183,7 +183,11 @@ class Plan:
     slice_tokens: int | None = None  # with SLICES: decode tokens per turn
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        # field by field, not `asdict`: its deep copy of every cell is what an import of
+        # ten thousand runs would spend seconds on, and each part below has its own rule
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["gate"] = asdict(self.gate) if self.gate is not None else None
+        d["sequential"] = asdict(self.sequential) if self.sequential is not None else None
         d["match"] = self.match.to_json()  # its own rule: plans before a key stay as they were
         d["cells"] = [c.to_json() for c in self.cells]
         d["decisions"] = [x.to_json() for x in self.decisions]

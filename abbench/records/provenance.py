@@ -33,7 +33,7 @@ class Fact:
     source: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"kind": self.kind, "source": self.source}
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,11 @@ class RunSummary:
     tokens: float | None = _key("tokens")  # decode tokens
     s_per_tok: float | None = _key("s/tok")
     tok_per_s: float | None = _key("tok/s")
+    # where the time between decodes is recorded (the seed engine's v2 CSV), `tok/s` and
+    # `s/tok` are what a user waits through, and these the decode alone and the gap
+    decode_tok_per_s: float | None = _key("decode_tok/s")
+    between_s_per_tok: float | None = _key("loop_overhead_s/tok")
+    turns: float | None = _key("turns")  # a session's turns, each with its own trailer
     # expert reads, time per token, the expert cache
     read_mib: float | None = _key("read_MiB")
     read_mib_per_tok: float | None = _key("read_MiB/tok")
@@ -122,6 +127,11 @@ class RunSummary:
     spec_experts: float | None = _key("spec_experts")
     spec_useful: float | None = _key("spec_useful")
     spec_cancelled: float | None = _key("spec_cancelled")
+    # self-speculative decoding (the seed engine's --mtp / --ngram) and route-ahead
+    mtp_drafted: float | None = _key("mtp_drafted")  # tokens proposed
+    mtp_accepted: float | None = _key("mtp_accepted")  # of them, confirmed
+    mtp_decodes: float | None = _key("mtp_decodes")  # verify decodes
+    ra_agree_pct: float | None = _key("ra_agree_pct")  # committed routing = the router's
     retained: float | None = _key("retained")  # predicted residents kept from eviction
     o_direct: int | None = _key("o_direct")  # 1: reads bypassed the page cache
     threads: int | None = _key("threads")  # compute threads

@@ -90,7 +90,7 @@ def from_file_name(config: str, keys: tuple[str, ...]) -> str:
 
 def cell_row(a: CampaignAnalysis, index: int, config: str) -> CellRow:
     c = a.cells[index]
-    rec = next((r for r in a.records if r.index == c.index), None)
+    rec = a.record_of(c.index)
     gate = polled = "-"
     if rec and (rec.gate.polls or rec.gate.gave_up or rec.gate.waited_s):
         gate = f"waited {rec.gate.waited_s:.0f} s" + (", GAVE UP" if rec.gate.gave_up else "")

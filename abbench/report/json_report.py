@@ -5,7 +5,7 @@ tokens/s, memory in MiB; cells are 0-based `index` with a 1-based `number`."""
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -15,17 +15,25 @@ from abbench.analysis.cells import STABILITY_WINDOW_TOKENS, CellStats
 from abbench.analysis.decide import POWER, Comparison, Decision
 from abbench.analysis.sequential import ALPHA, RHO
 from abbench.analysis.stats import REPS, Interval, Noise
+from abbench.records import document_text
 
 REPORT_FORMAT = "abbench-report v1"
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def plain(x: Any) -> Any:
     """Dataclasses, tuples, Paths and NaN into JSON values (NaN/inf → null)."""
+    if x is None or type(x) in (str, int, bool):
+        return x
     if isinstance(x, Interval):
         return {"estimate": plain(x.estimate), "low": plain(x.low), "high": plain(x.high),
                 "level": x.level}
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        return {name: plain(getattr(x, name)) for name in _field_names(type(x))}
     if isinstance(x, dict):
         return {str(k): plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -38,7 +46,7 @@ def plain(x: Any) -> Any:
 
 
 def _cell(c: CellStats, a: CampaignAnalysis) -> dict[str, Any]:
-    rec = next((r for r in a.records if r.index == c.index), None)
+    rec = a.record_of(c.index)
     d = c.during
     return {
         "index": c.index, "number": c.index + 1, "name": c.name, "label": c.label,
@@ -180,4 +188,4 @@ def build(a: CampaignAnalysis) -> dict[str, Any]:
 
 
 def dumps(a: CampaignAnalysis) -> str:
-    return json.dumps(build(a), indent=1, allow_nan=False) + "\n"
+    return document_text(build(a))

@@ -51,6 +51,10 @@ from abbench.report.series import Rates, Series, Timeline, per_token, rates, sam
 from abbench.report.sessions import across_sessions
 
 MARK = {"ok": "✓", "fail": "✗", "not measured": "–"}
+# The terminal lists at most this many cells, pairs, drifts or tells of each kind and says
+# how many more the pages hold: an import of ten thousand runs is a page to read, not a
+# screen to scroll.
+TERMINAL_ITEMS = 40
 WARNS = "WARNING: "  # a detail line that warns (the page sets it in bold)
 CELLS_METHOD = ("Cells' intervals: 95%, moving-block bootstrap over per-token times (block "
                 "ceil(n^(1/3)), seeded)")
@@ -78,7 +82,7 @@ def build(a: CampaignAnalysis, samples: Sequence[Sample] | None = None) -> Docum
         only(MARKDOWN, _intro(a, f"{CELLS_METHOD}. Verdicts' intervals: {VERDICTS_METHOD}.")),
         only(HTML, _intro(a, f"{CELLS_METHOD}; verdicts' intervals: {VERDICTS_METHOD_BRIEF}.")),
         *(Banner(b) for b in banners(a)), *_imported(a), *across_sessions(a.imported),
-        only(PAGES, page_verdicts, Section("Cells", (cells,))), only(TERMINAL, cells),
+        only(PAGES, page_verdicts, Section("Cells", (cells,))), only(TERMINAL, _cut_table(cells)),
         only(HTML, *_figures(a, ticks)), *_pairs(a), *_unverified_ratios(a),
         *_listed("Drift (sentinels)", tuple(
             (Mark(d.verdict, DRIFT), " — ", Value(d.summary)) for d in a.drift),
@@ -168,8 +172,9 @@ def _imported(a: CampaignAnalysis) -> tuple[Block, ...]:
                  *([Section("Not imported", (Bullets(left_out),))] if left_out else [])),
             only(TERMINAL,
                  Paragraph((f"import: order {info.order.kind} ({info.order.source})",)),
-                 Bullets(tuple(f"{WARNS}{n}" for n in info.notes)),
-                 *([Bullets(left_out, lead=("not imported:",))] if left_out else [])))
+                 Bullets(_cut(tuple(f"{WARNS}{n}" for n in info.notes), "notes")),
+                 *([Bullets(_cut(left_out, "files"), lead=("not imported:",))]
+                   if left_out else [])))
 
 
 def _verdicts(a: CampaignAnalysis) -> tuple[Section, tuple[Block, ...]]:
@@ -333,8 +338,9 @@ def _pairs(a: CampaignAnalysis) -> tuple[Block, ...]:
     return (only(PAGES, Section("Adjacent pairs", tuple(Bullets(checks(m), "no criteria", (
                 Strong(f"{cell_name(a, m.first)} → {cell_name(a, m.second)}: {m.state}"),
                 *note(m))) for m in a.pairs))),
-            only(TERMINAL, Section("adjacent pairs", tuple(
-                Bullets(checks(m, failed=True), lead=lead(m)) for m in a.pairs))))
+            only(TERMINAL, Section("adjacent pairs", (*(
+                Bullets(checks(m, failed=True), lead=lead(m))
+                for m in a.pairs[:TERMINAL_ITEMS]), *_more(len(a.pairs), "pairs")))))
 
 
 def _unverified_ratios(a: CampaignAnalysis) -> tuple[Block, ...]:
@@ -346,14 +352,40 @@ def _unverified_ratios(a: CampaignAnalysis) -> tuple[Block, ...]:
     return (only(MARKDOWN, Section(f"Unverified ratios ({why})", (
                 Table(columns("second / first", "ratio", "95% CI"), rows),), level=3)),
             only(TERMINAL, Paragraph((Mark("unverified ratios", CAUTION), f" ({why})")),
-                 Bullets(tuple(f"{p}: {ratio} (95% CI {ci})" for p, ratio, ci in rows))))
+                 Bullets(_cut(tuple(f"{p}: {ratio} (95% CI {ci})" for p, ratio, ci in rows),
+                              "ratios"))))
 
 
 def _listed(title: str, items: tuple[Text, ...], empty: str) -> tuple[Block, ...]:
     """A section of bullets on the pages (`empty` said where there are none); on the
     terminal, its title in lower case and the items, only where there are some."""
-    terminal = (Section(title[0].lower() + title[1:], (Bullets(items),)),) if items else ()
+    terminal = (Section(title[0].lower() + title[1:], (Bullets(_cut(items, "items")),)),) \
+        if items else ()
     return only(PAGES, Section(title, (Bullets(items, empty),))), only(TERMINAL, *terminal)
+
+
+def _cut(items: tuple[Text, ...], what: str) -> tuple[Text, ...]:
+    """The first `TERMINAL_ITEMS` of a terminal list, and how many more the pages hold."""
+    if len(items) <= TERMINAL_ITEMS:
+        return items
+    return (*items[:TERMINAL_ITEMS], _more_line(len(items), what))
+
+
+def _more_line(total: int, what: str) -> str:
+    return (f"… and {total - TERMINAL_ITEMS} more {what} (the first {TERMINAL_ITEMS} of "
+            f"{total} here): report.md and report.html list every one")
+
+
+def _more(total: int, what: str) -> tuple[Block, ...]:
+    return (Paragraph((_more_line(total, what),)),) if total > TERMINAL_ITEMS else ()
+
+
+def _cut_table(table: Table) -> Table:
+    """The cells table on the terminal: its first `TERMINAL_ITEMS` rows."""
+    if len(table.rows) <= TERMINAL_ITEMS:
+        return table
+    return Table(table.columns, table.rows[:TERMINAL_ITEMS], table.title,
+                 (*table.notes, _more_line(len(table.rows), "cells")))
 
 
 __all__ = ["Rates", "Series", "Timeline", "banners", "build", "samples_of"]

@@ -1,5 +1,11 @@
 """The page's three plots, drawn from the report model's series as base64 PNG `<img>` tags:
-the device timeline, tokens/s per cell, per-token times."""
+the device timeline, tokens/s per cell, per-token times.
+
+A plot of more than `MANY` cells (an import of a thousand runs) is drawn in one call per
+kind of mark, without a label per cell — matplotlib's cost is per artist, and a label per
+cell is unreadable there anyway — and the per-token plot shows the first `LINES` cells,
+said in its legend's title.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from abbench.report.model import Rates, Series, Timeline  # noqa: E402
 from abbench.textsafe import shown  # noqa: E402
+
+MANY = 60  # cells above which marks are drawn in bulk and not labelled one by one
+LINES = 12  # per-token series drawn at most
 
 
 def png(fig: Figure) -> str:
@@ -55,7 +64,15 @@ def _temperatures(ax: Any, tl: Timeline) -> None:
 
 
 def _spans(axes: Any, tl: Timeline) -> None:
-    """Each cell's span shaded, its gate wait hatched red, its name above the caps."""
+    """Each cell's span shaded, its gate wait hatched red, its name above the caps (up to
+    `MANY` cells; beyond that the spans alone, in two shades)."""
+    if len(tl.spans) > MANY:
+        for ax in axes:
+            for k in (0, 1):
+                bars = [(sp.start, sp.end - sp.start) for sp in tl.spans[k::2]]
+                ax.broken_barh(bars, (0, 1), transform=ax.get_xaxis_transform(),
+                               color="C0" if k == 0 else "C1", alpha=0.12, lw=0)
+        return
     gate_labelled = False
     for k, sp in enumerate(tl.spans):
         for ax in axes:
@@ -94,6 +111,25 @@ def rates(r: Rates) -> str:
     band."""
     fig = Figure(figsize=(12, 4))
     ax = fig.subplots()
+    if len(r.points) > MANY:
+        _rates_in_bulk(ax, r)
+    else:
+        _rates_each(ax, r)
+    ax.set_xlim(0.5, max(len(r.points), 1) + 0.5)
+    ax.set_ylabel("tokens/s (steady window, 95% CI)")
+    ax.set_ylim(bottom=0)
+    ax.plot([], [], "o", color="C0", label="cell (95% CI of its tokens)")
+    ax.plot([], [], "D", color="C3", label="sentinel")
+    if r.band_label is not None:
+        ax.bar([0], [0], color="#999", alpha=0.25, label=r.band_label)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return png(fig)
+
+
+def _rates_each(ax: Any, r: Rates) -> None:
+    """Every cell's point, interval, band and name, one by one."""
     for p in r.points:
         if p.band is not None:
             ax.bar([p.number], [p.band[1]], bottom=[p.band[0]], width=0.5, color="#999",
@@ -116,29 +152,39 @@ def rates(r: Rates) -> str:
         if p.sentinel_of is not None:
             ax.annotate(f"sentinel of {p.sentinel_of + 1}", (p.number, p.estimate),
                         fontsize=7, textcoords="offset points", xytext=(5, -12), color="C3")
-    ax.set_xlim(0.5, max(len(r.points), 1) + 0.5)
     ax.set_xticks([p.number for p in r.points] or [1])
     # A name's own controls as escapes: the font has no glyph for them (a warning each)
     ax.set_xticklabels([f"{p.number}\n{shown(p.name)}" for p in r.points] or [""], fontsize=8)
-    ax.set_ylabel("tokens/s (steady window, 95% CI)")
-    ax.set_ylim(bottom=0)
-    ax.plot([], [], "o", color="C0", label="cell (95% CI of its tokens)")
-    ax.plot([], [], "D", color="C3", label="sentinel")
-    if r.band_label is not None:
-        ax.bar([0], [0], color="#999", alpha=0.25, label=r.band_label)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    return png(fig)
+
+
+def _rates_in_bulk(ax: Any, r: Rates) -> None:
+    """The same marks for many cells, one call per kind: numbers on the axis, no names."""
+    banded = [p for p in r.points if p.band is not None]
+    if banded:  # one collection of segments: a bar each costs an artist each
+        ax.vlines([p.number for p in banded], [p.band[0] for p in banded],  # type: ignore[index]
+                  [p.band[0] + p.band[1] for p in banded],  # type: ignore[index]
+                  color="#999", alpha=0.25, lw=2)
+    for sent, fmt, colour in ((False, "o", "C0"), (True, "D", "C3")):
+        pts = [p for p in r.points
+               if p.estimate is not None and (p.sentinel_of is not None) == sent]
+        if not pts:
+            continue
+        est = [p.estimate for p in pts]
+        low = [e - (p.interval[0] if p.interval else e) for e, p in zip(est, pts)]  # type: ignore[operator]
+        high = [(p.interval[1] if p.interval else e) - e for e, p in zip(est, pts)]  # type: ignore[operator]
+        ax.errorbar([p.number for p in pts], est, yerr=[low, high], fmt=fmt, color=colour,
+                    ms=2, lw=0.5, capsize=0)
+    ax.set_xlabel(f"cell ({len(r.points)} cells: see the cells table for their names)")
 
 
 def per_token(series: tuple[Series, ...]) -> str:
     fig = Figure(figsize=(12, 4))
     ax = fig.subplots()
-    for s in series:
+    for s in series[:LINES]:
         ax.plot(s.xs, s.ys, lw=0.9, label=shown(s.label))
     if series:
-        ax.legend(loc="upper right", fontsize=8, ncol=2)
+        title = f"the first {LINES} of {len(series)} cells" if len(series) > LINES else None
+        ax.legend(loc="upper right", fontsize=8, ncol=2, title=title, title_fontsize=8)
     else:
         _not_measured(ax, "per-token times")
     ax.set_xlabel("decode token index (steady window, after the warm-up)")
