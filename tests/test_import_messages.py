@@ -1,6 +1,7 @@
 """Messages point at the cause (issue 29, class 8).
 
-`tests/fixtures/imports/messages-overlap/`: made-up runs in the seed engine's v1 CSV format.
+`tests/fixtures/imports/messages-overlap/`: hand-edited runs in the seed engine's v1 CSV format
+(its README).
 `qwen_a.csv` has an `overlap` column written as words (`on`, then `off`): the run is
 imported without that column, which is listed under "not imported" with its column, line
 and what was expected. `qwen_c.csv` has `n/a` in `wall_ms`, the column its tokens/s rests
@@ -23,9 +24,11 @@ from abbench.records import read_cell_files, read_journal
 FIXTURE = Path(__file__).parent / "fixtures" / "imports" / "messages-overlap"
 EXPECTED = "the per-token columns are numbers, an empty field a gap"
 # import.json's `not_imported` entries (records.NotImported)
-OVERLAP = {"path": "qwen_a.csv", "line": 4,
+OVERLAP = {"path": "qwen_a.csv", "line": 5,
            "reason": f"column `overlap`: 'on' is not a number ({EXPECTED}; a switch as 1 or "
            "0): the column is left out, the rest of the file is read"}
+README = {"path": "README.md", "line": None,
+          "reason": "not a kind abbench reads (.csv, .metrics, .log, .out, .state, .sh)"}
 WALL = {"path": "qwen_c.csv", "line": 11,
         "reason": f"column `wall_ms`: 'n/a' is not a number ({EXPECTED}; the run's tokens/s "
         "rests on `wall_ms`: the file is not imported)"}
@@ -46,7 +49,7 @@ def test_a_word_in_a_number_column_leaves_out_the_column_not_the_run(
     for doc in (json.loads((out / "import.json").read_text()),
                 json.loads((out / "report.json").read_text())["import"]):
         assert [dict(sorted(x.items())) for x in doc.get("not_imported", [])] == [
-            dict(sorted(x.items())) for x in (OVERLAP, WALL)]
+            dict(sorted(x.items())) for x in (README, OVERLAP, WALL)]
     for x in (OVERLAP, WALL):
         assert f"WARNING: not imported: {FIXTURE / x['path']}:{x['line']}: {x['reason']}" in stderr
         assert f"    {shown(x)}\n" in stdout  # the terminal report's list

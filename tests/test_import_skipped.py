@@ -1,11 +1,12 @@
 """Nothing is skipped in silence (issue 29, class 6).
 
-`tests/fixtures/imports/skipped-warmup/`: made-up runs in the seed engine's formats beside
-what is not a run of this folder — a `warmup/` subfolder holding a run, `bench.out` from
-another tool, a route trace (`qwen.route.csv`) — and a run, `gemma_sg`, whose CSV has no
-preamble, so that only its file name says its model. The import lists each left-out file or
-folder with the reason (stderr, report.md, the terminal report, report.json, import.json)
-and shows the model taken from the file name as such."""
+`tests/fixtures/imports/skipped-warmup/` (its README says where each line comes from): two
+runs beside what is not a run of this folder — a `warmup/` subfolder holding a run,
+`bench.out` (llama-bench's output, a log of no run here), notes, a route trace
+(`qwen.route.csv`) — and a run, `gemma_sg`, whose CSV has no preamble, so that only its
+file name says its model. The import lists each left-out file or folder with the reason
+(stderr, report.md, the terminal report, report.json, import.json) and shows the model
+taken from the file name as such."""
 
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ import pytest
 from abbench.cli import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "imports" / "skipped-warmup"
-# import.json's `not_imported` (records.NotImported), in the order found
+# import.json's `not_imported` (records.NotImported), by path
+KINDS = "not a kind abbench reads (.csv, .metrics, .log, .out, .state, .sh)"
 NOT_IMPORTED = [
-    {"path": "bench.out", "reason": "not a kind abbench reads (.csv, .metrics, .log, .state)",
-     "line": None},
+    {"path": "README.md", "reason": KINDS, "line": None},
+    {"path": "bench.out", "reason": "a log of no run here: no run `bench`, no `=== NAME ===` "
+     "sections, and no `generation:` line", "line": None},
+    {"path": "notes.md", "reason": KINDS, "line": None},
     {"path": "qwen.route.csv", "reason": "a route trace: `abbench replay` reads it",
      "line": None},
     {"path": "warmup/", "reason": "a folder: subfolders are not read; import it on its own",
@@ -60,7 +64,7 @@ def test_every_left_out_file_is_listed_with_its_reason(imported: tuple[Path, str
     md = (out / "report.md").read_text()
     section = md.split("## Not imported\n\n", 1)[1].split("\n\n", 1)[0]
     assert section.splitlines() == [f"- {x}" for x in LISTED]
-    terminal = stdout.split("  not imported:\n", 1)[1].splitlines()[:3]
+    terminal = stdout.split("  not imported:\n", 1)[1].splitlines()[:len(LISTED)]
     assert terminal == [f"    {x}" for x in LISTED]
     for x in NOT_IMPORTED:  # a warning each, with the file's whole path
         folder = "/" if x["path"].endswith("/") else ""
@@ -76,7 +80,9 @@ def test_a_model_named_only_by_the_file_name_says_so(imported: tuple[Path, str, 
     row = next(r for r in cells.splitlines() if r.startswith("| 1 | gemma_sg |"))
     assert "| model=gemma (from the file name) run=gemma_sg |" in row
     qwen = next(r for r in cells.splitlines() if r.startswith("| 2 | qwen_base |"))
-    assert "model=Qwen3-30B-A3B-Q4_K_M.gguf " in qwen and "from the file name" not in qwen
+    assert "from the file name" not in qwen
+    info = _import_json(out)
+    assert info["cells"][1]["config"]["model"] == "Qwen3-30B-A3B-Q4_K_M.gguf"
     assert "model=gemma (from the file name)" in stdout  # the terminal's cells table
     doc = json.loads((out / "report.json").read_text())
     assert [c["from_file_name"] for c in doc["import"]["cells"]] == [["model"], []]
@@ -88,10 +94,10 @@ def test_a_folder_of_nothing_importable_says_what_it_holds(
     src = tmp_path / "src"
     (src / "warmup").mkdir(parents=True)
     (src / "warmup" / "a.csv").write_text("step,wall_ms\n1,200\n")
-    (src / "run.out").write_text("tg32 4.91\n")
+    (src / "run.txt").write_text("tg32 4.91\n")
     assert main(["import", str(src), "--out", str(tmp_path / "run")]) == 2
     (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("ERROR:")]
-    assert f"{src / 'run.out'}: not a kind abbench reads" in line
+    assert f"{src / 'run.txt'}: not a kind abbench reads" in line
     assert f"{src / 'warmup'}/: a folder: subfolders are not read" in line
 
 

@@ -25,6 +25,7 @@ from abbench.importers import (
 )
 from abbench.records import (
     DecisionSpec,
+    read_cell_files,
     read_import_info,
     read_journal,
     read_plan,
@@ -75,7 +76,9 @@ def test_reference_tokens_per_s_equal_own_summary(src: Path, tmp_path: Path) -> 
         assert f"{rec.tokens_per_s:.{decimals}f}" == printed, rec.name
         doc = json.loads((run / "cells" / rec.label / "summary.json").read_text())
         assert doc["summary"]["tok/s"] == rec.tokens_per_s
-        assert len(doc["per_token"]["wall_ms"]) == int(doc["summary"]["tokens"])
+        # the per-token times: the run's tokens.csv, read as a cell's
+        cols = read_cell_files(run / "cells" / rec.label).columns
+        assert len(cols["wall_ms"]) == int(doc["summary"]["tokens"])
         assert rec.fingerprint and rec.fingerprint.startswith("sha256:")
         assert isinstance(plan.cells[rec.index].config, ImportedConfig)
 
@@ -232,7 +235,12 @@ def test_a_folder_that_leaves_nothing_is_one_error_line(
     ({"b.csv": ROWS, "d.log": "ENTRY STATE: cell=a\n"}, "d.log leaves out b"),
     ({"b.csv": "step,wall_ms\n1,x\n"}, "b.csv:2: column `wall_ms`: 'x' is not a number"),
     ({"session.log": "generation: 3 tokens, 0.5 s/token (2.000 tok/s)\n" * 2},
-     "session.log: an engine log that matches no run"),
+     "session.log: a log of no run here"),
+    # sections of something else (the authors' memory benchmark log, 2026-07-21)
+    ({"membench.log": "=== 1. First run ===\n$ bmoe-membench --mib 512\n"
+                      "=== 2. Pinned ===\nanon 45410.4\n"},
+     "membench.log: a log of no run here: its sections (`1. First run`, `2. Pinned`) name no "
+     "run"),
 ])
 def test_one_odd_file_never_aborts_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             files: dict[str, str | bytes], note: str) -> None:

@@ -123,7 +123,7 @@ def test_a_stray_log_is_reported_not_made_a_run(tmp_path: Path) -> None:
     stray = "session notes\ngeneration: 4 tokens, 1 s/token (1.000 tok/s)\n" * 3
     run, md = imported(tmp_path, {"a.csv": rows(100), "b.csv": rows(100), "all.log": stray})
     assert sorted(c.name for c in read_plan(run).cells) == ["a", "b"]
-    assert "all.log: an engine log that matches no run" in md
+    assert "all.log: a log of no run here" in md
 
 
 def test_no_order_information_no_pair_and_no_invented_gap(tmp_path: Path) -> None:

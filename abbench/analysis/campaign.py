@@ -31,7 +31,7 @@ from abbench.analysis.noise import (
     with_cells,
 )
 from abbench.analysis.sequential import ALPHA
-from abbench.analysis.stats import Interval, Noise, ratio_interval, seed_for
+from abbench.analysis.stats import Interval, Noise, ratio_interval, ratio_of_draws, seed_for
 from abbench.analysis.tells import Tell, contamination_tells
 from abbench.errors import EXIT_NO_GO, EXIT_NO_MEASUREMENT, RecordError
 from abbench.records import (
@@ -39,6 +39,7 @@ from abbench.records import (
     ImportInfo,
     NoiseFloor,
     Plan,
+    PlannedCell,
     Sample,
     keys,
     read_import_info,
@@ -48,6 +49,7 @@ from abbench.records import (
     read_samples,
 )
 from abbench.records.plan import SLICES
+from abbench.workers import map_all
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,12 @@ class CampaignAnalysis:
         return self._records_by_index.get(index)
 
 
+def _cell_stats(context: tuple[Path, dict[int, CellRecord], list[Sample], int],
+                planned: PlannedCell) -> CellStats:
+    run, by_index, samples, warmup = context
+    return cell_stats(run, planned, by_index.get(planned.index), samples, warmup)
+
+
 def mem_total(samples: Sequence[Sample]) -> float | None:
     """The device's MemTotal in MiB as its samples recorded it; None where none did."""
     seen = [float(v) for s in samples if isinstance(v := s.values.get(keys.MEM_TOTAL_MIB),
@@ -126,8 +134,8 @@ def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
     records = read_journal(run)
     samples = read_samples(run)
     by_index = {r.index: r for r in records}
-    cells = [cell_stats(run, pc, by_index.get(pc.index), samples, plan.warmup_tokens)
-             for pc in plan.cells]
+    cells = map_all(_cell_stats, (run, by_index, samples, plan.warmup_tokens),
+                    list(plan.cells))
     recorded = device_state_recorded(records)
     by_cell = {c.index: c for c in cells}
     matches = PairMatches(list(by_cell), lambda i, j: match_pair(
@@ -143,8 +151,11 @@ def analyze(run_folder: Path, plan: Plan | None = None) -> CampaignAnalysis:
     for m in adjacent:
         first, second = by_cell[m.first], by_cell[m.second]
         if m.state == "unverified" and len(first.window()) and len(second.window()):
-            ratio = ratio_interval(second.window(), first.window(),
-                                   seed_for("ratio", second.label, first.label))
+            ratio = ratio_of_draws(second.window(), first.window(), second.draws,
+                                   first.draws) if second.draws is not None \
+                and first.draws is not None else ratio_interval(
+                    second.window(), first.window(), seed_for("ratio", second.label,
+                                                              first.label))
             unverified.append((m.first, m.second, ratio))
     last = max((c.index for c in cells), default=0)
     return CampaignAnalysis(

@@ -8,7 +8,6 @@ Per-token times come from `cells/NN-NAME/summary.json` (`per_token`), else from
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,15 +15,22 @@ from typing import Any
 
 import numpy as np
 
+from abbench.analysis.during import (
+    CapsState,
+    DeviceDuring,
+    device_during,
+    sensor_gaps,
+    with_metrics,
+)
 from abbench.analysis.energy import NO_ENERGY, CellEnergy, cell_energy
-from abbench.analysis.readings import CapsState, Reading, around, is_during, metrics_after
+from abbench.analysis.readings import is_during
 from abbench.analysis.slices import SliceStat, slice_stats
 from abbench.analysis.stats import (
     Interval,
+    cell_draws,
     log_rate,
     log_rate_token_variance,
     percentile,
-    rate_interval,
     seed_for,
     tokens_per_s,
 )
@@ -34,43 +40,10 @@ from abbench.records import (
     PlannedCell,
     RunSummary,
     Sample,
-    keys,
     read_cell_files,
     tokens,
 )
 from abbench.records.slices import read_slices
-
-
-@dataclass(frozen=True)
-class DeviceDuring:
-    """What the samples (and the entry state) show while one cell ran, and what was read
-    before and after it (`analysis.readings`)."""
-
-    caps_states: tuple[CapsState, ...]  # distinct cap sets at entry and during, in order
-    hw_max_khz: dict[str, int]
-    capped: tuple[str, ...]  # policies below their hardware max at any point
-    cpu_temp_c: tuple[float, float] | None  # (min, max)
-    battery_temp_c: tuple[float, float] | None
-    mem_available_floor_mib: float | None
-    samples: int
-    # Sensor gaps: reading key -> how many of the cell's samples lack it, for each key the
-    # sampler records in this run that the cell had (at entry or in a sample) and then lost
-    # in some sample (a sensor that vanished or read garbage mid-cell).
-    gaps: dict[str, int] = field(default_factory=dict)
-    # Other processes' CPU load: the mean of the cell's `load.foreign_cores` ticks (busy
-    # cores; None: not measured) and the longest run queue seen (`load.runnable_tasks`).
-    foreign_cores: float | None = None
-    max_runnable_tasks: int | None = None
-    during_caps: tuple[CapsState, ...] = ()  # distinct cap sets read during the cell only
-    around: tuple[Reading, ...] = ()  # its readings before (entry first), after, at exit
-
-    @property
-    def caps_measured(self) -> bool:
-        return any(self.caps_states)
-
-    @property
-    def caps_constant(self) -> bool:
-        return len(self.caps_states) <= 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +75,12 @@ class CellStats:
     drop_rate: float | None = None  # experts dropped / routed
     spec_read_mib_per_token: float | None = None
     spec_useful_pct: float | None = None
+    # where the time between decodes is recorded, `tokens_per_s` is what a user waits
+    # through, and this the decode alone over the same window (no interval: shown beside)
+    decode_tok_s: float | None = None
+    accepted_pct: float | None = None  # self-speculation: drafts the target confirmed
+    tokens_per_decode: float | None = None  # ... and tokens each verify decode gave
+    route_agree_pct: float | None = None  # route-ahead: committed routing = the router's
     threads: int | None = None
     notes: tuple[str, ...] = ()
     wall_ms: tuple[float, ...] = field(default=(), repr=False)  # the steady window
@@ -115,6 +94,9 @@ class CellStats:
     energy: CellEnergy = NO_ENERGY  # mean power and J/token (`analysis.energy`)
     slices: tuple[SliceStat, ...] = ()  # the turns it took (interleaved campaigns)
     partner: int | None = None  # the cell it took turns with
+    # its steady window's bootstrap draws of tokens/s (`stats.cell_draws`), (REPS,): every
+    # ratio the cell is in reads them (None: no window)
+    draws: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -153,102 +135,6 @@ def _float(v: float | None) -> float | None:
     return None if v is None else float(v)
 
 
-def device_during(record: CellRecord, samples: list[Sample]) -> DeviceDuring:
-    """Caps, temperatures, memory and other processes' load over the cell: its readings
-    before it (the entry state first) plus every reading during it (`readings.is_during`:
-    keys `cpu.<policy>.cap_khz`/`hw_max_khz`, `temp.cpu_c`, `battery.temp_c`,
-    `mem.available_mib`, `load.foreign_cores`, `load.runnable_tasks`); the readings after
-    it and at its exit are kept apart (`around`), never folded into "during"."""
-    outside = around(record, samples)
-    before = [r for r in outside if r.position == keys.BEFORE]
-    states: list[CapsState] = []
-    hw: dict[str, int] = {p: v for r in outside for p, v in r.hw_max_khz.items()}
-    for r in before:
-        if r.caps_khz and (st := tuple(sorted(r.caps_khz.items()))) not in states:
-            states.append(st)
-    cpu = [r.cpu_temp_c for r in before if r.cpu_temp_c is not None]
-    bat = [r.battery_temp_c for r in before if r.battery_temp_c is not None]
-    mem = [r.mem_available_mib for r in before if r.mem_available_mib is not None]
-    foreign: list[float] = []
-    runnable: list[int] = []
-    during: list[CapsState] = []
-    n = 0
-    for s in samples:
-        if not is_during(s, record):
-            continue
-        n += 1
-        v = s.values
-        x = v.get(keys.FOREIGN_CORES)
-        if _number(x):
-            foreign.append(float(x))
-        x = v.get(keys.RUNNABLE_TASKS)
-        if _number(x):
-            runnable.append(int(x))
-        caps = {p: int(x) for p, x in keys.policies(v, "cap_khz").items() if x is not None}
-        for p, x in keys.policies(v, "hw_max_khz").items():
-            if x is not None:
-                hw[p] = int(x)
-        if caps:
-            st = tuple(sorted(caps.items()))
-            if st not in states:
-                states.append(st)
-            if st not in during:
-                during.append(st)
-        for key, acc in ((keys.CPU_TEMP_C, cpu), (keys.BATTERY_TEMP_C, bat),
-                         (keys.MEM_AVAILABLE_MIB, mem)):
-            x = v.get(key)
-            if isinstance(x, (int, float)):
-                acc.append(float(x))
-    capped = sorted({p for st in states for p, cap in st if p in hw and cap < hw[p]})
-    return DeviceDuring(
-        caps_states=tuple(states), hw_max_khz=hw, capped=tuple(capped),
-        cpu_temp_c=(min(cpu), max(cpu)) if cpu else None,
-        battery_temp_c=(min(bat), max(bat)) if bat else None,
-        mem_available_floor_mib=min(mem) if mem else None, samples=n,
-        gaps=sensor_gaps(record, samples),
-        foreign_cores=float(np.mean(foreign)) if foreign else None,
-        max_runnable_tasks=max(runnable) if runnable else None,
-        during_caps=tuple(during), around=outside,
-    )
-
-
-def _number(x: Any) -> bool:
-    """A finite number as a sample holds one (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _matched_keys(values: dict[str, Any]) -> set[str]:
-    """The readings matching compares, present as numbers in one sample."""
-    return {k for k, v in values.items()
-            if (k in keys.ENTRY_KEYS
-                or keys.policy_of(k, "cap_khz") is not None)
-            and isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def sensor_gaps(record: CellRecord, samples: list[Sample]) -> dict[str, int]:
-    """Per reading key, the number of the cell's samples that lack it, for the keys that
-    some sample of the run records and that this cell had (entry state or a sample).
-
-    A device without a sensor has no gap (never recorded); neither has a cell after the
-    sensor vanished for good (it never had it: its pairs read "not measured" or, against
-    a cell that had it, fail on the entry state)."""
-    recorded: set[str] = set()
-    mine: list[set[str]] = []
-    for s in samples:
-        if s.position not in (None, keys.DURING):  # an import's reading around a cell
-            continue
-        present = _matched_keys(s.values)
-        recorded |= present
-        if is_during(s, record):
-            mine.append(present)
-    e = record.entry
-    had = {keys.cap_khz(p) for p in e.caps_khz}
-    had |= {k for k, name in keys.ENTRY_READINGS if getattr(e, name) is not None}
-    had = (had | set().union(*mine)) & recorded
-    gaps = {k: sum(k not in present for present in mine) for k in sorted(had)}
-    return {k: n for k, n in gaps.items() if n}
-
-
 def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
                samples: list[Sample], warmup: int) -> CellStats:
     """Everything section 7 asks of one cell; a cell not in the journal is "not run"."""
@@ -271,7 +157,8 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     notes += files.notes
     start = min(warmup, len(wall))
     steady = wall[start:]
-    rate, source = _rate(record, steady, len(wall), warmup, summary, files.source, notes)
+    rate, source, draws = _rate(record, steady, len(wall), warmup, summary, files.source,
+                                notes)
     fp = record.fingerprint or files.fingerprint
     if record.status != "ok":
         notes.append(f"cell {record.status}" + (f": {record.error}" if record.error else ""))
@@ -284,7 +171,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         p5_ms=percentile(steady, 5) if len(steady) else None,
         p95_ms=percentile(steady, 95) if len(steady) else None,
         **_work_per_token(files, start, steady, summary),
-        during=_with_metrics(device_during(record, samples), files.metrics),
+        during=with_metrics(device_during(record, samples), files.metrics),
         peak_rss_mib=peak_kb / 1024 if peak_kb is not None else _float(summary.peak_rss_mib),
         prefill_tok_s=_float(summary.prefill_tok_per_s), ttft_s=_float(summary.ttft_s),
         notes=tuple(notes),
@@ -296,27 +183,29 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
                            seed_for("energy", record.label)),
         slices=slice_stats(read_slices(run / "cells" / record.label), wall,
                            cols.get(tokens.SLICE, []), samples),
-        partner=planned.interleaved_with,
+        partner=planned.interleaved_with, draws=draws,
     )
 
 
 def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
-          summary: RunSummary, source: str, notes: list[str]) -> tuple[Interval | None, str]:
-    """The steady window's tokens/s with its interval; without per-token times the
-    summary's figure (warm-up included, no interval). Says why in `notes` when either falls
-    short; gives the source the rate came from."""
+          summary: RunSummary, source: str, notes: list[str]
+          ) -> tuple[Interval | None, str, np.ndarray | None]:
+    """The steady window's tokens/s with its interval (and its bootstrap draws); without
+    per-token times the summary's figure (warm-up included, no interval). Says why in
+    `notes` when either falls short; gives the source the rate came from."""
     if len(steady) >= 2:
-        return rate_interval(steady, seed_for("cell", record.label)), source
+        rate, draws = cell_draws(steady, seed_for("cell", record.label))
+        return rate, source, draws
     if recorded:
         notes.append(f"warm-up ({warmup} tokens) leaves {len(steady)} of {recorded} "
                      f"tokens: no steady window")
     if record.status != "ok":
-        return None, source
+        return None, source, None
     tps = record.tokens_per_s if record.tokens_per_s is not None else _float(
         summary.tok_per_s)
     if tps is None:
         notes.append("no throughput recorded")
-        return None, source
+        return None, source, None
     if source == "none":
         if summary.engine == "llama-completion":
             notes.append("llama-completion gives no per-token times: tok/s from its `eval "
@@ -326,7 +215,7 @@ def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
             notes.append("no per-token times (neither per_token in summary.json nor "
                          "tokens.csv): tok/s from the summary, warm-up included, no interval")
         source = "summary"
-    return Interval(tps, math.nan, math.nan), source
+    return Interval(tps, math.nan, math.nan), source, None
 
 
 def _work_per_token(files: CellFiles, start: int, steady: np.ndarray,
@@ -346,6 +235,9 @@ def _work_per_token(files: CellFiles, start: int, steady: np.ndarray,
         return value
 
     threads = summary.threads if summary.threads is not None else files.threads
+    decode_rate, decode = _decode(cols, start)
+    if decode is not None:
+        steady = decode  # occupancy: CPU time over the decode's own time
     read = mean(tokens.READ_BYTES)
     cpu_ms = mean(tokens.CPU_MS)
     if cpu_ms is not None and cpu_ms <= 0:
@@ -375,7 +267,32 @@ def _work_per_token(files: CellFiles, start: int, steady: np.ndarray,
         "spec_read_mib_per_token": spec / 2**20 if spec is not None else None,
         "spec_useful_pct": 100.0 * su / se if se and su is not None else None,
         "threads": threads,
+        "decode_tok_s": decode_rate, **_speculation(summary),
     }
+
+
+def _decode(cols: dict[str, list[float]], start: int) -> tuple[float | None,
+                                                                np.ndarray | None]:
+    """The decode-only rate of the steady window, and its times, where the cell's tokens
+    record the decode apart from the time between decodes (`tokens.DECODE_MS`)."""
+    decode = cols.get(tokens.DECODE_MS)
+    if decode is None or len(decode) <= start:
+        return None, None
+    window = np.asarray(decode[start:], dtype=float)  # (steady,)
+    if not (np.all(np.isfinite(window)) and window.sum() > 0):
+        return None, None
+    return len(window) * 1000.0 / float(window.sum()), window
+
+
+def _speculation(summary: RunSummary) -> dict[str, float | None]:
+    """What a speculating run's trailer says its speed was bought with: the drafts its
+    target accepted, the tokens per verify decode, route-ahead's agreement."""
+    drafted, accepted = _float(summary.mtp_drafted), _float(summary.mtp_accepted)
+    decodes, made = _float(summary.mtp_decodes), _float(summary.tokens)
+    return {"accepted_pct": 100.0 * accepted / drafted if drafted and accepted is not None
+            else None,
+            "tokens_per_decode": made / decodes if decodes and made and drafted else None,
+            "route_agree_pct": _float(summary.ra_agree_pct) if summary.ra_agree_pct else None}
 
 
 def _hit_pct(hits: float | None, misses: float | None, cols: dict[str, list[float]],
@@ -390,31 +307,6 @@ def _hit_pct(hits: float | None, misses: float | None, cols: dict[str, list[floa
     if hit is None and last:
         hit = last[-1]
     return hit if hit is None or hit >= 0 else None
-
-
-def _with_metrics(during: DeviceDuring, metrics: dict[str, float]) -> DeviceDuring:
-    """What an imported run's `.metrics` recorded over the run — the free-RAM floor, the
-    CPU and battery temperatures before and at their maximum (a reading during it without a
-    time) — joined to what the entry state and samples show; its `*_after_*` keys are a
-    reading after it."""
-    floor = metrics.get("mem_avail_floor_kb")
-    changes: dict[str, Any] = {}
-    if (after := metrics_after(metrics)) is not None:
-        changes["around"] = (*during.around, after)
-    if floor is not None:
-        seen = during.mem_available_floor_mib
-        changes["mem_available_floor_mib"] = min(floor / 1024, seen) if seen is not None \
-            else floor / 1024
-    for field_name, before, top, div in (("cpu_temp_c", "cpu_temp_before_mC",
-                                          "cpu_temp_max_mC", 1000),
-                                         ("battery_temp_c", "batt_temp_before_dC",
-                                          "batt_temp_max_dC", 10)):
-        values = [v / div for v in (metrics.get(before), metrics.get(top)) if v is not None]
-        if values:
-            seen = getattr(during, field_name)
-            values += list(seen) if seen is not None else []
-            changes[field_name] = (min(values), max(values))
-    return dataclasses.replace(during, **changes) if changes else during
 
 
 def steady_rate(c: CellStats) -> float | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from abbench.analysis.cells import CellStats
 from abbench.analysis.matching import tolerances
 from abbench.analysis.readings import cap_readings
-from abbench.analysis.stats import Interval, ratio_interval, seed_for
+from abbench.analysis.stats import Interval, ratio_interval, ratio_of_draws, seed_for
 from abbench.records import CellRecord, MatchSpec
 
 
@@ -92,6 +92,8 @@ def attribute(cells: list[CellStats], rec: dict[int, CellRecord], twin: int, sen
 def _twin_ratio(s: CellStats, t: CellStats) -> Interval:
     """The sentinel's speed over its twin's, with its interval where both have per-token
     times (NaN bounds where not)."""
+    if s.draws is not None and t.draws is not None:
+        return ratio_of_draws(s.window(), t.window(), s.draws, t.draws)
     if s.steady_tokens >= 2 and t.steady_tokens >= 2:
         return ratio_interval(s.window(), t.window(), seed_for("ratio", s.label, t.label))
     return Interval(s.tokens_per_s.estimate / t.tokens_per_s.estimate,  # type: ignore[union-attr]

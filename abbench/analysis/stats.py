@@ -141,6 +141,21 @@ def ratio_interval(a_ms: np.ndarray, b_ms: np.ndarray, seed: int, reps: int = RE
                                draws[:, 0] / draws[:, 1])
 
 
+def ratio_of_draws(a_ms: np.ndarray, b_ms: np.ndarray, a_draws: np.ndarray,
+                   b_draws: np.ndarray) -> Interval:
+    """tokens/s of `a` over `b` with the 95% interval of their bootstrap draws' ratio: each
+    window's own moving-block draws (`cell_draws`), resampled once per cell and read by
+    every ratio it is in — as `pooled_ratio_interval` resamples each series once."""
+    return percentile_interval(tokens_per_s(a_ms) / tokens_per_s(b_ms), a_draws / b_draws)
+
+
+def cell_draws(wall_ms: np.ndarray, seed: int, reps: int = REPS) -> tuple[Interval, np.ndarray]:
+    """A window's tokens/s with its 95% interval (`rate_interval`, the same draws) and the
+    draws themselves, (reps,)."""
+    draws = resampled_rates([wall_ms], seed, reps)[:, 0]
+    return percentile_interval(tokens_per_s(wall_ms), draws), draws
+
+
 def pooled_ratio_interval(series: Sequence[np.ndarray], pairs: Sequence[tuple[int, int]],
                           seed: int, reps: int = REPS) -> Interval:
     """Geometric mean of the ratios rate[a]/rate[b] over `pairs` (indices into `series`).

@@ -1,5 +1,5 @@
 """Contamination tells: cells whose numbers the device, not the configuration, may have
-moved (docs/report.md#contamination-tells).
+moved (docs/report.md#method).
 
 The authors' two tells (their method's "Cool on a condition" section) and what follows
 from them, each against a *set* of runs, never a neighbour, so that which cells a per-cell
@@ -10,8 +10,10 @@ tell flags does not depend on the order they ran in:
 - **memory_floor**: free memory during the cell fell below `MEMORY_FLOOR_FRACTION` of the
   device's RAM — whatever its neighbours did (two runs both deep in memory pressure hold
   each other up as references, and neither majflt tell could fire);
-- **device_majflt**: major faults per token far above the median of the device's clean
-  runs (those no memory floor flags), of any model that agrees on the fault keys;
+- **device_majflt**: a run with no clean repeat of its configuration (a repeat that faults
+  alike says the configuration faults, not the device) whose major faults per token are in
+  the hundreds and far above the median of the device's clean runs (those no memory floor
+  flags) that agree on the fault keys — its model's where it has others, else any model's;
 - **occupancy_fall**, **compute_up_work_down**: threads waiting, or slower at the same or
   less work;
 - **drops**, **capped_after**: a drop rate to quote; a cap read after the cell;
@@ -42,6 +44,10 @@ OCCUPANCY_FALL = 0.85  # CPU occupancy below 85% of the comparable cell's
 # order of magnitude and more), where a 10x threshold missed it.
 MAJFLT_FACTOR = 5.0
 MAJFLT_FLOOR = 1.0  # ... and at least one major fault per token, so 0.01 vs 0.001 is quiet
+# Against the device's other runs (no like-for-like reference), only what the authors call
+# thrashing: "hundreds means the dense set is thrashing, single digits means it is not"
+# (their benchmark method, "gpt-oss / harmony models").
+DEVICE_MAJFLT_FLOOR = 100.0
 # Free memory during a cell below this share of the device's RAM: the kernel is reclaiming
 # (the page cache of the model's dense weights first, then compressing anonymous memory),
 # and the cell's time includes the refaults. The authors' 2026-07-17 matrix on an 11.3 GB
@@ -223,11 +229,17 @@ class _Peers:
         besides `c`, else any model's; with their names and which they are."""
         fault = self._fault_key(c)
         for group, which in ((self._clean_model.get((self.model[c.index], fault)),
-                              "its model's runs"), (self._clean_any.get(fault), "runs")):
+                              "runs of its model"), (self._clean_any.get(fault), "runs")):
             got = group.without(c) if group is not None else None
             if got is not None:
                 return (*got, which)
         return None
+
+    def clean_repeat(self, c: CellStats) -> bool:
+        """Whether another run of `c`'s model and configuration is clean (no memory floor
+        flags it)."""
+        same = self.same[(self.model[c.index], _canonical(self.cfg[c.index]))]
+        return any(x.index != c.index and x.index not in self.deep for x in same)
 
     def more_of_the_same(self, c: CellStats) -> tuple[float, float, str] | None:
         """The runs of the same kernels as `c` with at least as much work — its model and
@@ -310,12 +322,13 @@ def _cell_tells(c: CellStats, peers: _Peers) -> list[Tell]:
                         "kernel was reclaiming memory, and the cell's time includes what "
                         "it faulted back in"))
     clean = peers.clean_median(c)
-    if not flagged and c.majflt_per_token is not None and clean is not None:
+    if not flagged and c.majflt_per_token is not None and clean is not None \
+            and c.majflt_per_token >= DEVICE_MAJFLT_FLOOR and not peers.clean_repeat(c):
         m, who, which = clean
-        if c.majflt_per_token >= MAJFLT_FLOOR and c.majflt_per_token > MAJFLT_FACTOR * m:
+        if c.majflt_per_token > MAJFLT_FACTOR * m:
             out.append(Tell(c.index, "device_majflt",
                             f"{c.majflt_per_token:.1f} major faults/token vs {m:.2f} (the "
-                            f"median of this device's {which} that no memory floor flags: "
+                            f"median of the device's {which} that no memory floor flags: "
                             f"{who}): memory pressure"))
     busy = peers.median(ref, c, lambda x: x.cpu_occupancy or None, "busy")
     if c.cpu_occupancy is not None and busy is not None:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from abbench.errors import UsageError
+from abbench.importers.discover import MAX_FILES, PROGRESS_FROM
 from abbench.importers.folder import import_folder
+from abbench.records import read_plan
 from abbench.report import print_report, write_reports
 from abbench.report.model import TERMINAL_ITEMS
 
@@ -26,6 +33,28 @@ def parse_decision(text: str) -> tuple[str, str, float]:
             raise UsageError(f"--decision {text!r}: MIN_EFFECT {parts[2]!r} is not a number",
                              tip="a fraction: 0.03 asks for at least 3% faster") from None
     return parts[0], parts[1], effect
+
+
+def _progress(line: str) -> None:
+    print(f"import: {line}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt while the import runs, so that its staging
+    folder is removed as on Ctrl-C (a SIGKILL's is removed by the next import: `folder`)."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (signals reach the main thread only: a caller on another has its own)
+        return
+    before = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def add_parser(sub: Any) -> None:
@@ -47,6 +76,9 @@ def add_parser(sub: Any) -> None:
                    "own figures)")
     p.add_argument("--force", action="store_true",
                    help="replace an earlier import at --out")
+    p.add_argument("--max-files", type=int, default=MAX_FILES, metavar="N",
+                   help=f"refuse a folder of more than N entries before reading any (default "
+                   f"{MAX_FILES}); import an archive of many campaigns a subfolder at a time")
     p.add_argument("--style", choices=("rich", "plain"), default="rich",
                    help="the printed report's style (default rich)")
     p.set_defaults(func=run)
@@ -59,8 +91,12 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out or Path("reports") / f"import-{src.resolve().name}"
     order = [s.strip() for s in args.order.split(",") if s.strip()] if args.order else None
     decisions = [parse_decision(d) for d in args.decision]
-    folder = import_folder(src, out, order, decisions, warmup=args.warmup, force=args.force)
-    a, rc = write_reports(folder)
+    with _terminated_as_interrupted():  # SIGTERM cleans up as Ctrl-C does: nothing left
+        folder = import_folder(src, out, order, decisions, warmup=args.warmup,
+                               force=args.force, max_files=args.max_files, progress=_progress)
+        if len(read_plan(folder).cells) >= PROGRESS_FROM:
+            _progress(f"analysing and reporting {folder}")
+        a, rc = write_reports(folder)
     info, journal = a.imported, a.records
     source = (f"{info.order.kind}: {info.order.source}" if info is not None else "unknown")
     runs = f"{len(journal)} run{'s' if len(journal) != 1 else ''}"
@@ -74,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
                 f"battery {e.battery_temp_c:.1f} C" if e.battery_temp_c is not None else None,
                 f"MemAvailable {e.mem_available_mib:.0f} MiB"
                 if e.mem_available_mib is not None else None,
-                f"capped {','.join(e.capped())}" if e.capped() else None]
+                f"capped {','.join(e.capped())}" if e.capped() else
+                "caps at hardware max" if e.caps_khz and all(p in e.hw_max_khz
+                                                            for p in e.caps_khz)
+                else "caps recorded (hardware max unknown)" if e.caps_khz else None]
         state = ", ".join(b for b in bits if b) or "no entry state recorded"
         print(f"  {r.label:<{width}}  {r.tokens_per_s:8.3f} tok/s  {state}")
     if len(journal) > TERMINAL_ITEMS:

@@ -8,10 +8,30 @@ Driver logs come in the field's own variants; every one of these is read:
 =============== qwen_base ===============
 ENTRY STATE: batt=420 dC, memavail=6837980 kB, freq=1555200, waited=0s
 [2026-07-12 09:30:12] ENTRY STATE: cell=gemma_sg cpu=47100 mC batt=41.1 C
+=============== lru_a ===============
+ENTRY: batt=354 dC lvl=86
+3% cpu=42000 mC mem=6044032 kB freq=2265600
+freq_cap=3033600/3321600 thermal=0
+=== cell b1 ===
+...
+--- end b1 ---
 ```
 
-- The run is `cell=NAME` (or `name=`), else the nearest `=== NAME ===` banner above the
-  line. A line naming neither is reported and skipped.
+- A `=== NAME ===` banner (three `=` or more each side) opens the *section* of the run it
+  names: the lines up to the next banner, an end line `--- end NAME ---`, or the end of
+  the file are that run's (what the engine printed for it: `discover` reads its
+  configuration and summary from them). Every section is an entry of the log, in order,
+  whether or not an entry line gives its readings; a section that names no run and holds
+  no reading (`=== DONE ===`) is nothing.
+- The run of an entry line is `cell=NAME` (or `name=`), else the section it stands in. A
+  line naming neither is reported and skipped.
+- `ENTRY:` is read as `ENTRY STATE:`, and `EXIT:` as `EXIT STATE:`. A line right after one
+  of them that holds `key=value` items and no `:` continues it (a driver that printed a
+  value with a line break inside, as the authors' 2026-07-20 cache-replay driver did).
+- Between an end line and the next banner, a line of `key=value` items only is the next
+  run's entry reading (`freq_cap=CAP/HW_MAX thermal=N`, the authors' 2026-07-20 sidecar
+  driver): `freq_cap` gives the cap and the hardware maximum of the CPU, `thermal` the
+  thermal status.
 - Items are `key=value`, separated by spaces and/or commas; a value may carry its unit
   attached (`0s`) or as the next word (`420 dC`). Units: temperatures `C`, `dC`
   (deci-degrees), `mC` (milli); memory `kB`, `MB`/`MiB`, `GB`/`GiB`; frequency `Hz`, `kHz`,
@@ -52,8 +72,18 @@ from abbench.records.text import clip, quote, read_text
 MARK = "ENTRY STATE:"
 # The lines read after a run, each with the position its reading stands at (`keys`).
 AFTER_MARKS = {"EXIT STATE:": keys.EXIT, "AFTER STATE:": keys.AFTER}
+# Every mark a line may carry, the short forms read as the long ones.
+MARKS = re.compile(r"(?<![A-Za-z_])(ENTRY STATE|ENTRY|EXIT STATE|EXIT|AFTER STATE):")
+LONG = {"ENTRY": MARK, "ENTRY STATE": MARK, "EXIT": "EXIT STATE:", "EXIT STATE": "EXIT STATE:",
+        "AFTER STATE": "AFTER STATE:"}
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*$")
 BANNER = re.compile(r"^\s*={3,}\s*(\S(?:.*?\S)?)\s*={3,}\s*$")
+SECTION_END = re.compile(r"^\s*-{3,}\s*end\s+(\S+)\s*-{3,}\s*$", re.IGNORECASE)
+# A line that continues a mark line (items, no `:`), and one of items only.
+CONTINUES = re.compile(r"^[^:]*(?:^|\s)[A-Za-z_][A-Za-z0-9_.]*=\S[^:]*$")
+ONLY_ITEMS = re.compile(r"^\s*(?:[A-Za-z_][A-Za-z0-9_.]*=\S+\s*)+$")
+# `freq_cap=CAP/HW_MAX`: the CPU's cap and its hardware maximum, kHz.
+FREQ_PAIR = re.compile(r"^(\d+)/(\d+)$")
 ITEM = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*([^\s,]*)(?:\s+([A-Za-z°%]+)(?=[\s,]|$))?")
 VALUE = re.compile(r"^([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)([A-Za-z°%]*)$")
 CAPS = re.compile(r"(?<![A-Za-z0-9_])caps\s*=\s*(\S+)")
@@ -66,8 +96,9 @@ FREQ_UNITS = {"hz": 1e-3, "khz": 1.0, "mhz": 1e3, "ghz": 1e6}
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "min": 60.0}
 CPU_KEYS = ("cpu_temp_c", "cpu_temp", "cpu", "soc", "cpu_c")
 BATTERY_KEYS = ("battery_temp_c", "battery_temp", "batt", "battery", "batt_temp")
+STATUS_KEYS = ("thermal_status", "status", "thermal")
 MEM_KEYS = ("mem_available_mib", "memavail", "mem_available", "memavailable", "mem")
-FREQ_KEYS = ("freq", "cap", "scaling_max", "scaling_max_freq")
+FREQ_KEYS = ("freq", "cap", "scaling_max", "scaling_max_freq", "freq_cap")
 
 
 @dataclass(frozen=True)
@@ -87,6 +118,10 @@ class DriverEntry:
     named_by: str = "cell="  # "cell=" | "banner line N" | "entry line N" (an exit line)
     position: str = keys.BEFORE  # an entry line; `keys.EXIT`/`AFTER` for the lines after
     after: tuple[DriverEntry, ...] = ()  # the run's exit (and after) lines, in file order
+    # a banner's section: its first and last line (what the engine printed for the run)
+    body: tuple[int, int] | None = None
+    read: bool = False  # an entry line (or a reading before the banner) gave its readings
+    from_script: bool = False  # a driver script's run line: the order only, no readings
 
     @property
     def where(self) -> str:
@@ -94,7 +129,12 @@ class DriverEntry:
 
 
 def is_driver_log(text: str) -> bool:
-    return MARK in text
+    """Whether a log is a driver's: it has entry lines, or banners that open sections."""
+    return any(MARKS.search(line) or BANNER.match(line) for line in text.splitlines())
+
+
+def has_entry_lines(text: str) -> bool:
+    return any(MARKS.search(line) for line in text.splitlines())
 
 
 def _scaled(value: float, unit: str, units: dict[str, float], default: float) -> float | None:
@@ -140,40 +180,99 @@ def _line_stamp(text: str) -> float | None:
 
 def parse_driver_log(text: str, source: str | Path = "<text>",
                      notes: list[str] | None = None) -> list[DriverEntry]:
-    """The log's entry lines, in file order, each with the exit lines of its run. What could
-    not be read is appended to `notes` (one line each, naming the file and line) and left
-    out."""
+    """The log's entries in file order — every section and every entry line outside one —
+    each with the exit lines of its run and its section's lines. What could not be read is
+    appended to `notes` (one line each, naming the file and line) and left out."""
     name = Path(str(source)).name
     notes = notes if notes is not None else []
     entries: list[DriverEntry] = []
-    banner: tuple[str, int] | None = None
-    for n, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
-        mark = next((m for m in (MARK, *AFTER_MARKS) if m in raw), None)
+    section: int | None = None  # the entry of the section the line stands in
+    between: tuple[str, int] | None = None  # a reading after an end line, for the next run
+    lines = _joined(text.removeprefix("\ufeff").splitlines())
+    last = 0
+    for n, raw in lines:
+        last = n
+        mark = MARKS.search(raw)
         if mark is None:
             if m := BANNER.match(raw):
-                banner = (m[1], n)
+                _close(entries, section, n - 1)
+                entries.append(DriverEntry(cell=m[1], line=n, source=name,
+                                           named_by=f"banner line {n}", body=(n + 1, n)))
+                section = len(entries) - 1
+                if between is not None:
+                    read = _items(between[0], f"{name}:{between[1]}", notes)
+                    _enter(entries, section, read, between[1], "", name, notes)
+                    between = None
+            elif SECTION_END.match(raw):
+                _close(entries, section, n - 1)
+                section, between = None, None
+            elif section is None and ONLY_ITEMS.match(raw):
+                between = (raw, n)
             continue
         where = f"{name}:{n}"
-        prefix, _, body = raw.partition(mark)
-        caps_text, kv = _items(body, where, notes, mark)
-        cell = (kv.get("cell") or kv.get("name") or ("", ""))[0]
-        named_by = "cell="
-        if mark != MARK:
+        kind = LONG[mark[1]]
+        prefix, body = raw[:mark.start()], raw[mark.end():]
+        if kind != MARK:
+            caps_text, kv = _items(body, where, notes, mark[0])
+            cell = (kv.get("cell") or kv.get("name") or ("", ""))[0]
             _attach(entries, cell, DriverEntry(
-                cell=cell, line=n, source=name, position=AFTER_MARKS[mark],
+                cell=cell, line=n, source=name, position=AFTER_MARKS[kind],
                 **_readings(kv, caps_text, prefix, where, notes)), where, notes)
             continue
-        if not cell and banner is not None:  # a banner names the one run under it
-            cell, named_by = banner[0], f"banner line {banner[1]}"
-            banner = None
+        caps_text, kv = _items(body, where, notes, mark[0])
+        cell = (kv.get("cell") or kv.get("name") or ("", ""))[0]
+        if section is not None and cell in ("", entries[section].cell) \
+                and not _entered_inside(entries[section]):
+            _enter(entries, section, (caps_text, kv), n, prefix, name, notes)
+            continue
         if not SAFE_NAME.match(cell) or cell in (".", ".."):
             notes.append(f"{where}: `{MARK}` names no run (no cell=NAME and no "
                          f"`=== NAME ===` banner before it{f', got {quote(cell)}' if cell else ''}"
                          "): line skipped")
             continue
-        entries.append(DriverEntry(cell=cell, line=n, source=name, named_by=named_by,
+        entries.append(DriverEntry(cell=cell, line=n, source=name, read=True,
                                    **_readings(kv, caps_text, prefix, where, notes)))
+    _close(entries, section, last)
     return entries
+
+
+def _joined(lines: list[str]) -> list[tuple[int, str]]:
+    """The lines with their numbers, each mark line joined with the lines that continue it
+    (`CONTINUES`: items and no `:`, right after it)."""
+    out: list[tuple[int, str]] = []
+    open_mark = False
+    for n, raw in enumerate(lines, 1):
+        if open_mark and not MARKS.search(raw) and not BANNER.match(raw) \
+                and CONTINUES.match(raw):
+            out[-1] = (out[-1][0], f"{out[-1][1]} {raw.strip()}")
+            continue
+        open_mark = MARKS.search(raw) is not None
+        out.append((n, raw))
+    return out
+
+
+def _entered_inside(e: DriverEntry) -> bool:
+    """Whether a section's entry reading is an entry line inside it (not the reading before
+    its banner, which an entry line inside replaces)."""
+    return e.read and e.body is not None and e.line >= e.body[0]
+
+
+def _close(entries: list[DriverEntry], section: int | None, end: int) -> None:
+    if section is not None and entries[section].body is not None:
+        first = entries[section].body[0]  # type: ignore[index]
+        entries[section] = replace(entries[section], body=(first, max(first - 1, end)))
+
+
+def _enter(entries: list[DriverEntry], section: int,
+           read: tuple[str, dict[str, tuple[str, str]]], n: int, prefix: str, name: str,
+           notes: list[str]) -> None:
+    """A section's entry reading (`_items` of the entry line inside it, or of the items
+    before its banner)."""
+    where = f"{name}:{n}"
+    caps_text, kv = read
+    e = entries[section]
+    entries[section] = replace(e, line=n, read=True,
+                               **_readings(kv, caps_text, prefix, where, notes))
 
 
 def _attach(entries: list[DriverEntry], cell: str, line: DriverEntry, where: str,
@@ -226,13 +325,16 @@ def _readings(kv: dict[str, tuple[str, str]], caps_text: str, prefix: str, where
     how = "t_wall=" if t_wall is not None else ""
     if t_wall is None and (t_wall := _line_stamp(prefix)) is not None:
         how = "line timestamp"
-    status = read(("thermal_status", "status"), {}, 1.0, "the thermal status")
+    status = read(STATUS_KEYS, {}, 1.0, "the thermal status")
     if status is not None and status != int(status):
         notes.append(f"{where}: thermal_status {status:g} is not a whole number: left out")
         status = None
     caps, hw, bad = _policies(caps_text) if caps_text else ({}, {}, [])
     notes.extend(f"{where}: {b}: left out" for b in bad)
-    freq = read(FREQ_KEYS, FREQ_UNITS, 1.0, "the CPU frequency cap")
+    pair = FREQ_PAIR.match(kv.get("freq_cap", ("", ""))[0])
+    if pair and not caps:  # `freq_cap=CAP/HW_MAX` (kHz)
+        caps, hw = {"cpu": int(pair[1])}, {"cpu": int(pair[2])}
+    freq = None if pair else read(FREQ_KEYS, FREQ_UNITS, 1.0, "the CPU frequency cap")
     if freq is not None and not caps:
         caps = {"cpu": int(round(freq))}
     values = {k: v for k, v in (("cpu_temp_c", cpu), ("battery_temp_c", bat),

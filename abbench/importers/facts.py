@@ -11,8 +11,7 @@ from abbench.importers.discover import Run
 from abbench.importers.driverlog import DriverEntry
 from abbench.importers.state import Snapshot
 from abbench.records import EntryState, Fact, GateWait, RunSummary, keys
-from abbench.records.bmoe_csv import BmoeRun, work_fingerprint
-from abbench.records.bmoe_view import run_summary as run_view_summary
+from abbench.records.bmoe_csv import BmoeRun
 
 UNKNOWN = "unknown"
 
@@ -23,7 +22,7 @@ def run_summary(run: Run) -> tuple[RunSummary, Fact]:
     decodes (`records.bmoe_view`) — else the log's `generation:` line, else derived from the
     per-token rows."""
     table = run.table
-    own = RunSummary.from_json(run_view_summary(table)) if table is not None else RunSummary()
+    own = RunSummary.from_json(run.digest.summary) if run.digest is not None else RunSummary()
     if table is not None and table.turns and own.tok_per_s is not None:
         where = f"{run.table_file.name}:{_trailers(table)}" if run.table_file else "summary"
         if own.decode_tok_per_s is not None:
@@ -34,14 +33,13 @@ def run_summary(run: Run) -> tuple[RunSummary, Fact]:
     if run.log_summary is not None and own.decode_tok_per_s is None:
         # (rows that record the time between decodes beat a `generation:` line, which
         # leaves it out: both arms of a comparison are read as a user waits through them)
-        log = run.log_file.name if run.log_file else "log"
-        return run.log_summary, Fact("measured", f"{log} (`generation:` line)")
-    walls = table.column("wall_ms") if table is not None else None
+        return run.log_summary, Fact("measured", f"{run.summary_where or 'log'} "
+                                     "(`generation:` line)")
     origin = run.table_file or run.name
-    if not walls:
+    if run.digest is None or not run.digest.walls:
         raise ForeignRunError(origin, "no tokens/s: no `# summary` line, no .log `generation:` "
                               "line and no `wall_ms` values")
-    if sum(walls) <= 0:
+    if run.digest.wall_sum_ms <= 0:
         raise ForeignRunError(origin, "the `wall_ms` column sums to zero")
     name = Path(str(origin)).name
     if own.decode_tok_per_s is not None:
@@ -65,9 +63,8 @@ def hit_pct(run: Run, summary: RunSummary) -> tuple[float | None, Fact]:
     v = summary.cache_hit_pct
     if v is not None:
         return (float(v) if v >= 0 else None), Fact("measured", "the run's summary")
-    col = run.table.column("cache_hit_pct") if run.table is not None else None
-    if col:
-        last = col[-1]
+    last = run.digest.last_hit_pct if run.digest is not None else None
+    if last is not None:
         return (last if last >= 0 else None), Fact(
             "derived", f"the last (cumulative) `cache_hit_pct` of {run.table_file.name}"
             if run.table_file else "the last cumulative value")
@@ -164,8 +161,8 @@ def times(run: Run, driver: DriverEntry | None, summary: RunSummary
                                              f"{run.state_file.name}:{after.line} date")
     if not start:
         return 0.0, 0.0, sf, Fact(UNKNOWN, "the start is unknown")
-    walls = run.table.column("wall_ms") if run.table is not None else None
-    decode = sum(walls) / 1e3 if walls else float(summary.s_per_tok or 0.0) * float(
+    d = run.digest
+    decode = d.wall_sum_ms / 1e3 if d and d.walls else float(summary.s_per_tok or 0.0) * float(
         summary.tokens or 0.0)
     own = decode + float(summary.load_s or 0.0) + float(summary.prefill_s or 0.0)
     return start, start + own, sf, Fact("derived", f"the start + the run's own time ({own:.0f} "
@@ -185,10 +182,10 @@ def _exit_time(driver: DriverEntry | None) -> tuple[float, Fact] | None:
                              else f"the timestamp at the start of {line.where}")
 
 
-def fingerprint(table: BmoeRun | None) -> str | None:
+def fingerprint(run: Run) -> str | None:
     """The work the run reports, as the campaign's external cells fingerprint it: bytes read
     per token."""
-    return work_fingerprint(table) if table is not None else None
+    return run.digest.fingerprint if run.digest is not None else None
 
 
 __all__ = ["UNKNOWN", "entry_state", "fingerprint", "hit_pct", "run_summary", "times"]

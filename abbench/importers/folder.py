@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
 import re
 import shutil
@@ -46,8 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import OrderWarning, UsageError, WriteError
-from abbench.importers.discover import discover, shown_in
+from abbench.importers.discover import MAX_FILES, PROGRESS_FROM, Progress, shown_in, walk
 from abbench.importers.identity import configuration, decision_specs, group_arms
+from abbench.importers.logs import attach_logs, attach_scripts
 from abbench.importers.order import execution_order
 from abbench.importers.session import add_work_and_session, cross_sessions, split_sessions
 from abbench.importers.write import FORMAT, write_run_folder
@@ -67,9 +69,11 @@ def is_import(folder: Path) -> bool:
 
 def import_folder(src: Path, dest: Path, order: list[str] | None = None,
                   decisions: list[tuple[str, str, float]] | None = None,
-                  warmup: int = 0, force: bool = False) -> Path:
+                  warmup: int = 0, force: bool = False, max_files: int = MAX_FILES,
+                  progress: Progress | None = None) -> Path:
     """Write `dest` as a run folder holding every run in `src`; returns `dest`. What the
-    import could not read is in `import.json` (and warned about)."""
+    import could not read is in `import.json` (and warned about). `progress` hears what a
+    large import is doing, a line a phase."""
     src, dest = Path(src), Path(dest)
     # `--out LINK` writes the folder the link names and the link stays a link, as a file
     # written through a link does (`fsutil.atomic_write_text`)
@@ -79,7 +83,12 @@ def import_folder(src: Path, dest: Path, order: list[str] | None = None,
         raise UsageError(f"--warmup {warmup}: expected a number of tokens >= 0")
     notes: list[str] = []
     not_imported: list[NotImported] = []
-    runs, drivers = discover(src, notes, not_imported)
+    if max_files < 1:
+        raise UsageError(f"--max-files {max_files}: expected a number of files >= 1")
+    found = walk(src, notes, not_imported, max_files, progress)
+    attach_logs(found)
+    attach_scripts(found)
+    runs, drivers = found.finish(src)
     order_info = execution_order(runs, order, drivers, notes)
     names = order_info.names
     identities = {n: configuration(runs[n]) for n in names}
@@ -94,6 +103,8 @@ def import_folder(src: Path, dest: Path, order: list[str] | None = None,
         warnings.warn(note, OrderWarning, stacklevel=2)
     for x in not_imported:
         warnings.warn(f"not imported: {shown_in(src, x)}", OrderWarning, stacklevel=2)
+    if progress is not None and len(names) >= PROGRESS_FROM:
+        progress(f"writing {len(names)} runs ({len(arms)} arms) into {dest}")
     _replace(target, lambda out: write_run_folder(out, plan, runs, order_info, identities,
                                                   notes, src, not_imported, across))
     return dest
@@ -148,9 +159,13 @@ def _replace(dest: Path, write: Callable[[Path], None]) -> None:
     WriteError naming it."""
     made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
     tmp: Path | None = None
+    _remove_stale(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+        # the staging folder names its process: one left by a killed import is found, and
+        # removed, by the next import to the same place (`_remove_stale`)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp",
+                                    dir=dest.parent))
         write(tmp)
         _swap(tmp, dest)
     except BaseException as e:
@@ -162,6 +177,31 @@ def _replace(dest: Path, write: Callable[[Path], None]) -> None:
         if isinstance(e, OSError):
             raise _write_error(e, dest, tmp) from None
         raise
+
+
+def _remove_stale(dest: Path) -> None:
+    """Remove the staging folders an import to `dest` left when it was killed (SIGKILL, a
+    power cut: nothing ran to clean up): those whose process is gone. An interrupted or
+    failed import removes its own."""
+    if not dest.parent.is_dir():
+        return
+    for folder in dest.parent.glob(f".{glob.escape(dest.name)}.*.tmp"):
+        pid = folder.name[len(dest.name) + 2:].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or not folder.is_dir():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        warnings.warn(f"removed {folder}: the staging folder of an import to {dest} that was "
+                      f"killed before it finished (process {pid})", OrderWarning, stacklevel=3)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _swap(tmp: Path, dest: Path) -> None:

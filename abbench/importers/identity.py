@@ -23,11 +23,30 @@ from abbench.errors import UsageError
 from abbench.importers.discover import Run
 from abbench.importers.order import resolve_run, run_names
 from abbench.records import DecisionSpec, Fact
+from abbench.records.bmoe_csv import CACHE_BUDGET as CACHE_MB
 from abbench.records.provenance import FACT_CONFIG, FROM_FILE_NAME
 from abbench.records.text import clip
 
 # Preamble keys that say how a run was measured, not what it ran: not identity.
 NOT_IDENTITY = frozenset({"n_ctx", "turn", "seed"})
+# Keys the seed engine's writer zeroes unless the feature that owns them is on (the RunInfo
+# it fills, core/src/engine/session.cpp): each with its feature and the feature's values
+# that keep it. They say nothing of a run whose feature is off, so they leave its
+# configuration, and between arms that differ in the feature they are not a second
+# difference.
+STREAMING = ("moe_stream", frozenset({"1"}))
+DEPENDENT: dict[str, tuple[str, frozenset[str]]] = {
+    "spec_draft_max": ("spec", frozenset({"mtp", "ngram"})),
+    "mtp_p_min": ("spec", frozenset({"mtp"})),
+    "ngram_min_match": ("spec", frozenset({"ngram"})),
+    **{key: STREAMING for key in (
+        "io_threads", "predict_spec_max", "prefetch", "route_ahead", "drop_cold_frac",
+        "load_all", "o_direct", "overlap", "io_two_wave", "predict_prefetch", "predict_log",
+        "prefetch_sync", "cache_mb")},
+}
+# `cache_auto=1`: the engine sized the cache itself, and `cache_mb` is what it settled on
+# — a number no flag asked for, which moves with the free memory it found.
+AUTO = "auto"
 SELECTOR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 # The key that makes a partial configuration its own arm: the run's name, not an option.
 OWN_ARM = "run"
@@ -47,17 +66,17 @@ def configuration(run: Run) -> Identity:
         if k not in NOT_IDENTITY:
             config[k] = v
             facts[f"config.{k}"] = Fact("measured", f"{tf} preamble")
-    log = run.log_file.name if run.log_file else ""
     overrides = []
     for k, v in run.log_config.items():
         if k not in config and k not in NOT_IDENTITY:
             config[k] = str(v)
-            where = f"{log}:{run.log_lines.get(k, 0)}"
+            where = run.log_lines.get(k, "")
             if k in run.log_defaults:  # measured beats default: the run's value, not the model's
                 default, line = run.log_defaults[k]
-                where += f", overriding the model's default {k}={default} ({log}:{line})"
+                where += f", overriding the model's default {k}={default} ({line})"
                 overrides.append(f"{k}={v} ({where})")
             facts[f"config.{k}"] = Fact("measured", where)
+    _normalized(config, facts)
     if "model" in config:
         config["model"] = str(config["model"]).replace("\\", "/").rsplit("/", 1)[-1]
     else:
@@ -65,10 +84,25 @@ def configuration(run: Run) -> Identity:
         config["model"] = word[0].lower() if word else run.name
         facts["config.model"] = Fact("derived", f"{FROM_FILE_NAME}'s first word (no file "
                                      "names the model)")
-    whole = [w for w, given in ((f"{tf} preamble", pre), (f"{log} command line",
-                                                          run.log_command)) if given]
+    told = run.script or (f"{run.log_file.name} command line" if run.log_file else "")
+    whole = [w for w, given in ((f"{tf} preamble", pre), (told, run.log_command)) if given]
     facts[FACT_CONFIG] = _whole(whole, overrides)
     return config, facts, bool(whole)
+
+
+def _normalized(config: dict[str, Any], facts: dict[str, Fact]) -> None:
+    """The configuration as it identifies what ran: a feature's zeroed keys out where it
+    is not on (`DEPENDENT`), an auto-sized cache as `cache_mb=auto`."""
+    for key, (feature, keeps) in DEPENDENT.items():
+        if key in config and feature in config and str(config[feature]) not in keeps:
+            del config[key]
+            facts.pop(f"config.{key}", None)
+    if str(config.get("cache_auto")) == "1" and config.get(CACHE_MB) not in (None, AUTO):
+        sized = config[CACHE_MB]
+        config[CACHE_MB] = AUTO
+        facts[f"config.{CACHE_MB}"] = Fact("derived", f"cache_auto=1: the engine sized the "
+                                          f"cache itself (to {sized} MiB), and runs group "
+                                          "by that setting, not the budget it found")
 
 
 def _whole(whole: list[str], overrides: list[str]) -> Fact:
@@ -131,6 +165,8 @@ def confounds(cand: dict[str, Any], base: dict[str, Any], named: set[str]
     record differs from any value."""
     differ = [k for k in sorted(set(cand) | set(base))
               if k != OWN_ARM and (k in cand, str(cand.get(k))) != (k in base, str(base.get(k)))]
+    implied = {k for k, (f, _) in DEPENDENT.items() if f in differ}  # set by the feature
+    differ = [k for k in differ if k not in implied]
     if not named and len(differ) <= 1:
         return ()
     return tuple(k for k in differ if k not in named)

@@ -1,6 +1,6 @@
-"""The order the runs ran in, and where that came from: `--order`, else driver logs that
-cover every run, else timestamps in the file names, else unknown (file-name order, with no
-two cells adjacent)."""
+"""The order the runs ran in, and where that came from: `--order`, else driver logs and
+scripts that cover every run, else every run's `.state` BEFORE date, else timestamps in the
+file names, else unknown (file-name order, with no two cells adjacent)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,14 @@ def execution_order(runs: dict[str, Run], order: list[str] | None, drivers: Driv
                      f"{run_names(missing)}: the order of the runs is unknown")
     if len(names) == 1:
         return Order(names, Fact("derived", "a single run"), True, entries)
+    dated = {n: run.state.before.t_wall for n, run in runs.items()
+             if run.state and run.state.before and run.state.before.t_wall is not None}
+    if len(dated) == len(names) and len(set(dated.values())) == len(names):
+        files = ", ".join(sorted(runs[n].state_file.name for n in names  # type: ignore[union-attr]
+                                 if runs[n].state_file)[:3])
+        return Order(sorted(names, key=lambda n: dated[n]),
+                     Fact("measured", f"the BEFORE dates of every run's .state ({files}"
+                          + (", ..." if len(names) > 3 else "") + ")"), True, entries)
     stamps = {n: _stamp(n) for n in names}
     if all(stamps.values()) and len(set(stamps.values())) == len(names):
         return Order(sorted(names, key=lambda n: stamps[n]),  # type: ignore[arg-type,return-value]
@@ -100,9 +108,12 @@ def _driver_entries(drivers: DriverLogs, names: list[str], notes: list[str]
         except UsageError as err:
             notes.append(f"{err.message}: the entry line is left out")
             continue
-        if run in entries:
+        if run in entries and e.from_script:
+            continue  # a script's run line gives the order of runs no log entered only
+        if run in entries and not entries[run].from_script:
             notes.append(f"{e.where}: run `{clip(run)}` again (first at "
                          f"{entries[run].where}): the later entry is used")
+        if run in entries:
             driven.remove(run)
         entries[run] = e
         driven.append(run)

@@ -22,6 +22,7 @@ Equal configurations are not enough (docs/import.md#work-and-sessions):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -61,7 +62,7 @@ class Sessions:
     starts: dict[str, float] = field(default_factory=dict)
     days: dict[str, date] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def count(self) -> int:
         return max(self.of.values(), default=1)
 
@@ -71,11 +72,11 @@ def work(run: Run) -> tuple[dict[str, Any], dict[str, Fact]]:
     them, with where each came from (the first source that gives one)."""
     table, log = run.table, run.log_summary
     tf = run.table_file.name if run.table_file else ""
-    lf = run.log_file.name if run.log_file else ""
+    lf = run.summary_where
     summary = table.summary if table is not None else {}
     trailer = f"{tf}:{table.summary_line}" if table is not None else tf
     sources: dict[str, tuple[tuple[Any, str], ...]] = {
-        WORK_TOKENS: ((table.n_rows if table is not None and table.n_rows else None,
+        WORK_TOKENS: ((run.digest.rows if run.digest is not None and run.digest.rows else None,
                        f"{tf}: its per-token rows"),
                       (summary.get(WORK_TOKENS), f"{trailer} `# summary` tokens"),
                       (log.tokens if log else None, f"{lf} (`generation:` line)")),

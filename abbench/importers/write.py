@@ -34,10 +34,11 @@ from abbench.records import (
     document_text,
     keys,
 )
+from abbench.records.bmoe_csv import parse_bmoe_csv
 from abbench.records.bmoe_view import token_view
 from abbench.records.cell_doc import IMPORT_DOC_FORMAT, Resolved, import_doc
 from abbench.records.provenance import FACT_T_END, FACT_T_START, FACT_TOK_S, CrossSession
-from abbench.records.text import clip
+from abbench.records.text import clip, read_text_lossy
 
 FORMAT = IMPORT_DOC_FORMAT  # the cells' summary.json, as `records.cell_doc` writes it
 
@@ -78,9 +79,9 @@ def _write_cell(out: Path, cell: PlannedCell, run: Run, order: Order,
     facts.update(config_facts)
     facts.update({"order": order.fact, FACT_T_START: sf, FACT_T_END: ef, FACT_TOK_S: tps_fact,
                   "hit_pct": hit_fact})
-    if driver is not None:
+    if driver is not None and driver.read:  # (a script's run line or a bare section reads none)
         facts["entry"] = Fact("measured", f"{driver.where} (named by {driver.named_by})")
-    fp = fingerprint(run.table)
+    fp = fingerprint(run)
     folder = out / "cells" / cell.label
     folder.mkdir(parents=True)
     doc = _summary_doc(run, summary, tps_fact, fp, config)
@@ -110,7 +111,7 @@ def _summary_doc(run: Run, summary: RunSummary, tps_fact: Fact, fp: str | None,
         files=[p.name for p in run.files()], tps_source=tps_fact.source, summary=summary,
         fingerprint=fp, preamble=run.table.preamble if run.table else {},
         resolved=Resolved(threads=_whole(threads)), metrics=run.metrics,
-        per_token=_gaps_as_null(token_view(run.table)) if run.table else {},
+        per_token=_columns_kept(run),
     )
 
 
@@ -135,6 +136,18 @@ def _samples(run: Run, index: int, driver: DriverEntry | None,
                      "judged for caps")
     return [Sample(t_mono=t, t_wall=t, values=values, cell=index, position=position)
             for t, position, values, _ in read if t is not None and values]
+
+
+def _columns_kept(run: Run) -> dict[str, list[float | None]]:
+    """The per-token columns summary.json keeps for a run: none where its tokens.csv (the
+    table as the engine wrote it) reads as the analysis reads it — `records.cell_files`
+    reads it through `bmoe_view.token_view` — and, for a table the import left a column of
+    out (a value that is not a number), the columns it kept, in that view."""
+    if run.table is None or not run.table.dropped or run.table_file is None:
+        return {}
+    table = parse_bmoe_csv(read_text_lossy(run.table_file)[0], run.table_file,
+                           drop_bad_columns=True)
+    return _gaps_as_null(token_view(table))
 
 
 def _gaps_as_null(columns: dict[str, list[float]]) -> dict[str, list[float | None]]:

@@ -31,8 +31,8 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -177,22 +177,28 @@ def parse_summary(body: str, source: str | Path, line: int) -> dict[str, Any]:
 
 
 def parse_bmoe_csv(text: str, source: str | Path = "<text>", *, torn_ok: bool = False,
-                   drop_bad_columns: bool = False) -> BmoeRun:
+                   drop_bad_columns: bool = False,
+                   columns: Collection[str] | None = None) -> BmoeRun:
     """The file's run. `torn_ok`: a row that does not read ends the table instead of being
     an error, and a file with no header row is an empty run. `drop_bad_columns`: a column
     other than `NEEDED_COLUMNS` with a value that is not a number is left out (in the run's
-    `dropped`) instead of being an error."""
+    `dropped`) instead of being an error. `columns`: the only columns the reader wants
+    (the others are not kept, and in the common file not even converted)."""
     try:
-        return _parse(text, source, torn_ok, drop_bad_columns)
+        run = _parse(text, source, torn_ok, drop_bad_columns, columns)
     except ForeignRunError:
         if not torn_ok:
             raise
         return BmoeRun(str(source), None, {}, {})
+    if columns is not None and any(c not in columns for c in run.columns):
+        run = replace(run, columns={k: v for k, v in run.columns.items() if k in columns})
+    return run
 
 
-def _parse(text: str, source: str | Path, torn_ok: bool, drop_bad: bool) -> BmoeRun:
+def _parse(text: str, source: str | Path, torn_ok: bool, drop_bad: bool,
+           wanted: Collection[str] | None = None) -> BmoeRun:
     lines = text.removeprefix("\ufeff").splitlines()
-    fast = _parse_fast(lines, source)
+    fast = _parse_fast(lines, source, wanted)
     if fast is not None:
         return fast
     head = _Head()
@@ -263,7 +269,8 @@ class _Head:
                        turns)
 
 
-def _parse_fast(lines: list[str], source: str | Path) -> BmoeRun | None:
+def _parse_fast(lines: list[str], source: str | Path,
+                wanted: Collection[str] | None = None) -> BmoeRun | None:
     """The file read in bulk when every token row is numbers (the common file: an import of
     ten thousand runs reads them all); None for anything else, which the line-by-line
     reading reads (and names the problem of) exactly as before."""
@@ -285,15 +292,20 @@ def _parse_fast(lines: list[str], source: str | Path) -> BmoeRun | None:
         return None
     if header is None or not body:
         return None
+    keep = [j for j, name in enumerate(header) if wanted is None or name in wanted]
+    commas = len(header) - 1
+    if not keep or any(line.count(",") != commas for line in body):
+        return None  # a row of the wrong width: the careful reading names it (or ends there)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # an empty line or field: the careful reading
-            table = np.loadtxt(body, delimiter=",", dtype=float, ndmin=2)  # (rows, columns)
+            table = np.loadtxt(body, delimiter=",", dtype=float, ndmin=2,
+                               usecols=keep)  # (rows, kept columns)
     except (ValueError, UserWarning):
         return None
-    if table.shape != (len(body), len(header)) or not np.isfinite(table).all():
+    if table.shape != (len(body), len(keep)) or not np.isfinite(table).all():
         return None
-    return head.run(source, {name: table[:, j].tolist() for j, name in enumerate(header)})
+    return head.run(source, {header[j]: table[:, k].tolist() for k, j in enumerate(keep)})
 
 
 def _header(fields: list[str], source: str | Path, line: int) -> list[str]:

@@ -29,16 +29,18 @@ record: its rate is the decode's, and says so. Without `mtp_batch` every row is 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from abbench.records.bmoe_csv import BmoeRun, token_columns
+from abbench.records.bmoe_csv import BmoeRun, token_columns, work_fingerprint
+from abbench.records.tokens import DECODE_MS
 
 BATCH = "mtp_batch"
 BETWEEN = "loop_overhead_ms"  # the time between the previous decode and this one
 DRAFT = "mtp_draft_ms"
 TURN = "turn"
 WALL = "wall_ms"
-DECODE = "decode_ms"  # the view's decode-only time per token (`wall_ms` spread)
+DECODE = DECODE_MS  # the view's decode-only time per token (`wall_ms` spread)
 # A group's costs, charged to its first row by the writer (`TokenMetrics`): spread here.
 COSTS = ("wall_ms", "io_ms", "compute_ms", "read_bytes", "stall_ms", "mgmt_ms", "majflt",
          "cpu_ms", "majflt_mib", BETWEEN, DRAFT, "drain_ms", "adopt_ms", "ra_issue_ms",
@@ -46,6 +48,28 @@ COSTS = ("wall_ms", "io_ms", "compute_ms", "read_bytes", "stall_ms", "mgmt_ms", 
 # The `# summary` keys of the same accounting.
 BETWEEN_PER_TOKEN = "loop_overhead_s/tok"
 DECODE_RATE = "decode_tok/s"
+
+
+@dataclass(frozen=True)
+class Digest:
+    """What a run's per-token table says of the run as a whole, kept where the table is
+    not (an import of ten thousand runs holds these, and reads each file again to write
+    it): its rows, its `wall_ms` values' count and sum, its last (cumulative)
+    `cache_hit_pct`, its work fingerprint, and its summary (`run_summary`)."""
+
+    rows: int
+    walls: int  # wall_ms values (rows without a gap there)
+    wall_sum_ms: float
+    last_hit_pct: float | None
+    fingerprint: str | None
+    summary: dict[str, Any]
+
+
+def digest(run: BmoeRun) -> Digest:
+    walls = run.column(WALL) or []
+    hits = run.column("cache_hit_pct")
+    return Digest(run.n_rows, len(walls), math.fsum(walls), hits[-1] if hits else None,
+                  work_fingerprint(run), run_summary(run))
 
 
 def groups(run: BmoeRun) -> list[tuple[int, int]]:
@@ -136,5 +160,5 @@ def run_summary(run: BmoeRun) -> dict[str, Any]:
     return summary
 
 
-__all__ = ["BATCH", "BETWEEN", "BETWEEN_PER_TOKEN", "COSTS", "DECODE", "DECODE_RATE", "groups",
-           "records_between", "run_summary", "token_view"]
+__all__ = ["BATCH", "BETWEEN", "BETWEEN_PER_TOKEN", "COSTS", "DECODE", "DECODE_RATE",
+           "Digest", "digest", "groups", "records_between", "run_summary", "token_view"]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from abbench.records.bmoe_csv import parse_bmoe_csv
-from abbench.records.bmoe_view import token_view
+from abbench.records.bmoe_view import BATCH, COSTS, TURN, token_view
 from abbench.records.cell_doc import (
     FINGERPRINT,
     METRICS,
@@ -26,7 +26,7 @@ from abbench.records.cell_doc import (
 )
 from abbench.records.schema import LIMIT, is_number
 from abbench.records.summary import RunSummary
-from abbench.records.tokens import WALL_MS
+from abbench.records.tokens import PER_TOKEN_COLUMNS, STEP, TURN_COLUMNS, WALL_MS
 
 SUMMARY_JSON = "summary.json"
 TOKENS_CSV = "tokens.csv"
@@ -131,6 +131,10 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+# What a cell's reader uses of a tokens.csv: the measures and the view's accounting.
+READ_COLUMNS = frozenset({*PER_TOKEN_COLUMNS, *TURN_COLUMNS, *COSTS, BATCH, TURN, STEP})
+
+
 def _tokens_csv(path: Path) -> dict[str, list[float]]:
     """A cell's tokens.csv, fail-soft: a row that does not parse ends the table (a torn
     file)."""
@@ -138,7 +142,7 @@ def _tokens_csv(path: Path) -> dict[str, list[float]]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return {}
-    return token_view(parse_bmoe_csv(text, path, torn_ok=True))
+    return token_view(parse_bmoe_csv(text, path, torn_ok=True, columns=READ_COLUMNS))
 
 
 __all__ = ["SUMMARY_JSON", "TOKENS_CSV", "CellFiles", "read_cell_files"]

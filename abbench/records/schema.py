@@ -78,6 +78,14 @@ _PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
 
 
 @cache
+def _plain_kind(hint: Any) -> type | None:
+    """`str`, `float` or `int` for a hint that is that type (or it or None); None else."""
+    alts = _alternatives(hint)
+    plain = alts[0] if alts is not None and len(alts) == 1 else hint
+    return plain if plain in (str, float, int) else None
+
+
+@cache
 def _shape(hint: Any) -> tuple[list[Any] | None, Any]:
     """A hint's alternatives (a union's members but None) and its origin, read once per
     hint: a record of ten thousand cells asks the same few hints a million times."""
@@ -129,8 +137,13 @@ def coerce(key: Key, value: Any, hint: Any, strict: bool = True) -> Any:
     (dataclass hints) are read with the same `strict`."""
     if hint is Any:
         return value
-    if hint is str and type(value) is str and "\x00" not in value:
-        return value  # the commonest field of a record, read without the general walk
+    kind = _plain_kind(hint)  # the commonest fields of a record, read without the walk
+    if kind is str and type(value) is str and "\x00" not in value:
+        return value
+    if kind is float and type(value) in (float, int) and abs(value) <= LIMIT:
+        return float(value)  # (NaN fails `<=`: the walk names it)
+    if kind is int and type(value) is int and abs(value) <= LIMIT:
+        return value
     alts, origin = _shape(hint)
     if alts is not None:
         if value is None and len(alts) < len(get_args(hint)):

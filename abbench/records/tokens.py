@@ -36,6 +36,10 @@ SPEC_READ_BYTES = "spec_read_bytes"
 SPEC_EXPERTS = "spec_experts"
 SPEC_USEFUL = "spec_useful"
 SLICE = "slice"  # the slice (0-based turn) a decode token ran in, in a run that took turns
+# An imported run that records the time between decodes (the seed engine's v2 CSV): its
+# `wall_ms` is what a user waits through per token, this the decode alone
+# (`records.bmoe_view`).
+DECODE_MS = "decode_ms"
 
 # The measures of a pass, in the order summary.json writes them.
 MEASURES = (WALL_MS, IO_MS, COMPUTE_MS, STALL_MS, MGMT_MS, READ_BYTES, HITS, MISSES,
@@ -69,7 +73,8 @@ def csv_row(values: Mapping[str, Any],
 
 
 __all__ = [
-    "CACHE_HIT_PCT", "COMPUTE_MS", "CPU_MS", "CSV_COLUMNS", "CSV_DECIMALS", "EVICTIONS",
+    "CACHE_HIT_PCT", "COMPUTE_MS", "CPU_MS", "CSV_COLUMNS", "CSV_DECIMALS", "DECODE_MS",
+    "EVICTIONS",
     "EXPERTS_DROPPED", "EXPERTS_ROUTED", "HITS", "IO_MS", "MAJFLT", "MEASURES", "MGMT_MS",
     "MISSES", "PER_TOKEN_COLUMNS", "PREFILL_COLUMNS", "READ_BYTES", "RSS_MIB", "SLICE",
     "SPEC_EXPERTS", "SPEC_READ_BYTES", "SPEC_USEFUL", "STALL_MS", "STEP", "STEPS", "TOKEN",

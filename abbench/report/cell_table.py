@@ -40,6 +40,8 @@ class CellRow:
     power: str  # mean power over the cell ("3.21 ± 0.12 W")
     energy: str  # energy per token ("0.0451 ± 0.002 J/tok")
     foreign: str  # other processes' mean busy cores during the cell ("0.12")
+    decode: str  # the decode alone, where tok/s is what a user waits through ("11.2")
+    speculation: str  # "62% accepted, 1.9 tok/decode; route-ahead 97% agree"
 
 
 # Each column with the CellRow field it shows: report.md all but the page's gate; the page
@@ -50,6 +52,8 @@ CELL_COLUMNS: tuple[tuple[Column, str], ...] = (
     (Column("#"), "number"), (Column("cell", PAGES), "name"),
     (Column("cell", TERMINAL), "marked"), (Column("config"), "config"),
     (Column("status"), "status"), (Column("tok/s"), "rate"),
+    (Column("decode-only tok/s", short="decode tok/s"), "decode"),
+    (Column("speculation", short="spec"), "speculation"),
     (Column("stability", short="stab."), "stability"),
     (Column("drop rate", short="drop"), "drop"),
     (Column("median ms (p5–p95)", PAGES), "median_range"),
@@ -64,6 +68,10 @@ CELL_COLUMNS: tuple[tuple[Column, str], ...] = (
     (Column("gate", HTML), "gate"))
 
 
+# Columns shown only where some cell has a figure in them.
+OPTIONAL = frozenset({"foreign", "decode", "speculation"})
+
+
 def cell_table(a: CampaignAnalysis) -> Table:
     """Every cell's row, and the notes on what is missing ("no per-token times ...")."""
     apart = t.config_apart(a.cells)
@@ -71,7 +79,7 @@ def cell_table(a: CampaignAnalysis) -> Table:
     rows = tuple(cell_row(a, c.index, from_file_name(apart[c.index], named.get(c.label, ())))
                  for c in a.cells)
     shown = tuple((c, f) for c, f in CELL_COLUMNS
-                  if f != "foreign" or any(r.foreign != "-" for r in rows))
+                  if f not in OPTIONAL or any(getattr(r, f) != "-" for r in rows))
     cols = tuple(c for c, _ in shown)
     if all(r.config == "-" for r in rows):  # one configuration: the terminal leaves it out
         cols = tuple(replace(c, media=PAGES) if c.head == "config" else c for c in cols)
@@ -112,4 +120,5 @@ def cell_row(a: CampaignAnalysis, index: int, config: str) -> CellRow:
         gate_polled=polled, prefill=t.num(c.prefill_tok_s, ".1f"),
         ttft=t.num(c.ttft_s, ".3f"), stability=t.num(c.stability, ".2f"),
         power=t.measure(c.energy.power_w, "W"), energy=t.measure(c.energy.j_per_token, "J/tok"),
-        foreign=t.num(c.during.foreign_cores, ".2f"))
+        foreign=t.num(c.during.foreign_cores, ".2f"), decode=t.num(c.decode_tok_s, ".2f"),
+        speculation=t.speculation(c))

@@ -8,7 +8,7 @@ analysis' own document and is not built from it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import abbench.report.text as t
 from abbench.analysis.campaign import CampaignAnalysis
@@ -335,12 +335,31 @@ def _pairs(a: CampaignAnalysis) -> tuple[Block, ...]:
         return (Value(cell_name(a, m.first)), " → ", Value(cell_name(a, m.second)), ": ",
                 Mark(m.state, STATE), *note(m))
 
+    def span(run: list[PairMatch]) -> tuple[Inline, ...]:
+        first, last = run[0], run[-1]
+        return (Value(cell_name(a, first.first)), " → … → ", Value(cell_name(a, last.second)),
+                f" ({len(run)} pairs in a row alike): ", Mark(first.state, STATE), *note(first))
+
+    # The terminal says once what a run of neighbouring pairs share (an import's hundreds of
+    # pairs with nothing recorded read alike), the pages every pair.
+    runs: list[list[PairMatch]] = []
+    for m in a.pairs:
+        if runs and _alike(runs[-1][-1], m, checks):
+            runs[-1].append(m)
+        else:
+            runs.append([m])
     return (only(PAGES, Section("Adjacent pairs", tuple(Bullets(checks(m), "no criteria", (
                 Strong(f"{cell_name(a, m.first)} → {cell_name(a, m.second)}: {m.state}"),
                 *note(m))) for m in a.pairs))),
             only(TERMINAL, Section("adjacent pairs", (*(
-                Bullets(checks(m, failed=True), lead=lead(m))
-                for m in a.pairs[:TERMINAL_ITEMS]), *_more(len(a.pairs), "pairs")))))
+                Bullets(checks(r[0], failed=True), lead=lead(r[0]) if len(r) == 1 else span(r))
+                for r in runs[:TERMINAL_ITEMS]), *_more(len(runs), "pair lines")))))
+
+
+def _alike(m: PairMatch, n: PairMatch,
+           checks: Callable[[PairMatch, bool], tuple[str, ...]]) -> bool:
+    return (m.second == n.first and m.state == n.state and m.note == n.note
+            and checks(m, True) == checks(n, True))
 
 
 def _unverified_ratios(a: CampaignAnalysis) -> tuple[Block, ...]:

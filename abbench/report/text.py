@@ -217,6 +217,18 @@ def config_apart(cells: Any) -> dict[int, str]:
     return {c.index: names.get(c.config_key, "-") if c.config_key else "-" for c in cells}
 
 
+def speculation(c: CellStats) -> str:
+    """What a speculating cell's speed was bought with: the drafts its target confirmed
+    and the tokens per verify decode; route-ahead's agreement with the router ("-")."""
+    parts = []
+    if c.accepted_pct is not None:
+        per = f", {c.tokens_per_decode:.2f} tok/decode" if c.tokens_per_decode else ""
+        parts.append(f"{c.accepted_pct:.0f}% accepted{per}")
+    if c.route_agree_pct is not None:
+        parts.append(f"route-ahead {c.route_agree_pct:.1f}% agree")
+    return "; ".join(parts) or "-"
+
+
 def pressure(c: CellStats) -> str:
     """What a cell did to the rest of the device: the free-RAM floor, the CPU and battery
     maximum temperatures during it, its peak RSS (what was recorded)."""
