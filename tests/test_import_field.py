@@ -103,7 +103,7 @@ def test_two_runs_deep_in_memory_pressure_are_both_flagged(
                                 "device's RAM (at least 6714 MiB (the most MemAvailable any "
                                 "cell recorded; MemTotal not recorded)), below 12.5%")
     # the order is the driver script's, its run lines in the order it ran them
-    assert info["order"] == {"kind": "measured", "source": "the entry lines of "
+    assert info["order"] == {"kind": "measured", "source": "the runs in sequence in "
                              "driver-matrix.sh (file order)"}
     assert [c.label for c in read_plan(tmp_path / "run").cells] == ["01-gemma_kdef",
                                                                      "02-gemma_k6"]

@@ -183,7 +183,7 @@ def test_driver_log_gives_order_and_entry_state(tmp_path: Path) -> None:
     run = import_folder(src, tmp_path / "run")
     plan, journal = read_plan(run), read_journal(run)
     assert [c.name for c in plan.cells] == ["b", "a"]
-    assert read_import_info(run).order.source.startswith("the entry lines of driver.log")
+    assert read_import_info(run).order.source.startswith("the runs in sequence in driver.log")
     b, a = journal
     assert b.entry.t_wall == 1780000000 and b.entry.capped() == ["policy0"]
     assert (b.entry.battery_temp_c, b.entry.mem_available_mib) == (33.0, 5000)

@@ -68,7 +68,7 @@ def execution_order(runs: dict[str, Run], order: list[str] | None, drivers: Driv
         logs = ", ".join(n for n, _ in drivers)
         missing = [n for n in names if n not in entries]
         if not missing:
-            return Order(driven, Fact("measured", f"the entry lines of {logs} ({how})"),
+            return Order(driven, Fact("measured", f"the runs in sequence in {logs} ({how})"),
                          True, entries)
         notes.append(f"{logs} leave{'s' if len(drivers) == 1 else ''} out "
                      f"{run_names(missing)}: the order of the runs is unknown")
