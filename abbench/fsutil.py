@@ -70,6 +70,36 @@ def _write_fully(fd: int, part: memoryview) -> None:
         part = part[os.write(fd, part):]
 
 
+def umask() -> int:
+    """The process's umask: from /proc where the kernel says it (Linux 4.7 on), else by
+    setting it and putting it straight back (the only other way to read it)."""
+    with contextlib.suppress(OSError, ValueError), \
+            open("/proc/self/status", encoding="ascii", errors="replace") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def folder_mode() -> int:
+    """The mode `mkdir` gives a new folder (0755 under the usual umask): what abbench makes
+    through a temporary folder (mkdtemp makes 0700) gets it too, so a run folder reads as
+    the user's other folders do."""
+    return 0o777 & ~umask()
+
+
+def file_mode(path: Path) -> int:
+    """The mode a file written whole over `path` gets: the permission bits of the file it
+    replaces, as a shell's `>` keeps them; a new file the mode `open` would give it (0644
+    under the usual umask), not mkstemp's 0600."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~umask()
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` to a temp file beside `path`, fsync it and rename it over `path`: a
     reader sees the old file or the new one, never half of one.
@@ -88,6 +118,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
                                dir=path.parent or ".")
     try:
         try:
+            os.fchmod(fd, file_mode(path))
             _write_all(fd, text.encode("utf-8"), path.name)
             os.fsync(fd)
         finally:
@@ -168,7 +199,7 @@ def _open_own(path: Path, flags: int) -> int:
     """os.open for a file abbench owns: never through a link (O_NOFOLLOW, so a link made
     after any check is refused too), never a device or fifo (checked on the open file)."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise OSError(errno.ELOOP, _LINK_REFUSED, str(path)) from e

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import run_main
 
+from abbench import fsutil
 from abbench.fsutil import append_line, atomic_write_text, check_own_file, cut_torn_tail
 
 
@@ -185,3 +186,22 @@ def test_a_device_history_that_is_a_link_stops_the_campaign_before_its_first_cel
     assert "Traceback" not in p.stderr
     assert notes.read_text() == "my notes\n"
     assert not list((tmp_path / "r").iterdir())  # no run folder: nothing ran
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o002])
+def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path: Path, mask: int) -> None:
+    """Issue 42, class 7: mkstemp's 0600 was every report's mode; now the umask's, as the
+    shell's `>` gives, and a file written over keeps its own mode."""
+    old = os.umask(mask)
+    try:
+        assert fsutil.umask() == mask
+        fsutil.atomic_write_text(tmp_path / "new.md", "x")
+        fsutil.append_line(tmp_path / "log.jsonl", "{}\n")
+        assert fsutil.folder_mode() == 0o777 & ~mask
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.md").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert (tmp_path / "log.jsonl").stat().st_mode & 0o777 == 0o666 & ~mask
+    os.chmod(tmp_path / "new.md", 0o640)
+    fsutil.atomic_write_text(tmp_path / "new.md", "y")
+    assert (tmp_path / "new.md").stat().st_mode & 0o777 == 0o640

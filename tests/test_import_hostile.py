@@ -136,6 +136,46 @@ def test_out_through_a_link_writes_the_folder_it_names(
         assert sorted(os.listdir(tmp_path)) == ["out", "src", "target"]
 
 
+def test_the_folder_behind_a_link_is_written_into_not_replaced(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42, class 6. Before: the link was kept but the folder it names was replaced —
+    a new inode, mode 755 become 700, another owner's share lost. Now the folder stays (an
+    empty one, and an earlier import with --force) and its entries are replaced."""
+    src = _folder(tmp_path, {"a.csv": ROWS})
+    target = tmp_path / "target"
+    target.mkdir()
+    os.chmod(target, 0o751)  # a mode abbench would never give a folder of its own
+    before = os.stat(target)
+    link = tmp_path / "out"
+    link.symlink_to("target")
+    for force in ([], ["--force"]):
+        rc, _, err = _import([str(src), "--out", str(link), *force], capsys)
+        assert rc in (0, 3), err
+        after = os.stat(target)
+        assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
+        assert (target / "plan.json").is_file() and len(read_journal(target)) == 1
+        assert sorted(os.listdir(tmp_path)) == ["out", "src", "target"]  # nothing beside
+
+
+def test_what_an_import_writes_has_the_modes_of_the_users_other_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42, class 7. Before: the run folder 700 and report.* 600 (mkdtemp's and
+    mkstemp's modes), whatever the umask: a report written to share could not be read."""
+    src = _folder(tmp_path, {"a.csv": ROWS})
+    old = os.umask(0o022)
+    try:
+        rc, _, err = _import([str(src), "--out", str(tmp_path / "run")], capsys)
+    finally:
+        os.umask(old)
+    assert rc in (0, 3), err
+    run = tmp_path / "run"
+    modes = {p.relative_to(run).as_posix(): oct(p.stat().st_mode & 0o777)
+             for p in [run, *run.rglob("*")]}
+    assert modes["."] == "0o755" and modes["cells"] == "0o755"
+    assert {m for name, m in modes.items() if (run / name).is_file()} == {"0o644"}, modes
+    assert modes["report.md"] == modes["report.html"] == modes["report.json"] == "0o644"
+
+
 # --- class 9: a line too long to be real is not read whole ----------------------------------
 
 

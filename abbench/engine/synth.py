@@ -100,7 +100,7 @@ from abbench.engine.synth_vocab import (
     vocab_of,
 )
 from abbench.errors import UsageError
-from abbench.fsutil import whole_file_target
+from abbench.fsutil import file_mode, whole_file_target
 
 # The face of the synthetic models: the spec (synth_spec.py), vocabulary (synth_vocab.py)
 # and tensors (synth_tensors.py) are read through this module's names.
@@ -175,7 +175,7 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
         w.close()
         # mkstemp makes the file 0600: give it the mode a plain create would (0644 under
         # the usual umask), so a llama.cpp or server process of another user can read it.
-        os.chmod(tmp_name, 0o666 & ~_umask())
+        os.chmod(tmp_name, file_mode(path))
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
@@ -204,9 +204,3 @@ def _add_metadata(w: gguf.GGUFWriter, spec: SynthSpec, name: str, vocab: SynthVo
         else:
             w.add_float64(f"abbench.synthetic.{key}", float(value))
     add_vocab(w, vocab)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)  # the only way to read it is to set it: put it straight back
-    os.umask(mask)
-    return mask

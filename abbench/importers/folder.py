@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import OrderWarning, UsageError, WriteError
+from abbench.fsutil import folder_mode
 from abbench.importers.discover import MAX_FILES, PROGRESS_FROM, Progress, shown_in, walk
 from abbench.importers.identity import configuration, decision_specs, group_arms
 from abbench.importers.logs import attach_logs, attach_scripts
@@ -205,24 +206,39 @@ def _alive(pid: int) -> bool:
 
 
 def _swap(tmp: Path, dest: Path) -> None:
-    """Put the written folder `tmp` in `dest`'s place; an earlier import there goes only
-    once the new one is in."""
+    """Put what was written into `tmp` in `dest`. A new `dest` is `tmp` renamed, with the
+    mode `mkdir` would give it. A folder that is there (empty, or an earlier import with
+    --force) is kept — its inode, mode and owner, what a link to it names — and its
+    entries replaced: the old ones moved aside, the new ones moved in, the old ones moved
+    back if that fails; they go only once the new ones are in."""
     if not dest.exists():
+        os.chmod(tmp, folder_mode())
         os.replace(tmp, dest)
         return
-    # an empty folder of our own to rename onto: a stale `.old` name cannot be in the way
-    old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent))
+    # named as a staging folder of this process: one a SIGKILL leaves is removed by the
+    # next import here (`_remove_stale`)
+    old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".old.tmp",
+                                dir=dest.parent))
+    out: list[str] = []
+    into: list[str] = []
     try:
-        os.replace(dest, old)
-    except OSError:
-        old.rmdir()
-        raise
-    try:
-        os.replace(tmp, dest)
-    except OSError:
-        os.replace(old, dest)
+        for entry in sorted(os.listdir(dest)):
+            os.replace(dest / entry, old / entry)
+            out.append(entry)
+        for entry in sorted(os.listdir(tmp)):
+            os.replace(tmp / entry, dest / entry)
+            into.append(entry)
+    except BaseException:
+        for entry in into:
+            with contextlib.suppress(OSError):
+                os.replace(dest / entry, tmp / entry)
+        for entry in out:
+            with contextlib.suppress(OSError):
+                os.replace(old / entry, dest / entry)
+        shutil.rmtree(old, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
+    tmp.rmdir()
 
 
 def _write_error(e: OSError, dest: Path, tmp: Path | None) -> WriteError:

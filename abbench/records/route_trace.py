@@ -32,7 +32,7 @@ from typing import TextIO
 import numpy as np
 
 from abbench.errors import TraceError, WriteError
-from abbench.fsutil import whole_file_target
+from abbench.fsutil import file_mode, whole_file_target
 from abbench.records.bmoe_csv import CACHE_BUDGET
 from abbench.records.text import ascii_clip
 
@@ -340,6 +340,7 @@ class RouteTraceWriter:
             raise WriteError.from_os(OSError(e.errno, e.strerror, str(path)),
                                      "give another path") from None
         self._tmp = Path(tmp)
+        os.fchmod(fd, file_mode(self.path))  # as the file it replaces, or as `open` makes one
         self._f: TextIO = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
         self._f.write("# route_trace v1\n")
         self._f.write(f"# model={model.replace(' ', '_')} arch={arch} n_layer={n_layer} "
