@@ -150,6 +150,28 @@ def test_a_sweep_past_the_cell_cap_fails_naming_it_before_any_cell_is_built(
         f"than the {MAX_CELLS} a campaign may run"), e.value.message
 
 
+@pytest.mark.parametrize("repeat", [None, 2])
+def test_too_many_cells_names_the_key_the_file_has(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], repeat: int | None) -> None:
+    """Issue 42, class 5. Before: a file of 10,001 cells and no `repeat` key was told
+    "`campaign.repeat`: the plan would run 10001 cells ... lower `repeat`"."""
+    declared = MAX_CELLS + 1 if repeat is None else MAX_CELLS // 2 + 1
+    cells = "".join(f"[cells.C{i}]\n" for i in range(declared))
+    head = "" if repeat is None else f"repeat = {repeat}"
+    path = campaign_file(tmp_path, "synthetic:tiny", cells, head=head)
+    rc, _, err = run_main(["campaign", str(path), "--dry-run"], capsys)
+    line = one_error(err)
+    assert rc == 2
+    if repeat is None:
+        assert f"`cells`: the file declares {declared} cells: more than the {MAX_CELLS}" in line
+        assert "repeat" not in err and "split the campaign" in err
+        first_past = path.read_text().splitlines().index(f"[cells.C{MAX_CELLS}]") + 1
+        assert f"cells.toml:{first_past}: " in line  # the line of the first cell past it
+    else:
+        assert f"`campaign.repeat`: is 2: the file's {declared} cells, run 2 times, are " \
+            f"{2 * declared}" in line and "lower `repeat`" in err
+
+
 def test_each_model_header_is_read_once_per_campaign_file(
         tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[str] = []

@@ -126,9 +126,14 @@ def test_labels_widen_past_99_cells(tmp_path: Path) -> None:
 
 def test_plans_have_a_size_limit(tmp_path: Path) -> None:
     order = json.dumps(["A", "B"] * (MAX_CELLS // 100 + 1))
-    with pytest.raises(CampaignFileError, match=r"cells.toml:\d+: `campaign.repeat`: the plan "
-                       r"would run \d+ cells"):
+    with pytest.raises(CampaignFileError, match=r"cells.toml:\d+: `campaign.repeat`: is 100: "
+                       r"the plan would run 20200 cells"):
         plan_of(tmp_path, f"order = {order}\nrepeat = 100")
+    # no `repeat` in the file: the order that makes the plan is named (issue 42, class 5)
+    order = json.dumps(["A", "B"] * (MAX_CELLS // 2 + 1))
+    with pytest.raises(CampaignFileError, match=r"cells.toml:\d+: `campaign.order`: names "
+                       r"10002 cells: the plan would run 10002 cells"):
+        plan_of(tmp_path, f"order = {order}")
 
 
 def test_configurations(tmp_path: Path) -> None:

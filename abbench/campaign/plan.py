@@ -36,10 +36,11 @@ from abbench.campaign.llamacpp import flag
 from abbench.campaign.schema import TOML_KEY, CampaignSpec
 from abbench.campaign.tables import CELL_DEFAULTS, MAX_CELLS
 from abbench.engine.config import EngineConfig
-from abbench.errors import AbbenchError
+from abbench.errors import AbbenchError, CampaignFileError
 from abbench.records import DecisionSpec, GateSpec, MatchSpec, Plan, PlannedCell, Sequential
 from abbench.records.cell_config import CellConfig, EmbeddedConfig, ExternalConfig, LlamaConfig
 from abbench.records.plan import SLICE_TOKENS, SLICES
+from abbench.records.toml import KeyLines
 from abbench.sim.profile import load_profile
 from abbench.textsafe import shown
 
@@ -84,13 +85,32 @@ def run_order(spec: CampaignSpec) -> list[str]:
     return names
 
 
+def _too_many(spec: CampaignSpec, n: int) -> CampaignFileError:
+    """A plan of more cells than a campaign may run, named at the key of the file that
+    makes it so: `repeat` where the file sets it, else `order` (each name a cell), else
+    the way the order is built (`abba`, `sentinel_every`: a baseline between the others)."""
+    c = spec.campaign
+    problem = f"the plan would run {n} cells, more than the {MAX_CELLS} a campaign may run"
+    if c.repeat > 1 and KeyLines(spec.source_text).line(("campaign", "repeat")) is not None:
+        return spec.error(("campaign", "repeat"), f"is {c.repeat}: {problem}",
+                          tip="lower `repeat`, or split the campaign")
+    if isinstance(c.order, tuple):
+        return spec.error(("campaign", "order"), f"names {len(c.order)} cells: {problem}",
+                          tip="shorten `order`, or split the campaign")
+    if c.order == "abba" or c.sentinel_every is not None:
+        key = ("campaign", "order") if c.order == "abba" else ("campaign", "sentinel_every")
+        return spec.error(key, f"puts the baseline between the file's {len(spec.cells)} "
+                          f"cells: {problem}", tip="split the campaign")
+    return spec.error(("cells",), f"the file's {len(spec.cells)} cells: {problem}",
+                      tip="split the campaign into files of fewer cells")
+
+
 def plan_campaign(spec: CampaignSpec) -> Plan:
     """The campaign's `Plan`: one `PlannedCell` per run, labelled `NN-NAME` from 01 (more
     digits past 99 cells, so that labels sort in execution order)."""
     names = run_order(spec)
     if len(names) > MAX_CELLS:
-        raise spec.error(("campaign", "repeat"), f"the plan would run {len(names)} cells, "
-                         f"more than {MAX_CELLS}", tip="lower `repeat`, or split the campaign")
+        raise _too_many(spec, len(names))
     for i, d in enumerate(spec.decisions):
         for role in ("candidate", "baseline"):
             if getattr(d, role) not in names:  # load_campaign checks this too

@@ -264,7 +264,7 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
     layers = cell_layers(doc.get("cells"))
     declared = list(layers)
     raw_sweeps = as_array_of_tables(("sweep",), doc.get("sweep", []))
-    _check_size(campaign, len(declared), raw_sweeps)
+    _check_size(campaign, "repeat" in campaign_raw, declared, raw_sweeps)
     sweeps = [build(Sweep, raw, ("sweep", i)) for i, raw in enumerate(raw_sweeps)]
     for i, sweep in enumerate(sweeps):
         if sweep.cell not in declared:
@@ -290,11 +290,24 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
                         decisions=decisions, sweeps=tuple(sweeps), fleet=fleet)
 
 
-def _check_size(campaign: CampaignTable, declared: int, sweeps: list[dict[str, Any]]) -> None:
-    """Refuse sweeps that make more cells than a campaign may run before their values are
-    read (each cell costs its configuration's checks): with no `order`, every cell runs
-    `repeat` times at least. A `values` that is no array is left to `Sweep` to name."""
+def _check_size(campaign: CampaignTable, repeat_given: bool, names: list[str],
+                sweeps: list[dict[str, Any]]) -> None:
+    """Refuse a file whose cells, or whose sweeps, make more cells than a campaign may run
+    before they are read (each cell costs its configuration's checks): with no `order`,
+    every cell runs `repeat` times at least. The message names the key the file has that
+    makes the number. A `values` that is no array is left to `Sweep` to name."""
     runs = 1 if isinstance(campaign.order, tuple) else campaign.repeat
+    declared = len(names)
+    if declared * runs > MAX_CELLS:
+        if repeat_given and runs > 1:
+            fail(("campaign", "repeat"), f"is {runs}: the file's {declared} cells, run {runs} "
+                 f"times, are {declared * runs}, more than the {MAX_CELLS} a campaign may run",
+                 tip="lower `repeat`, or split the campaign")
+        past = names[MAX_CELLS // runs]  # the first cell past the limit: its line
+        fail(("cells",), f"the file declares {declared} cells"
+             + (f", run {runs} times (`repeat`'s default)" if runs > 1 else "")
+             + f": more than the {MAX_CELLS} a campaign may run (`{past}` is past them)",
+             tip="split the campaign into files of fewer cells", at=("cells", past))
     cells = declared
     for i, raw in enumerate(sweeps):
         values = raw.get("values")
