@@ -174,3 +174,64 @@ def test_what_an_external_cell_wrote_reaches_report_md_as_text(tmp_path: Path) -
     md = (run / "report.md").read_text(encoding="utf-8")
     assert SVG not in md
     assert md.count("&lt;svg onload=alert(1)>") >= 2, md
+
+
+# -- issue 42, class 3: links and images in what abbench did not write -----------------------
+
+LINKS = "[click](javascript:alert(1)) and ![x](http://evil/x.png)"
+
+
+def _rendered(md: str) -> str:
+    """report.md as a CommonMark viewer renders it (markdown-it-py: rich's own parser)."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark").render(md)
+
+
+@pytest.mark.parametrize("s", [
+    LINKS,
+    "[r]: http://evil/definition",  # a reference definition, then `[r]` would link
+    "<http://evil/autolink>",
+    "a\\](http://evil/escaped-escape)",  # a backslash of its own before the `]`
+    "[x] [y]: (http://evil/after-a-space)",
+])
+def test_no_link_or_image_forms_from_foreign_text(s: str) -> None:
+    html = _rendered(f"- {md_text(s)}\n\n{md_text(s)}\n\n| a |\n|---|\n| {md_cell(s)} |\n\n[r]\n")
+    assert "<a " not in html and "<img" not in html, html
+    assert "evil" in html  # shown, as text
+
+
+def test_no_link_forms_across_parts_of_a_line() -> None:
+    """A name ending in `[x]` set beside abbench's own `(...)`, or a `[` in one part and
+    its `](` in another."""
+    from abbench.report import blocks as blk
+    from abbench.report.markdown import inline
+
+    for parts in (["see [x]", "(http://evil/a)"], ["[x", blk.Code("c"), "](http://evil/b)"],
+                  ["[x]", ": http://evil/c"]):
+        html = _rendered(inline(parts) + "\n\n[x]\n")
+        assert "<a " not in html and "<img" not in html, (parts, html)
+
+
+def test_an_external_cells_stderr_reaches_report_md_without_its_links(
+        tmp_path: Path) -> None:
+    """Before: report.md kept `[click](javascript:...)` and `![x](http://evil/x.png)` raw
+    from a failed external cell's stderr, and a viewer loaded the image from the outside
+    host."""
+    (tmp_path / "c.toml").write_text(
+        '[campaign]\nname = "links"\nspacing_s = 0\nwarmup_tokens = 0\n'
+        '[cells.said]\ncommand = ["sh", "-c", ' + json.dumps(f"echo 'ERROR: {LINKS}' >&2; exit 1")
+        + ']\noutput = "stdout-summary"\n'
+        '[cells.ok]\ncommand = ["sh", "-c", "echo \'generation: 4 tokens, 0.5 s/token '
+        '(2.0 tok/s)\'"]\noutput = "stdout-summary"\n', encoding="utf-8")
+    p = subprocess.run([sys.executable, "-m", "abbench", "campaign", "c.toml", "--out", "out",
+                        "--sentinels", "out/sentinels", "--no-live"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "Traceback" not in p.stderr, p.stderr
+    (run,) = (tmp_path / "out").glob("links-*")
+    md = (run / "report.md").read_text(encoding="utf-8")
+    assert "http://evil/x.png" in md  # the reason is there, as text
+    html = _rendered(md)
+    assert "<img" not in html and 'href="javascript' not in html
+    assert "<a " not in html

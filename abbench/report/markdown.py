@@ -23,14 +23,53 @@ from abbench.textsafe import shown
 # and stay as written so that the file reads as it renders.
 _HTML_OPEN = re.compile(r"<(?![\s=]|\Z)")
 _TICKS = re.compile(r"`+")
+# A `]` that closes a link's or an image's text — before its destination `(` or a
+# reference `[` — with the backslashes written before it (each must stay a backslash, or
+# one of them would escape the escape).
+_LINK_CLOSE = re.compile(r"(\\*)\](?=[(\[])")
+_DEFINITION_CLOSE = re.compile(r"(\\*)\](?=:)")
+
+
+def _html_safe(s: str) -> str:
+    """Control characters as escapes (one line: a newline would start a block), `&` and an
+    opening `<` as entities (`&#x202e;` would render as an override; `<http://x>` would be
+    an autolink, `<img src=...>` an image)."""
+    return _HTML_OPEN.sub("&lt;", shown(s).replace("&", "&amp;"))
+
+
+def _escaped_close(m: re.Match[str]) -> str:
+    return m[1] * 2 + "\\]"  # the backslashes shown as written, the `]` as a character
+
+
+def _no_links(parts: list[tuple[str, bool]]) -> str:
+    """Rendered parts (`(markdown, is_code)`) joined so that none makes a link, an image
+    or a reference definition, whichever part its pieces come from: a `]` before `(` or
+    `[` escaped; a `]` before `:` too when the line begins with `[` (a definition must);
+    a part's last `]` when the next part begins with `(`, `[` or `:`. Code spans are left
+    as they are: nothing in one is Markdown."""
+    first = next((t for t, _ in parts if t), "")
+    definition = first.lstrip(" ").startswith("[") and not parts[0][1]
+    out: list[str] = []
+    for k, (t, code) in enumerate(parts):
+        if not code:
+            t = _LINK_CLOSE.sub(_escaped_close, t)
+            if definition:
+                t = _DEFINITION_CLOSE.sub(_escaped_close, t)
+            after = next((u for u, _ in parts[k + 1:] if u), "")
+            if t.endswith("]") and after[:1] in ("(", "[", ":"):
+                t = _LINK_CLOSE.sub(_escaped_close, t + "(")[:-1]
+        out.append(t)
+    return "".join(out)
 
 
 def text(s: str) -> str:
-    """`s` as Markdown shows it and renders none of it as HTML: control characters as
-    escapes (one line: a newline would start a block), `&` and an opening `<` as entities
-    (`&#x202e;` would render as an override). Emphasis and backticks are left: abbench's
-    own text uses them, and they render no HTML."""
-    return _HTML_OPEN.sub("&lt;", shown(s).replace("&", "&amp;"))
+    """`s` as Markdown shows it, rendering none of it as HTML, a link or an image: control
+    characters as escapes, `&` and an opening `<` as entities (`_html_safe`), a `]` that
+    could close a link, an image or a reference definition backslash-escaped
+    (`[click](javascript:...)`; `![x](http://host/x.png)`, which a viewer would load).
+    Emphasis and backticks are left: abbench's own text uses them, and they reach nothing
+    outside the file."""
+    return _no_links([(_html_safe(s), False)])
 
 
 def cell(s: str) -> str:
@@ -50,9 +89,9 @@ def code(s: str) -> str:
 
 
 def inline(xs: Iterable[blk.Inline], escape: bool = True) -> str:
-    """Each part escaped on its own; bold as `**`, a drift verdict in bold, other marks as
-    text."""
-    say = text if escape else shown
+    """Each part escaped on its own, then joined so that no link forms across them
+    (`_no_links`); bold as `**`, a drift verdict in bold, other marks as text."""
+    say = _html_safe if escape else shown
 
     def one(p: blk.Inline) -> str:
         match p:
@@ -67,7 +106,8 @@ def inline(xs: Iterable[blk.Inline], escape: bool = True) -> str:
             case _:
                 return say(p.text)
 
-    return "".join(map(one, xs))
+    parts = [(one(p), isinstance(p, blk.Code)) for p in xs]
+    return _no_links(parts) if escape else "".join(t for t, _ in parts)
 
 
 @dataclass(frozen=True)
