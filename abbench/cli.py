@@ -18,7 +18,7 @@ from typing import Any
 
 from abbench import __version__
 from abbench.commands import COMMANDS
-from abbench.errors import AbbenchError
+from abbench.errors import EXIT_INTERRUPTED, AbbenchError
 from abbench.textsafe import shown
 
 
@@ -60,8 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.tip:
             print(f"TIP: {shown(e.tip)}", file=sys.stderr)
         return e.exit_status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or a SIGTERM a command turned into one
         print("ERROR: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0

@@ -85,7 +85,7 @@ def test_a_campaign_that_did_not_finish_is_shown_not_counted() -> None:
 
     from abbench.analysis.fleet import DeviceOutcome, _entry, _fleet_exit
 
-    part = SimpleNamespace(decisions=[_decision(1.3, 0.01)])
+    part = SimpleNamespace(decisions=[_decision(1.3, 0.01)], exit_status=0)
     done = DeviceOutcome("d1", "c", "done", None, part, note="")  # type: ignore[arg-type]
     cut = DeviceOutcome("d2", "c", "interrupted", None, part, note="")  # type: ignore[arg-type]
     assert _entry(done, "B", "A")[1] is not None

@@ -24,7 +24,13 @@ from pathlib import Path
 from abbench.analysis.campaign import CampaignAnalysis, analyze
 from abbench.analysis.decide import GO, NO_GO, OWED, Decision, verdict_of
 from abbench.analysis.stats import LEVEL, Interval, Noise, t_quantile
-from abbench.errors import AbbenchError
+from abbench.errors import (
+    EXIT_NO_GO,
+    EXIT_NO_MEASUREMENT,
+    EXIT_OK,
+    EXIT_UNDECIDED,
+    AbbenchError,
+)
 from abbench.records.fleet import (
     FleetEvent,
     FleetPlan,
@@ -223,12 +229,17 @@ def analyze_fleet(folder: Path) -> FleetAnalysis:
 
 
 def _fleet_exit(combined: Sequence[Combined], devices: Sequence[DeviceOutcome]) -> int:
-    """As a campaign's, over the combined verdicts: 1 when any is NO-GO, 3 when any is
-    open or a device's campaign gave nothing (a fleet that did not run everywhere is no
-    GO), 0 when every one is GO or none is asked."""
+    """As a campaign's, over the combined verdicts: 1 when any is NO-GO; 5 when no device
+    measured anything valid (each device's campaign ended 5, failed or never ran: nothing
+    to decide on anywhere); 3 when any is open or a device's campaign gave nothing (a
+    fleet that did not run everywhere is no GO); 0 when every one is GO or none is
+    asked."""
     codes = [{GO: 0, NO_GO: 1}.get(c.verdict, 3) for c in combined]
     if 1 in codes:
-        return 1
+        return EXIT_NO_GO
+    if devices and all(o.analysis is None or o.analysis.exit_status == EXIT_NO_MEASUREMENT
+                       for o in devices):
+        return EXIT_NO_MEASUREMENT
     if 3 in codes or any(o.analysis is None or o.status != "done" for o in devices):
-        return 3
-    return 0
+        return EXIT_UNDECIDED
+    return EXIT_OK

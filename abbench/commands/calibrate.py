@@ -17,7 +17,8 @@ from abbench.analysis.noise import history_floor
 from abbench.campaign.runner import RunOptions
 from abbench.campaign.schema import CampaignSpec, load_campaign
 from abbench.commands.campaign import finish, run_new
-from abbench.errors import AbbenchError, UsageError
+from abbench.commands.outcome import ended
+from abbench.errors import EXIT_UNDECIDED, AbbenchError, UsageError
 from abbench.records import read_repeats
 from abbench.records.plan import CELLS
 from abbench.records.toml import dump_table
@@ -98,7 +99,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(a: argparse.Namespace) -> int:
     """0: a noise floor was recorded; 3: no repeat could be counted (the report says why);
-    2: the campaign could not run; 4: interrupted."""
+    5: no cell was a valid measurement (one ERROR line); 2: the campaign could not run;
+    4: interrupted."""
     if not 2 <= a.cells <= 1000:
         raise UsageError(f"--cells {a.cells}: expected 2 .. 1000 (repeats need two cells)")
     opts = RunOptions(out_root=Path(a.out), sentinels_dir=Path(a.sentinels),
@@ -122,9 +124,10 @@ def run(a: argparse.Namespace) -> int:
             folder = run_new(spec, opts, a.dry_run)
     if folder is None:
         return 0
-    _, analysis = finish(folder, "rich" if not a.no_live else "plain")
+    rc, analysis = finish(folder, "rich" if not a.no_live else "plain")
+    ended(analysis, rc)  # every cell failed: one ERROR, exit 5, as a campaign's
     if analysis is None or analysis.floor is None:
-        return 3
+        return EXIT_UNDECIDED
     own = analysis.own_noise
     history = Path(analysis.floor.history)
     floor = history_floor(read_repeats(history), str(history), time.time())
@@ -132,7 +135,7 @@ def run(a: argparse.Namespace) -> int:
         print(f"calibrate: no repeat could be counted ({len(analysis.records)} cells): the "
               "report's pairs and drift say why (failed cells, unequal work, or entry states "
               "that differ)", file=sys.stderr)
-        return 3
+        return EXIT_UNDECIDED
     print(f"calibrate: this campaign's cell-to-cell noise ±{own.sd:.1%} ({own.repeats} cells,"
           f" {own.df} df); the device's noise floor is now ±{math.sqrt(floor.variance):.1%} "
           f"({floor.df} df from {len(floor.campaigns)} campaign"

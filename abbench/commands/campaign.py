@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from abbench.analysis.campaign import CampaignAnalysis, analyze, measured_nothing, unmeasured_arms
+from abbench.analysis.campaign import CampaignAnalysis, analyze
 from abbench.analysis.noise import history_floor, repeat_records
 from abbench.analysis.sequential import look_alpha
 from abbench.campaign.gate import GateSpec
@@ -20,12 +20,11 @@ from abbench.campaign.plan import describe_plan, plan_campaign
 from abbench.campaign.runner import RunOptions, resume, start
 from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
 from abbench.campaign.sequential import LookOutcome
+from abbench.commands.outcome import ended
 from abbench.errors import (
     EXIT_INTERRUPTED,
-    EXIT_NO_MEASUREMENT,
     AbbenchError,
     Interrupted,
-    NoMeasurement,
     RecordError,
     UsageError,
     WriteError,
@@ -187,25 +186,7 @@ def run(a: argparse.Namespace) -> int:
         if folder is None:
             return 0
     rc, analysis = finish(folder, "rich" if a.no_live is False else "plain")
-    if rc == EXIT_NO_MEASUREMENT and analysis is not None:
-        raise nothing_measured(analysis)
-    return rc
-
-
-def nothing_measured(a: CampaignAnalysis) -> NoMeasurement:
-    """The error after the report of a run that measured nothing a decision could rest on:
-    what could not be measured, and the first failed cell's reason (the report has each)."""
-    arms = [] if measured_nothing(a.cells) else unmeasured_arms(a.decisions, a.cells)
-    failed = [c for c in a.cells if (not arms or c.name in arms) and not c.ok
-              and c.status != "not run"]
-    why = ""
-    if failed:
-        c = failed[0]
-        why = f"; cell {c.index + 1} ({c.name}): " + (
-            c.error or (c.notes[-1] if c.notes else c.status))
-    subject = "no cell of " + ", ".join(f"`{n}`" for n in arms) if arms else "no cell"
-    return NoMeasurement(f"{subject} produced a valid measurement ({len(failed)} failed{why})",
-                         tip=f"{a.run / 'report.md'} says why each cell failed")
+    return ended(analysis, rc)
 
 
 def run_new(spec: CampaignSpec, opts: RunOptions, dry_run: bool = False) -> Path | None:

@@ -17,7 +17,15 @@ from abbench.analysis.fleet import analyze_fleet
 from abbench.campaign.plan import describe_plan, plan_campaign
 from abbench.campaign.run_folder import new_run_folder
 from abbench.campaign.schema import CampaignSpec, load_campaign, resolved_toml
-from abbench.errors import AbbenchError, Interrupted, UsageError
+from abbench.commands.outcome import why_nothing
+from abbench.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_NO_MEASUREMENT,
+    AbbenchError,
+    Interrupted,
+    NoMeasurement,
+    UsageError,
+)
 from abbench.fleet import runner
 from abbench.fleet.devices import attached, expand
 from abbench.fsutil import atomic_write_text
@@ -178,7 +186,7 @@ def _worker(a: argparse.Namespace) -> int:
         raise UsageError("Ray's `ray` command is not installed",
                          tip="pip install -e '.[fleet]'") from None
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _resumable(device_dir: Path) -> str:
@@ -192,6 +200,13 @@ def _report(fleet: Path) -> int:
     write_fleet_reports(analysis)
     for line in text_lines(analysis):
         print(line)
+    if analysis.exit_status == EXIT_NO_MEASUREMENT:  # one ERROR, as a campaign's
+        why = "; ".join(f"{o.device}: " + (why_nothing(o.analysis) if o.analysis is not None
+                                            else o.note or o.status)
+                        for o in analysis.devices[:3])
+        more = f"; and {len(analysis.devices) - 3} more" if len(analysis.devices) > 3 else ""
+        raise NoMeasurement(f"no device produced a valid measurement ({why}{more})",
+                            tip=f"{fleet / 'fleet-report.md'} has each device's report")
     return analysis.exit_status
 
 

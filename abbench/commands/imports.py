@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from abbench.commands.outcome import ended
 from abbench.errors import UsageError
 from abbench.importers.discover import MAX_FILES, PROGRESS_FROM
 from abbench.importers.folder import import_folder
@@ -121,4 +122,4 @@ def run(args: argparse.Namespace) -> int:
     print_report(a, args.style)
     print(f"report: {folder / 'report.html'}, {folder / 'report.md'}, "
           f"{folder / 'report.json'}")
-    return rc
+    return ended(a, rc)
