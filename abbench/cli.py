@@ -11,6 +11,7 @@ characters shown as escapes.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import warnings
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 from abbench import __version__
 from abbench.commands import COMMANDS
-from abbench.errors import EXIT_INTERRUPTED, AbbenchError
+from abbench.errors import EXIT_BAD, EXIT_INTERRUPTED, AbbenchError
 from abbench.textsafe import shown
 
 
@@ -60,6 +61,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if e.tip:
             print(f"TIP: {shown(e.tip)}", file=sys.stderr)
         return e.exit_status
+    except MemoryError:  # an allocation no check foresaw: said, never a traceback
+        print("ERROR: out of memory: an allocation failed (MemoryError); the run needs "
+              "more memory than this process may have", file=sys.stderr)
+        return EXIT_BAD
+    except OSError as e:
+        if e.errno != errno.ENOMEM:
+            raise
+        print(f"ERROR: out of memory: {shown(str(e))}", file=sys.stderr)
+        return EXIT_BAD
+    except RuntimeError as e:  # a thread's stack is address space too (ulimit -v)
+        if "can't start new thread" not in str(e):
+            raise
+        print("ERROR: out of memory: a thread could not be started (its stack needs "
+              "address space: ulimit -v?)", file=sys.stderr)
+        return EXIT_BAD
     except KeyboardInterrupt:  # Ctrl-C, or a SIGTERM a command turned into one
         print("ERROR: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

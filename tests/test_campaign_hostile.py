@@ -265,3 +265,42 @@ def test_a_run_with_no_valid_cell_for_what_it_asks_exits_5(
         tmp_path: Path) -> None:
     run = make_run(tmp_path, cells, decisions, floor=0.01)
     assert write_reports(run)[1] == status
+
+
+# -- issue 42, class 4: plans checked against the model's sizes --------------------------------
+
+
+@pytest.mark.parametrize("kernels,one", [("numpy", "24 KiB"), ("ggml", "6 KiB")])
+def test_a_cache_that_holds_no_expert_is_named_at_dry_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kernels: str, one: str) -> None:
+    """Before: `cache_mib = 1` on experts of 144 MiB ran (every expert read from disk, as
+    with no cache) and `--dry-run` said nothing. The tiny preset's experts: 24 KiB in F32,
+    6.4 KiB as Q8_0 (34 bytes per 32 weights), held so by ggml's kernels."""
+    model = tmp_path / "q8.gguf"
+    synth.write_model(replace(synth.preset("tiny"), expert_type="Q8_0"), model)
+    path = campaign_file(tmp_path, model,
+                         f'[cells.A]\ncache_mib = 0.005\nkernels = "{kernels}"\n[cells.B]\n')
+    rc, _, err = run_main(["campaign", str(path), "--dry-run"], capsys)
+    line = one_error(err)
+    assert rc == 2
+    assert f"`cells.A.cache_mib`: 0.005 MiB holds no expert of {model}: one takes {one}" in line
+    assert "TIP: at least 1 MiB holds one; 0 streams every expert with no cache" in err
+
+
+def test_a_cell_no_memory_here_holds_is_named_at_dry_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget no cell fits: the cell's load and cache against what this machine has."""
+    from abbench.engine import memory
+
+    model = tmp_path / "small.gguf"
+    synth.write_model(synth.preset("small"), model)
+    monkeypatch.setattr(memory, "rooms", lambda root=None: [
+        memory.Room("the memory cgroup /t's limit 20 MiB less 0 MiB in use", 20 * 2**20)])
+    path = campaign_file(tmp_path, model, "[cells.A]\nresident = true\n[cells.B]\n")
+    rc, _, err = run_main(["campaign", str(path), "--dry-run"], capsys)
+    line = one_error(err)
+    assert rc == 2 and "`cells.A.resident`: " in line
+    assert "every expert resident, in F32, as the file holds them 48 MiB" in line
+    assert "more than the 20 MiB this process may have now (the memory cgroup /t's" in line
+    assert "TIP: it fits with cache_mib = " in err and "resident = false" in err

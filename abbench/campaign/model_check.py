@@ -16,11 +16,15 @@ are at most a few thousand positions.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
+from abbench.engine.memory import KEYS, MIB, ModelMemory, check, of_model, size, way_out
 from abbench.engine.models import PREFIX, check_context_memory, parse_synthetic
 from abbench.errors import ConfigError, ModelFileError
 
@@ -36,6 +40,13 @@ class ModelFacts:
     # Bytes a context of n positions allocates at load (`ModelArgs.context_bytes`); None
     # where not known without building the model (a synthetic one).
     context_bytes: Callable[[int], int] | None = field(default=None, compare=False)
+    # What its experts and dense weights take (`engine.memory`), and the kernels
+    # `--kernels auto` picks for it.
+    memory: ModelMemory | None = field(default=None, compare=False)
+    auto_kernels: str = "numpy"
+    # Whether `memory` is the file's (its dense weights too): a synthetic model's experts
+    # are known from its definition, the rest only once it is built.
+    whole: bool = False
 
 
 class ModelHeaders:
@@ -57,15 +68,29 @@ def _read(model: str) -> ModelFacts:
         name, seed = parse_synthetic(model)
         spec = synth.named(name, seed)
         vocab = synth.N_VOCAB if spec.tokenizer == "llama" else synth.BPE_VOCAB_SIZE
-        return ModelFacts(model, spec.context_length, vocab, spec.n_expert)
+        quant = spec.expert_type != "F32"
+        one = ModelMemory((expert_file_bytes(spec),) * spec.n_layer,
+                          (spec.expert_bytes,) * spec.n_layer, spec.n_expert, 0, 0, 0)
+        from abbench.engine.arch import GRAPHS
+
+        return ModelFacts(model, spec.context_length, vocab, spec.n_expert, memory=one,
+                          auto_kernels="ggml" if quant and spec.arch in GRAPHS else "numpy")
     # The model code only where a file is read (as engine.models.context_length does).
-    from abbench.engine.arch import architecture
+    from abbench.engine.arch import GRAPH_FOR_F32, GRAPHS, architecture
     from abbench.engine.gguf_file import ModelFile
+    from abbench.engine.model_info import choose_kernels
+    from abbench.engine.streamer import expert_layout
 
     try:
         mf = ModelFile(model)
         try:
             args = architecture(mf.architecture, mf.path).ModelArgs.from_file(mf)
+            layout = expert_layout(mf, args.block_count, args.expert_count)
+            mm = of_model(mf, layout)
+            with warnings.catch_warnings():  # a description: a run warns of its own
+                warnings.simplefilter("ignore", RuntimeWarning)
+                auto = choose_kernels("auto", layout, mf.architecture in GRAPHS,
+                                      mf.architecture in GRAPH_FOR_F32)
         finally:
             mf.close()
     except OSError as e:
@@ -73,7 +98,15 @@ def _read(model: str) -> ModelFacts:
     except (ValueError, OverflowError) as e:  # what the header walk has no message for
         raise ModelFileError(f"{model}: not a model file the engine can read ({e})") from None
     return ModelFacts(model, args.context_length, args.vocab_size, args.expert_count,
-                      args.context_bytes)
+                      args.context_bytes, mm, auto, whole=True)
+
+
+def expert_file_bytes(spec: synth.SynthSpec) -> int:
+    """One expert's bytes in a synthetic model's file (its three projections in its
+    `expert_type`), from the definition: nothing is built for a dry run."""
+    kind = GGMLQuantizationType[spec.expert_type]
+    block, size = GGML_QUANT_SIZES[kind]
+    return 3 * (spec.expert_ff * spec.d_model // block) * size
 
 
 def cell_problems(config: EngineConfig, facts: ModelFacts) -> Iterator[tuple[str, str, str]]:
@@ -117,3 +150,34 @@ def cell_problems(config: EngineConfig, facts: ModelFacts) -> Iterator[tuple[str
             key = "n_ctx" if config.n_ctx is not None else "tokens"
             yield (key, e.message, f"a smaller `{key}`: this machine has not the memory "
                    "for that context now")
+            return
+    if facts.memory is not None:
+        yield from _memory_problems(config, facts, facts.memory, need)
+
+
+def _memory_problems(config: EngineConfig, facts: ModelFacts, mm: ModelMemory,
+                     need: int) -> Iterator[tuple[str, str, str]]:
+    """A cache that holds no expert; what the cell's load and cache need against what
+    this machine has now (a model file's: a synthetic one's size is known once built)."""
+    kernels = facts.auto_kernels if config.kernels == "auto" else config.kernels
+    one = mm.one_expert(kernels)
+    form = ("as the file holds it, computed by ggml" if kernels == "ggml"
+            else "in F32, as --kernels numpy computes it")
+    if not config.resident and 0 < config.cache_mib * MIB < one:
+        least = -(-one // MIB)
+        yield ("cache_mib", f"{config.cache_mib:g} MiB holds no expert of {facts.model}: one "
+               f"takes {size(one)} ({form}), so every expert would be read from disk as "
+               "if there were no cache", f"at least {least} MiB holds one; 0 streams every "
+               "expert with no cache")
+        return
+    if not facts.whole:
+        return
+    n_ctx = config.n_ctx or need
+    context = facts.context_bytes(n_ctx) if facts.context_bytes is not None else 0
+    pinned = config.dense == "pinned"
+    needs = mm.needs(kernels, config.resident, config.cache_mib, pinned, context, n_ctx)
+    try:
+        check(facts.model, needs, lambda room: way_out(mm, kernels, config.resident,
+                                                        pinned, context, n_ctx, room, KEYS))
+    except ConfigError as e:
+        yield ("resident" if config.resident else "cache_mib", e.message, e.tip or "")

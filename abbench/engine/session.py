@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from threadpoolctl import threadpool_limits
 
-from abbench.engine import ggml
+from abbench.engine import ggml, memory
 from abbench.engine.arch import GRAPH_FOR_F32, GRAPHS, architecture
 from abbench.engine.config import EngineConfig
 from abbench.engine.experts import MIB, ExpertRunner
@@ -80,10 +80,21 @@ class Engine:
                                       self.mf.architecture in GRAPHS,
                                       self.mf.architecture in GRAPH_FOR_F32
                                       or config.flash_attn)
+        self._check_memory(args.context_bytes(n_ctx), n_ctx)
         self._load(arch, args, n_ctx, k)
         self.predictor = self._attach_predictor(args.block_count)
         self._start_partner()
         self.load_s = time.perf_counter() - t0
+
+    def _check_memory(self, context: int, n_ctx: int) -> None:
+        """What the load and the cache will allocate, against what this process may have
+        now (`engine.memory`): refused before any of it is allocated."""
+        c = self.config
+        mm = memory.of_model(self.mf, self.layout)
+        needs = mm.needs(self.kernels, c.resident, c.cache_mib, c.dense == "pinned",
+                         context, n_ctx)
+        memory.check(self.mf.path, needs, lambda room: memory.way_out(
+            mm, self.kernels, c.resident, c.dense == "pinned", context, n_ctx, room))
 
     def _load(self, arch: ModuleType, args: Any, n_ctx: int, k: int) -> None:
         """The expert side (cache, streamer, compute team, running the architecture's expert

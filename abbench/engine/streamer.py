@@ -75,7 +75,10 @@ class BufferArena:
         size = -(-max(nbytes, 1) // ALIGN) * ALIGN
         if self._mm is None or self._next + size > self._end:
             length = max(self.chunk_bytes, size)
-            mm = mmap.mmap(-1, length + HUGE_PAGE, flags=PRIVATE)
+            try:
+                mm = mmap.mmap(-1, length + HUGE_PAGE, flags=PRIVATE)
+            except OSError as e:  # out of memory or address space: one error, said so
+                raise out_of_memory(length, "expert and weight buffers", e) from None
             with contextlib.suppress(AttributeError, OSError):  # no THP here: plain pages
                 mm.madvise(mmap.MADV_HUGEPAGE)
             probe = np.frombuffer(mm, dtype=np.uint8, count=1)
@@ -85,6 +88,18 @@ class BufferArena:
         offset = self._next
         self._next += size
         return self._mm, offset
+
+
+def out_of_memory(nbytes: int, what: str, e: OSError) -> EngineError:
+    """The engine's error for an allocation the system refused, with the limits there are
+    (`engine.memory.rooms`)."""
+    from abbench.engine.memory import rooms, size
+
+    limits = "; ".join(f"{r.what}: {size(r.bytes)} left" for r in rooms()[:2])
+    return EngineError(f"cannot allocate {size(nbytes)} more for {what}: "
+                       f"{e.strerror or e} ({limits})",
+                       tip="a smaller --cache-mib, or --kernels ggml (the experts as the "
+                       "file holds them); `abbench model info MODEL` gives their sizes")
 
 
 def arena_copy(arena: BufferArena, a: np.ndarray) -> np.ndarray:
