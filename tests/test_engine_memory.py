@@ -90,6 +90,28 @@ def test_the_experts_converted_to_f32_are_what_numpy_kernels_need() -> None:
     assert [n.bytes for n in cache] == [file]
 
 
+@pytest.mark.parametrize("kind", ["F32", "Q4_0", "Q4_K_M", "MXFP4"])
+def test_a_synthetic_models_expert_bytes_from_its_definition_are_its_files(
+        tmp_path: Path, kind: str) -> None:
+    """The dry run's sizes (nothing built) against the file written: a mix (Q4_K_M: some
+    layers' down projections in Q6_K) differs by layer, as the file does."""
+    from abbench.campaign.model_check import expert_file_bytes
+    from abbench.engine.gguf_file import ModelFile
+    from abbench.engine.streamer import expert_layout
+
+    spec = replace(synth.preset("small"), n_layer=9, n_expert=4, d_model=256,
+                   expert_ff=256, expert_type=kind)
+    path = tmp_path / "m.gguf"
+    synth.write_model(spec, path)
+    mf = ModelFile(path)
+    try:
+        written = tuple(le.file_bytes for le in expert_layout(mf, spec.n_layer, spec.n_expert))
+    finally:
+        mf.close()
+    assert expert_file_bytes(spec) == written
+    assert (len(set(written)) > 1) == (kind == "Q4_K_M")
+
+
 def test_a_run_past_its_room_is_refused_before_anything_is_allocated(
         tiny_model: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -69,7 +69,7 @@ def _read(model: str) -> ModelFacts:
         spec = synth.named(name, seed)
         vocab = synth.N_VOCAB if spec.tokenizer == "llama" else synth.BPE_VOCAB_SIZE
         quant = spec.expert_type != "F32"
-        one = ModelMemory((expert_file_bytes(spec),) * spec.n_layer,
+        one = ModelMemory(expert_file_bytes(spec),
                           (spec.expert_bytes,) * spec.n_layer, spec.n_expert, 0, 0, 0)
         from abbench.engine.arch import GRAPHS
 
@@ -101,12 +101,21 @@ def _read(model: str) -> ModelFacts:
                       args.context_bytes, mm, auto, whole=True)
 
 
-def expert_file_bytes(spec: synth.SynthSpec) -> int:
-    """One expert's bytes in a synthetic model's file (its three projections in its
-    `expert_type`), from the definition: nothing is built for a dry run."""
-    kind = GGMLQuantizationType[spec.expert_type]
-    block, size = GGML_QUANT_SIZES[kind]
-    return 3 * (spec.expert_ff * spec.d_model // block) * size
+def expert_file_bytes(spec: synth.SynthSpec) -> tuple[int, ...]:
+    """One expert's bytes in each layer of a synthetic model's file (its three projections
+    in the types `expert_type` gives them: a mix such as Q4_K_M gives some layers' down
+    projections more bits), from the definition: nothing is built for a dry run."""
+    from abbench.engine.synth_tensors import tensor_type
+
+    d, ff = spec.d_model, spec.expert_ff
+
+    def one(name: str, cols: int) -> int:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[
+            tensor_type(spec, name, spec.expert_type, cols)]]
+        return (ff * d // block) * size
+
+    return tuple(one(f"blk.{i}.ffn_gate_exps.weight", d) + one(f"blk.{i}.ffn_up_exps.weight", d)
+                 + one(f"blk.{i}.ffn_down_exps.weight", ff) for i in range(spec.n_layer))
 
 
 def cell_problems(config: EngineConfig, facts: ModelFacts) -> Iterator[tuple[str, str, str]]:

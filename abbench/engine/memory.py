@@ -28,15 +28,15 @@ import resource
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gguf import GGMLQuantizationType
 
-from abbench.errors import ConfigError
+from abbench.errors import ConfigError, EngineError
 
 if TYPE_CHECKING:  # the model code only where a model is read
     from abbench.engine.gguf_file import ModelFile
-    from abbench.engine.streamer import LayerExperts
+    from abbench.engine.gguf_header import TensorInfo
 
 MIB = 2**20
 GIB = 2**30
@@ -257,6 +257,22 @@ def model_memory(tensors: dict[str, tuple[tuple[int, ...], int, int]],
                           if t[1] != GGMLQuantizationType.F32))
 
 
+class LayerExperts(Protocol):
+    """What `of_model` reads of one layer's experts (`streamer.LayerExperts`: the streamer
+    imports this module, so the type is a protocol here)."""
+
+    @property
+    def gate(self) -> TensorInfo: ...
+    @property
+    def up(self) -> TensorInfo: ...
+    @property
+    def down(self) -> TensorInfo: ...
+    @property
+    def file_bytes(self) -> int: ...
+    @property
+    def buffer_bytes(self) -> int: ...
+
+
 def of_model(mf: ModelFile, layout: Sequence[LayerExperts]) -> ModelMemory:
     """A model file's `ModelMemory` (its header and expert layout: nothing is read)."""
     experts = {t.name for le in layout for t in (le.gate, le.up, le.down)}
@@ -319,3 +335,12 @@ def size(n: int) -> str:
     if n >= GIB:
         return f"{n / GIB:.2f} GiB"
     return f"{n / MIB:.0f} MiB" if n >= MIB else f"{n / 1024:.0f} KiB"
+
+
+def out_of_memory(nbytes: int, what: str, e: OSError) -> EngineError:
+    """The engine's error for an allocation the system refused, with the limits there are."""
+    limits = "; ".join(f"{r.what}: {size(r.bytes)} left" for r in rooms()[:2])
+    return EngineError(f"cannot allocate {size(nbytes)} more for {what}: "
+                       f"{e.strerror or e} ({limits})",
+                       tip="a smaller --cache-mib, or --kernels ggml (the experts as the "
+                       "file holds them); `abbench model info MODEL` gives their sizes")

@@ -32,6 +32,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from abbench.engine.gguf_file import ModelFile, TensorInfo, to_f32
+from abbench.engine.memory import out_of_memory
 from abbench.engine.slots import Part, RawSlot, SlotLayout
 from abbench.errors import EngineError, ModelFileError
 
@@ -88,18 +89,6 @@ class BufferArena:
         offset = self._next
         self._next += size
         return self._mm, offset
-
-
-def out_of_memory(nbytes: int, what: str, e: OSError) -> EngineError:
-    """The engine's error for an allocation the system refused, with the limits there are
-    (`engine.memory.rooms`)."""
-    from abbench.engine.memory import rooms, size
-
-    limits = "; ".join(f"{r.what}: {size(r.bytes)} left" for r in rooms()[:2])
-    return EngineError(f"cannot allocate {size(nbytes)} more for {what}: "
-                       f"{e.strerror or e} ({limits})",
-                       tip="a smaller --cache-mib, or --kernels ggml (the experts as the "
-                       "file holds them); `abbench model info MODEL` gives their sizes")
 
 
 def arena_copy(arena: BufferArena, a: np.ndarray) -> np.ndarray:
