@@ -93,3 +93,18 @@ def test_a_campaign_that_did_not_finish_is_shown_not_counted() -> None:
     go = combine("B", "A", "all devices", [_entry(done, "B", "A")])
     assert go.verdict == GO
     assert _fleet_exit([go], [done]) == 0 and _fleet_exit([go], [done, cut]) == 3
+
+
+def test_nothing_measured_needs_every_device_to_say_so() -> None:
+    """5 where each device's run says it measured nothing (or it never ran); a device whose
+    worker died has no analysis but may hold valid cells: owed (3), not nothing."""
+    from types import SimpleNamespace
+
+    from abbench.analysis.fleet import DeviceOutcome, _fleet_exit
+
+    empty = SimpleNamespace(decisions=[], exit_status=5)
+    nothing = DeviceOutcome("d1", "c", "done", None, empty, note="")  # type: ignore[arg-type]
+    unrun = DeviceOutcome("d2", "", "not run", None, None, note="")
+    crashed = DeviceOutcome("d3", "c", "failed", None, None, note="WorkerCrashedError")
+    assert _fleet_exit([], [nothing]) == 5 and _fleet_exit([], [nothing, unrun]) == 5
+    assert _fleet_exit([], [crashed]) == 3 and _fleet_exit([], [nothing, crashed]) == 3

@@ -24,6 +24,7 @@ from abbench.campaign.child import (
 )
 from abbench.records.cell_config import EmbeddedConfig, cell_config
 from abbench.sensors import open_device
+from abbench.sensors.transports import SSH_OPTIONS
 
 # A fake `ssh` that records its argv (one JSON line per call) and, like the remote shell,
 # runs the command line it was handed.
@@ -62,12 +63,12 @@ def test_an_ssh_cell_is_launched_with_the_samplers_options(ssh_log: Path,
     external = cell_config({"engine": "external", "command": command,
                             "output": "stdout-summary"})
     argv = cell_argv(external, sys.executable, tmp_path, device)
-    assert argv == ["ssh", "-o", "BatchMode=yes", "bench@lab-box", shlex.join(command)]
+    assert argv == ["ssh", *SSH_OPTIONS, "bench@lab-box", shlex.join(command)]
     assert argv == device.command(command)
     assert CellChild(device).run(argv, tmp_path, 30) == ChildExit("ok", 0)
     check, launch = [json.loads(line) for line in ssh_log.read_text().splitlines()]
-    assert check == ["-o", "BatchMode=yes", "bench@lab-box", "true"]  # open_device's check
-    assert launch == ["-o", "BatchMode=yes", "bench@lab-box", shlex.join(command)]
+    assert check == [*SSH_OPTIONS, "bench@lab-box", "true"]  # open_device's check
+    assert launch == [*SSH_OPTIONS, "bench@lab-box", shlex.join(command)]
     assert (tmp_path / "stderr.txt").read_text() == "two words\n"
 
 

@@ -28,6 +28,7 @@ def test_entry_state_takes_caps_temperatures_memory_and_status() -> None:
 
 class RealDevice:
     simulated = False
+    kind = "local"
 
 
 def test_the_index_is_the_first_probe_over_this_one(tmp_path: Path,
@@ -44,6 +45,7 @@ def test_the_index_is_the_first_probe_over_this_one(tmp_path: Path,
 
 class SimDevice:
     simulated = True
+    kind = "local"
     probe_rep_s = 0.01
 
     def __init__(self) -> None:
@@ -82,3 +84,38 @@ def test_a_simulated_device_throttles_its_probe_without_heating(
     worker = speed._worker
     speed.close()
     assert isinstance(worker, FakeWorker) and worker.closed and speed._worker is None
+
+
+class ShellDevice:
+    """An adb/ssh device whose shell answers the probe script with `answer`."""
+
+    simulated = False
+    kind = "ssh"
+
+    def __init__(self, answer: str, rc: int = 0) -> None:
+        self.answer, self.rc = answer, rc
+        self.ran: list[list[str]] = []
+
+    def run(self, argv: list[str], timeout: float) -> object:
+        self.ran.append(list(argv))
+        from types import SimpleNamespace
+
+        return SimpleNamespace(stdout=self.answer, returncode=self.rc)
+
+
+def test_an_ssh_devices_probe_runs_there_or_is_not_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def never() -> float:
+        raise AssertionError("this machine's probe says nothing of the device")
+
+    monkeypatch.setattr(entry, "speed_probe", never)
+    device = ShellDevice("50000000\n40000000\n45000000\n")
+    speed = SpeedIndex(tmp_path, device, "python")  # type: ignore[arg-type]
+    assert speed.index() == 1.0 and speed.first == 0.04
+    assert device.ran[0][:2] == ["sh", "-c"] and "date +%s%N" in device.ran[0][2]
+    device.answer = "80000000\n"
+    assert speed.index() == 0.5
+    busybox = SpeedIndex(tmp_path / "b", ShellDevice("1733480000%N\n"),  # type: ignore[arg-type]
+                         "python")
+    (tmp_path / "b").mkdir()
+    assert busybox.index() is None and busybox.first is None

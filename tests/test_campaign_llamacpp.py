@@ -207,7 +207,8 @@ sys.exit(subprocess.run(["sh", "-c", args[-1]]).returncode)
     monkeypatch.setenv("FAKE_LOG", str(log))
     cells = write_campaign(tmp_path, tiny_model, BENCH_CELLS.format(bin=fake_bin),
                            head='order = ["t1", "t2"]')
-    text = cells.read_text().replace('transport = "local"', 'transport = "adb:FAKE1"')
+    text = cells.read_text().replace(
+        'transport = "local"', f'transport = "adb:FAKE1"\nremote_dir = "{tmp_path / "dev"}"')
     cells.write_text(text.replace(f'model = "{tiny_model}"',
                                   'model = "/data/local/tmp/tiny.gguf"'))
     p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
@@ -218,10 +219,14 @@ sys.exit(subprocess.run(["sh", "-c", args[-1]]).returncode)
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     runs = [c for c in calls if c[:3] == ["adb", "-s", "FAKE1"] and "llama-bench" in c[-1]]
     assert len(runs) == 2 and runs[0][3] == "shell"
-    argv = shlex.split(runs[0][4])
+    sh, c, script = shlex.split(runs[0][4])  # in the cell's own folder there (campaign.remote)
+    assert (sh, c) == ("sh", "-c")
+    (line,) = [x for x in script.splitlines() if "llama-bench" in x]
+    argv = shlex.split(line)
     assert argv[:3] == [f"{fake_bin}/llama-bench", "-m", "/data/local/tmp/tiny.gguf"]
     assert argv[3:] == ["-n", "6", "-r", "4", "-o", "jsonl", "-t", "1", "-p", "16"]
     assert r["device"] == "adb:FAKE1"
+    assert sorted(p.name for p in (tmp_path / "dev").glob("*/*")) == ["01-t1", "02-t2"]
 
 
 # -- the campaign file's rules ------------------------------------------------------------

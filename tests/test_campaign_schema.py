@@ -793,19 +793,41 @@ def test_an_unknown_synthetic_preset_fails_at_plan_time_naming_the_key(tmp_path:
     assert f":{line_of(text, 'synthetic:0efault')}:" in e.message
 
 
-@pytest.mark.parametrize("transport", ["ssh:lab-box", "adb:SERIAL1"])
-def test_an_embedded_cell_on_a_remote_device_fails_naming_the_cell(tmp_path: Path,
-                                                                   transport: str) -> None:
-    # The embedded engine runs here: timed on this machine while the sampler reads the
-    # other device, its pairs would be matched on the wrong device's state.
+def test_an_embedded_cell_on_an_adb_device_fails_naming_the_cell(tmp_path: Path) -> None:
+    # abbench (Python, numpy, gguf) is not what an Android shell has: an adb cell runs the
+    # engine that is there, as an external or llama.cpp cell.
     path = tmp_path / "cells.toml"
-    path.write_text(f'[campaign]\nname = "t"\n[device]\ntransport = "{transport}"\n'
+    path.write_text('[campaign]\nname = "t"\n[device]\ntransport = "adb:SERIAL1"\n'
                     '[cells.ext]\ncommand = ["sh", "run.sh"]\noutput = "bmoe-csv:out.csv"\n'
                     '[cells.B]\ntokens = 32\n')
     with pytest.raises(CampaignFileError) as e:
         load_campaign(path)
-    assert str(e.value).startswith(f"{path}:8: `cells.B`: is an embedded cell, which runs on "
-                                   f"this machine, not on `{transport}`")
+    assert str(e.value).startswith(f"{path}:8: `cells.B`: is an embedded cell: abbench's "
+                                   "engine runs on this machine or an ssh: host, not on "
+                                   "`adb:SERIAL1`")
+
+
+def test_an_embedded_cell_on_an_ssh_host_names_a_model_there(tmp_path: Path) -> None:
+    """The model of a cell on an ssh host is a file there, not looked for here; a relative
+    path has nothing to be relative to; interleaved slices run only on this machine."""
+    path = tmp_path / "cells.toml"
+    head = ('[campaign]\nname = "t"\n[device]\ntransport = "ssh:lab-box"\n'
+            'abbench = ["python3", "-m", "abbench"]\n')
+    path.write_text(head + '[cells.B]\nmodel = "/models/not-here.gguf"\ntokens = 32\n')
+    spec = load_campaign(path)
+    assert spec.cells["B"].config is not None
+    assert spec.cells["B"].config.model == "/models/not-here.gguf"
+    assert spec.device.abbench_argv == ("python3", "-m", "abbench")
+    path.write_text(head + '[cells.B]\nmodel = "models/m.gguf"\n')
+    with pytest.raises(CampaignFileError, match=r":7: `cells.B.model`: \"models/m.gguf\" is "
+                       "not an absolute path"):
+        load_campaign(path)
+    path.write_text(head.replace('name = "t"', 'name = "t"\ninterleave = "slices"')
+                    + '[cells.B]\nmodel = "synthetic:tiny"\n[cells.C]\nbase = "B"\n'
+                    'overlap = true\n')
+    with pytest.raises(CampaignFileError, match="`campaign.interleave`: \"slices\" runs two "
+                       "engines on this machine"):
+        load_campaign(path)
 
 
 def test_decision_metric_is_checked_and_kept_in_the_plan(tmp_path: Path) -> None:

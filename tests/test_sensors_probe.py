@@ -26,3 +26,20 @@ def test_work_is_deterministic() -> None:
 def test_reps_must_be_positive() -> None:
     with pytest.raises(ValueError):
         speed_probe(reps=0)
+
+
+def test_the_device_shell_probe_is_timed_there_or_not_measured() -> None:
+    import subprocess
+
+    from abbench.sensors.probe import read_shell_probe, shell_probe_script
+
+    done = subprocess.run(["sh", "-c", shell_probe_script(3)], capture_output=True, text=True,
+                          check=True)
+    lines = done.stdout.split()
+    assert len(lines) == 3 and all(int(x) > 0 for x in lines)
+    assert read_shell_probe(done.stdout) == min(int(x) for x in lines) / 1e9
+    assert read_shell_probe("41000000\n39000000\n") == 0.039
+    # busybox's `date` without %N: the arithmetic fails, or prints what is not a time
+    assert read_shell_probe("1733480000%N\n") is None
+    assert read_shell_probe("") is None
+    assert read_shell_probe("41000000\n0\n") is None

@@ -19,6 +19,7 @@ import pytest
 from abbench.errors import UsageError
 from abbench.sensors import open_device, transports
 from abbench.sensors.readers import REMOTE_GLOBS
+from abbench.sensors.transports import SSH_OPTIONS
 from abbench.sensors.tree import MARKER, LocalTree, batch_script, parse_batch
 from abbench.sim import open_device as open_any_device
 
@@ -173,7 +174,7 @@ def test_ssh_run_and_sample(fakes: Path, tmp_path: Path, monkeypatch: pytest.Mon
     assert values["cpu.policy2.capped"] is True and values["temp.cpu_c"] == 52.0
     assert "cpu.all.cur_khz" not in values  # psutil describes this machine, not the host
     log = calls(fakes)
-    prefix = ["ssh", "-o", "BatchMode=yes", "bench@lab-box"]
+    prefix = ["ssh", *SSH_OPTIONS, "bench@lab-box"]
     assert log[0] == [*prefix, "true"]
     assert log[1] == [*prefix, shlex.join(NASTY)] == device.command(NASTY)
     assert log[2] == [*prefix, shlex.join(["sh", "-c", transports.SNAPSHOT_SCRIPT])]
@@ -248,6 +249,7 @@ def test_an_ssh_cell_is_launched_with_the_samplers_options(
     cells = tmp_path / "cells.toml"
     cells.write_text(
         '[campaign]\nname = "ssh"\nspacing_s = 0\n[device]\ntransport = "ssh:bench@lab-box"\n'
+        f'remote_dir = "{tmp_path / "dev"}"\n'
         '[cells.ext]\ncommand = ["sh", "-c", '
         '"echo generation: 4 tokens, 0.500 s/token \\\\(2.000 tok/s\\\\)"]\n'
         'output = "stdout-summary"\n')
@@ -255,5 +257,5 @@ def test_an_ssh_cell_is_launched_with_the_samplers_options(
                str(tmp_path / "s"), "--no-live"])
     assert rc == 0
     launched = [c for c in calls(fakes) if "generation:" in c[-1]]
-    assert launched and all(c[:4] == ["ssh", "-o", "BatchMode=yes", "bench@lab-box"]
+    assert launched and all(c[:8] == ["ssh", *SSH_OPTIONS, "bench@lab-box"]
                             for c in launched), launched

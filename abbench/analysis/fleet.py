@@ -230,15 +230,15 @@ def analyze_fleet(folder: Path) -> FleetAnalysis:
 
 def _fleet_exit(combined: Sequence[Combined], devices: Sequence[DeviceOutcome]) -> int:
     """As a campaign's, over the combined verdicts: 1 when any is NO-GO; 5 when no device
-    measured anything valid (each device's campaign ended 5, failed or never ran: nothing
+    measured anything valid (each device's run folder says so, or it never ran: nothing
     to decide on anywhere); 3 when any is open or a device's campaign gave nothing (a
-    fleet that did not run everywhere is no GO); 0 when every one is GO or none is
-    asked."""
+    fleet that did not run everywhere is no GO, and a device whose worker died may have
+    valid cells its `--resume` keeps); 0 when every one is GO or none is asked."""
     codes = [{GO: 0, NO_GO: 1}.get(c.verdict, 3) for c in combined]
     if 1 in codes:
         return EXIT_NO_GO
-    if devices and all(o.analysis is None or o.analysis.exit_status == EXIT_NO_MEASUREMENT
-                       for o in devices):
+    if devices and all(o.status == "not run" if o.analysis is None
+                       else o.analysis.exit_status == EXIT_NO_MEASUREMENT for o in devices):
         return EXIT_NO_MEASUREMENT
     if 3 in codes or any(o.analysis is None or o.status != "done" for o in devices):
         return EXIT_UNDECIDED

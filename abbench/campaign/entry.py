@@ -7,14 +7,16 @@ folder, so a resumed campaign is measured against the same reference.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from abbench.campaign.run_folder import read_first_probe, write_first_probe
+from abbench.errors import AbbenchError
 from abbench.records import EntryState, keys
 from abbench.sensors import Device, speed_probe
-from abbench.sensors.probe import ProbeWorker
+from abbench.sensors.probe import ProbeWorker, read_shell_probe, shell_probe_script
 
 
 def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bool) -> EntryState:
@@ -26,6 +28,16 @@ def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bo
         **{name: values.get(key) for key, name in keys.ENTRY_READINGS}, probe_index=probe_index,
         thermal_status=int(status) if status is not None else None, simulated=simulated,
     )
+
+
+def device_probe(device: Device) -> float | None:
+    """The shell probe's seconds on an adb/ssh device; None where it cannot be measured
+    there (then nothing is matched or gated on it)."""
+    try:
+        done = device.run(["sh", "-c", shell_probe_script()], timeout=60)
+    except (subprocess.TimeoutExpired, OSError, AbbenchError):
+        return None
+    return read_shell_probe(done.stdout) if done.returncode == 0 else None
 
 
 class SpeedIndex:
@@ -42,18 +54,25 @@ class SpeedIndex:
         """Take the reference of a campaign that already probed (a resume)."""
         self.first = read_first_probe(self.folder)
 
-    def index(self) -> float:
-        """first probe / this probe (the first one is written to the run folder)."""
+    def index(self) -> float | None:
+        """first probe / this probe (the first one is written to the run folder); None
+        where the probe cannot be measured on the device."""
         t = self._seconds()
+        if t is None:
+            return None
         if self.first is None:
             self.first = t
             write_first_probe(self.folder, t)
         return self.first / t
 
-    def _seconds(self) -> float:
+    def _seconds(self) -> float | None:
         """On a simulated device the probe runs for real in a child process that the device
         throttles like a cell: it sees the simulated caps and the host's own load, as a
-        real device's probe would (docs/sensors.md#the-simulated-device-simprofile)."""
+        real device's probe would (docs/sensors.md#the-simulated-device-simprofile). On an
+        adb/ssh device it runs in the device's shell (`shell_probe_script`): this
+        machine's speed says nothing of the device's."""
+        if self.device.kind in ("adb", "ssh"):
+            return device_probe(self.device)
         if not self.device.simulated:
             return speed_probe()
         if self._worker is None:

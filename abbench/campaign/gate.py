@@ -36,12 +36,13 @@ def unmet(spec: GateSpec, values: dict[str, Any], probe_index: float | None) -> 
             hw = values.get(keys.hw_max_khz(policy))
             if hw is not None and cap < hw:
                 why.append(f"{policy} capped at {cap / 1e3:.0f} of {hw / 1e3:.0f} MHz")
-    if spec.probe_min is not None and probe_index is not None and probe_index < spec.probe_min:
+    if spec.probe_min is not None and probe_index is not None \
+            and probe_index < spec.probe_min:
         why.append(f"speed probe {probe_index:.3f} < {spec.probe_min:g}")
     return why
 
 
-def wait_for_gate(spec: GateSpec, device: Device, probe: Callable[[], float],
+def wait_for_gate(spec: GateSpec, device: Device, probe: Callable[[], float | None],
                   report: Callable[[str], None], time_scale: float = 1.0) -> GateWait:
     """Poll until ready or `timeout_s`. The spec's times are device seconds (`time_scale`
     of them per wall second on a simulated device); the recorded `waited_s` is wall time,

@@ -47,10 +47,12 @@ class CellResult:
     error: str | None = None
 
 
-def read_result(cfg: LaunchedConfig, out: Path, device: Device) -> CellResult:
-    """Read and judge the output of a cell whose process exited with status 0."""
+def read_result(cfg: LaunchedConfig, out: Path, device: Device,
+                there: str | None = None) -> CellResult:
+    """Read and judge the output of a cell whose process exited with status 0 (`there`:
+    its folder on an adb/ssh device, where a relative output path starts)."""
     try:
-        summary, fingerprint = read_cell_output(cfg, out, device)
+        summary, fingerprint = read_cell_output(cfg, out, device, there)
     except AbbenchError as e:
         return CellResult(error=e.message)
     except Exception as e:  # noqa: BLE001 — garbage output must not end the campaign
@@ -62,7 +64,7 @@ def read_result(cfg: LaunchedConfig, out: Path, device: Device) -> CellResult:
 
 
 def read_cell_output(
-    cfg: LaunchedConfig, out: Path, device: Device
+    cfg: LaunchedConfig, out: Path, device: Device, there: str | None = None
 ) -> tuple[dict[str, Any], str | None]:
     if isinstance(cfg, EmbeddedConfig):
         return read_engine_json(out / "summary.json")
@@ -75,6 +77,8 @@ def read_cell_output(
         if summary is None:
             raise CellOutputError("no `generation:` line in the command's stdout")
         return summary, None
+    if there is not None and not where.startswith("/"):
+        where = f"{there}/{where}"
     text = _fetch(where, device)
     if kind == "json":
         (out / "summary.json").write_text(text, encoding="utf-8")

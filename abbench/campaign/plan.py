@@ -39,7 +39,7 @@ from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError, CampaignFileError
 from abbench.records import DecisionSpec, GateSpec, MatchSpec, Plan, PlannedCell, Sequential
 from abbench.records.cell_config import CellConfig, EmbeddedConfig, ExternalConfig, LlamaConfig
-from abbench.records.plan import SLICE_TOKENS, SLICES
+from abbench.records.plan import SLICE_TOKENS, SLICES, RemoteSpec
 from abbench.records.toml import KeyLines
 from abbench.sim.profile import load_profile
 from abbench.textsafe import shown
@@ -139,6 +139,8 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
         sequential=sequential, planned_cells=len(cells) if sequential else None,
         interleave=c.interleave,
         slice_tokens=(c.slice_tokens or SLICE_TOKENS) if paired else None,
+        remote=(RemoteSpec(spec.device.remote_folder(), spec.device.abbench_argv)
+                if spec.device.transport.startswith(("adb:", "ssh:")) else None),
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -128,7 +129,7 @@ def resolve_cell(name: str, layers: dict[str, Layer], workload: WorkloadTable, f
                  f"and external (`{k}`)", tip="drop `engine = \"embedded\"` to run the "
                  "command, or drop `command`/`output` to run the engine")
     return cell(config=_engine_config(name, merged, workload, folder, home, at_home,
-                                      headers))
+                                      headers, remote=not _on_host(transport)))
 
 
 def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, folder: Path,
@@ -149,7 +150,7 @@ def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, fo
     values.update({k: (v, ("workload", k)) for k, v in workload.settings.items()
                    if k in LLAMA_KEYS})
     values.update({k: v for k, v in merged.items() if k in LLAMA_KEYS})
-    on_host = not transport.startswith(("adb:", "ssh:"))
+    on_host = _on_host(transport)
     model, at = values["model"]
     if on_host:
         model = _model(model, at, folder)
@@ -178,19 +179,25 @@ def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, fo
     return cell
 
 
+def _on_host(transport: str) -> bool:
+    return not transport.startswith(("adb:", "ssh:"))
+
+
 def _engine_config(name: str, merged: Layer, workload: WorkloadTable, folder: Path,
-                   home: Key, at_home: Key, headers: ModelHeaders) -> EngineConfig:
+                   home: Key, at_home: Key, headers: ModelHeaders,
+                   remote: bool = False) -> EngineConfig:
     """An embedded cell's configuration: `[workload]` under the cell's own keys, checked by
     the engine's own rules and against what it would reject only in the cell, once it read
     the model (`model_check`: a model it cannot read, a prompt id outside the vocabulary, a
     context or top-k the model does not have); every problem names the key that set the
-    value."""
+    value. On a `remote` device a model file is a path there, read only there (a
+    synthetic model is checked from its definition, not against this machine's memory)."""
     values: Layer = {"model": (workload.model, ("workload", "model"))}
     values.update({k: (v, ("workload", k)) for k, v in CELL_DEFAULTS.items()})
     values.update({k: (v, ("workload", k)) for k, v in workload.settings.items()})
     values.update({k: v for k, v in merged.items() if k in ENGINE_KEYS})
     model, at = values["model"]
-    values["model"] = (_model(model, at, folder), at)
+    values["model"] = (_remote_model(model, at) if remote else _model(model, at, folder), at)
     kwargs = {ENGINE_KEYS[k]: v for k, (v, _) in values.items()}
     try:
         config = EngineConfig(**kwargs)
@@ -203,10 +210,14 @@ def _engine_config(name: str, merged: Layer, workload: WorkloadTable, folder: Pa
             where = values[k][1] if k in values else (*home, k)
             fail(where, f"must be {must} (got {show(values[k][0])})")
     # What the engine would reject in the cell, found now.
+    if remote and not config.model.startswith("synthetic:"):
+        return config
     try:
         facts = headers.facts(config.model)
     except AbbenchError as e:  # an unknown synthetic preset, a file the engine cannot read
         fail(values["model"][1], e.message, e.tip)
+    if remote:
+        facts = replace(facts, memory=None)
     for key, problem, tip in cell_problems(config, facts):
         where = values[key][1] if key in values else (*home, key)
         fail(where, problem + (f" (resolving cell `{name}`)" if where[:2] != home else ""),
@@ -228,6 +239,18 @@ def _engine_problem(e: ConfigError, name: str, values: Layer, home: Key,
             problem += f" (resolving cell `{name}`)"
         fail(where, problem, e.tip)
     fail((*home, key), problem, e.tip, at=at_home)
+
+
+def _remote_model(value: str, at: Key) -> str:
+    """A model of a cell on an adb/ssh device: a synthetic one (built there), or the
+    absolute path of a file there (not looked for here)."""
+    if value.startswith("synthetic:"):
+        return _model(value, at, Path("/"))
+    if not value.startswith("/"):
+        fail(at, f"{show(value)} is not an absolute path: the model of a cell on an adb/ssh "
+             "device is a file on the device", tip="the .gguf file's absolute path on the "
+             "device, or `synthetic:PRESET` (built there)")
+    return os.path.normpath(value)
 
 
 def _model(value: str, at: Key, folder: Path) -> str:

@@ -49,6 +49,7 @@ from abbench.campaign.interleave import Arm, InterleavedPair, turn_argv
 from abbench.campaign.output import CellResult, read_result
 from abbench.campaign.plan import planned_cells
 from abbench.campaign.recovery import repair
+from abbench.campaign.remote import ENGINE_FILES, RemoteCell, RemoteRun
 from abbench.campaign.run_folder import Prepare, create_run_folder, write_plan, write_status
 from abbench.campaign.sentinels import append_sentinel, resend_sentinels
 from abbench.campaign.sequential import LookFn, fits, fraction, interleaved_round, next_round
@@ -101,6 +102,9 @@ class CampaignRun:
         self._child = CellChild(device)
         self._pair = InterleavedPair(device, self._tag)
         self.speed = SpeedIndex(folder, device, opts.python)
+        # An adb/ssh device's cells run in folders there, their processes killed there.
+        self.remote = (RemoteRun(device, plan.remote, folder.name)
+                       if plan.remote is not None and not device.on_host else None)
 
     # -- sampler sink (sampler thread) ---------------------------------------------
 
@@ -132,10 +136,16 @@ class CampaignRun:
 
     def _run(self) -> int:
         todo = self._reopen()
-        # A synthetic model not built yet is built now, not by the first cell using it.
+        # A synthetic model not built yet is built now, not by the first cell using it;
+        # on an ssh device there, by the abbench there, once its version is checked.
+        models = [c.config.model for c in todo
+                  if isinstance(c.config, EmbeddedConfig) and c.config.model]
         try:
-            prepare_models([c.config.model for c in todo
-                            if isinstance(c.config, EmbeddedConfig) and c.config.model])
+            if self.remote is None:
+                prepare_models(models)
+            elif models:
+                self.remote.check_abbench()
+                self.remote.build_models(m for m in models if m.startswith("synthetic:"))
         except AbbenchError as e:
             write_status(self.folder, "failed", e.message)
             raise
@@ -143,6 +153,9 @@ class CampaignRun:
         view = CampaignView(self.plan, self.device, live=self.opts.live)
         try:
             self._loop(todo, view)
+        except Interrupted as e:  # the device went away
+            write_status(self.folder, "interrupted", e.message)
+            raise
         except KeyboardInterrupt:
             self._child.kill()
             self._pair.kill()
@@ -191,6 +204,10 @@ class CampaignRun:
         journal lines; returns when it ended."""
         cell = run[0]
         fault("before-cell")
+        if self.remote is not None:  # what earlier cells left there, before the entry state
+            note = self.remote.sweep_note(cell.label)
+            if note:
+                view.note(note)
         if last_end is not None and self.plan.spacing_s > 0:
             view.phase(cell, f"spacing {self.plan.spacing_s:g} s"
                        + (f" (simulated: {self.plan.spacing_s / scale:.3g} s)"
@@ -211,7 +228,21 @@ class CampaignRun:
             view.finished(c, record)
             append_sentinel(self.opts.sentinels_dir, self.device, self.plan, self.folder, c,
                             record)
+        if self.remote is not None and any(r.status != "ok" for r in records):
+            self._stop_if_lost()
         return time.monotonic()
+
+    def _stop_if_lost(self) -> None:
+        """After a cell failed on an adb/ssh device: a device that no longer answers
+        stops the campaign (every cell left would fail the same way, and the failures
+        would be read as the configurations' own); `--resume` goes on once it is back."""
+        lost = self.device.unreachable()
+        if lost is not None:
+            raise Interrupted(
+                f"stopped: {lost}; {len(read_journal(self.folder))} of "
+                f"{len(self.plan.cells)} cells are in {self.folder / 'journal.jsonl'}",
+                tip=f"once the device answers again: abbench campaign --resume {self.folder}",
+                folder=self.folder)
 
     # -- sequential rounds -----------------------------------------------------------
 
@@ -277,20 +308,26 @@ class CampaignRun:
         view.phase(cell, "running")
         # Before the clock starts: a llama.cpp cell's synthetic model is built here. Where
         # nothing starts (`argv` None), nothing below reads `launched`.
+        there = self.remote.cell(cell.label) if self.remote is not None else None
         try:
             launched = launched_config(cell.config)
-            argv: list[str] | None = cell_argv(launched, self.opts.python, out, self.device)
+            argv: list[str] | None = cell_argv(
+                launched, self.opts.python, out, self.device, there,
+                self.plan.remote.abbench if self.plan.remote is not None else ("abbench",))
         except AbbenchError as e:
             argv, not_started = None, ChildExit("failed", None, e.message)
         t0w, t0m = time.time(), time.monotonic()
         try:
-            ended = (self._child.run(argv, out, launched.timeout_s) if argv is not None
+            ended = (self._child.run(argv, out, launched.timeout_s, there) if argv is not None
                      else not_started)
         finally:
             self._tag(None)
         span = (t0w, time.time(), t0m, time.monotonic())
+        if there is not None and ended.status == "ok" and isinstance(launched, EmbeddedConfig):
+            lost = there.pull_into(out, ENGINE_FILES)
+            ended = ChildExit("failed", ended.exit_code, lost) if lost else ended
         return self._record(cell, launched if argv is not None else None, ended, span,
-                            entry, gate)
+                            entry, gate, there)
 
     def _run_pair(self, run: tuple[PlannedCell, ...], entry: EntryState, gate: GateWait,
                   view: CampaignView) -> list[CellRecord]:
@@ -329,11 +366,12 @@ class CampaignRun:
 
     def _record(self, cell: PlannedCell, launched: LaunchedConfig | None, ended: ChildExit,
                 span: tuple[float, float, float, float], entry: EntryState,
-                gate: GateWait) -> CellRecord:
+                gate: GateWait, there: RemoteCell | None = None) -> CellRecord:
         """The journal's line for a cell whose process ended, its output read and judged;
         `span`: its wall start and end, then its monotonic start and end."""
         out = self.folder / "cells" / cell.label
-        result = (read_result(launched, out, self.device)
+        result = (read_result(launched, out, self.device,
+                              there.folder if there is not None else None)
                   if ended.status == "ok" and launched is not None else CellResult())
         status, error = ((ended.status, ended.error) if result.error is None
                          else ("failed", result.error))

@@ -136,15 +136,19 @@ class CampaignSpec:
                     fail(("decision", i, role), f"cell `{name}` is not in `campaign.order`",
                          tip="add it to `order`: a decision needs both cells in the plan")
         transport = self.device.transport
-        if transport.startswith(("adb:", "ssh:")):
+        if transport.startswith("adb:"):
             for name, cell in self.cells.items():
                 if cell.engine == "embedded":
-                    # The embedded engine runs on this machine: its cell would be timed
-                    # here while the sampler reads the other device's caps and temperatures.
-                    fail(("cells", name), f"is an embedded cell, which runs on this machine, "
-                         f"not on `{transport}`", tip="on an adb:/ssh: device a cell runs "
-                         'the engine there: `command = [...]` with `output = "bmoe-csv:PATH"` '
-                         "(docs/cells.md, External cells)")
+                    # abbench (Python, numpy, gguf) is not what an Android shell has.
+                    fail(("cells", name), f"is an embedded cell: abbench's engine runs on "
+                         f"this machine or an ssh: host, not on `{transport}`",
+                         tip="on an adb: device a cell runs the engine there: `command = "
+                         '[...]` with `output = "bmoe-csv:PATH"` (docs/cells.md, External '
+                         "cells)")
+        if transport.startswith(("adb:", "ssh:")) and self.campaign.interleave == SLICES:
+            fail(("campaign", "interleave"), f'"{SLICES}" runs two engines on this machine '
+                 f"taking turns: not on `{transport}`", tip='interleave = "cells" (the '
+                 "default) on a remote device")
         warmup = self.campaign.warmup_tokens
         for cell in self.cells.values():
             if cell.config is not None and warmup >= cell.config.n_tokens:

@@ -154,6 +154,10 @@ class DeviceTable:
     transport: str = "local"  # local | adb:SERIAL | ssh:HOST | sim:PROFILE
     sample_hz: float = 2.0
     root: str = "/"  # where the sensor readers look (a fixture tree in tests)
+    # adb/ssh devices only: the command that runs abbench there (an embedded cell's
+    # engine), and the folder the cells' own folders are made in there.
+    abbench: str | tuple[str, ...] = "abbench"
+    remote_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not _TRANSPORT.match(self.transport):
@@ -162,6 +166,26 @@ class DeviceTable:
         in_range("sample_hz", 0 < self.sample_hz <= 50, "in (0, 50] Hz", self.sample_hz)
         if not self.root:
             fail(("root",), "must not be empty")
+        if not self.abbench_argv or not all(self.abbench_argv):
+            fail(("abbench",), "must name a command",
+                 tip='the path of abbench on the device, e.g. "/home/me/.venv/bin/abbench", '
+                 'or a command line: ["python3", "-m", "abbench"]')
+        if self.remote_dir is not None and not self.remote_dir.startswith("/"):
+            fail(("remote_dir",), f"{show(self.remote_dir)} is not an absolute path",
+                 tip='a folder on the device, e.g. "/tmp/abbench"')
+
+    @property
+    def abbench_argv(self) -> tuple[str, ...]:
+        return (self.abbench,) if isinstance(self.abbench, str) else self.abbench
+
+    def remote_folder(self) -> str:
+        """Where the cells' folders are made on an adb/ssh device: `remote_dir`, else the
+        device's usual scratch folder (Android's shell may write only under
+        /data/local/tmp)."""
+        if self.remote_dir is not None:
+            return self.remote_dir.rstrip("/") or "/"
+        return "/data/local/tmp/abbench" if self.transport.startswith("adb:") \
+            else "/tmp/abbench"
 
 
 @dataclass(frozen=True)

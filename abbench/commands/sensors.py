@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from typing import Any, TextIO
 
+from abbench import __version__
+from abbench.campaign.entry import device_probe
+from abbench.campaign.remote import abbench_there
 from abbench.commands.args import number
 from abbench.sensors.device import Device, thermal_gaps
-from abbench.sensors.probe import speed_probe
+from abbench.sensors.probe import SHELL_LOOP_ITERATIONS, speed_probe
 from abbench.sim import open_device
 from abbench.textsafe import shown
 
@@ -44,6 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help=f"readings to print, {SAMPLE_SPACING_S:g} s apart, each as it is "
                    f"taken (default 1, at most {MAX_SAMPLES}: an hour; a campaign records "
                    "longer)")
+    p.add_argument("--abbench", default="abbench", metavar="CMD",
+                   help="adb/ssh: the command that runs abbench on the device, whose "
+                   "version is shown (default: abbench on the device's PATH; a campaign's "
+                   "`[device] abbench`)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document (exposes, samples, probe) instead")
     p.set_defaults(func=run)
@@ -52,6 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def run(args: argparse.Namespace) -> int:
     device = open_device(args.transport, args.root)
     rows = device.describe()
+    if device.kind in ("adb", "ssh"):  # what an embedded cell there needs
+        rows.append(("abbench", _abbench_row(device, shlex.split(args.abbench))))
     out = None if args.json else sys.stdout
     if out is not None:
         render_exposes(rows, out)
@@ -63,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         if out is not None:  # each reading as it comes: a long --samples shows progress
             render_reading(device, samples[-1], i + 1, args.samples, out)
             out.flush()
-    probe = speed_probe(PROBE_REPS) if device.kind == "local" else None
+    probe = (speed_probe(PROBE_REPS) if device.kind == "local"
+             else device_probe(device) if device.kind in ("adb", "ssh") else None)
     if out is None:
         doc = {"device": device.name, "transport": device.transport,
                "simulated": device.simulated, "exposes": dict(rows), "samples": samples,
@@ -74,6 +85,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         render_summary(device, samples[-1], probe, out)
     return 0
+
+
+def _abbench_row(device: Device, abbench: list[str]) -> str:
+    version, said = abbench_there(device, tuple(abbench))
+    shown = shlex.join(abbench)
+    if version is None:
+        return f"not runnable as `{shown}` ({said}): embedded cells cannot run there"
+    if version != __version__:
+        return f"{version} ({shown}); this one is {__version__}: embedded cells refused"
+    return f"{version} ({shown}), as this one: embedded cells can run there"
 
 
 def _fmt(value: Any) -> str:
@@ -106,9 +127,17 @@ def render_summary(device: Device, last: dict[str, Any], probe: float | None,
         out.write(f"\nmissing: {' and '.join(gaps)}. A campaign on this device cannot see "
                   "frequency caps or heat directly; the speed probe is the only thermal "
                   "signal (its index falls when the CPU slows down).\n")
-    if probe is not None:
+    if probe is not None and device.kind in ("adb", "ssh"):
+        out.write(f"\nspeed probe: {probe * 1e3:.1f} ms (the device's shell loop of "
+                  f"{SHELL_LOOP_ITERATIONS} steps timed there, min of 3 repetitions; a "
+                  "campaign reports first probe / this probe)\n")
+    elif probe is not None:
         out.write(f"\nspeed probe: {probe * 1e3:.1f} ms (fixed workload, min of {PROBE_REPS} "
                   "repetitions; a campaign reports first probe / this probe)\n")
+    elif device.kind in ("adb", "ssh"):
+        out.write("\nspeed probe: not measured (the device's `date` gives no nanoseconds, or "
+                  "its shell did not answer): a campaign there matches and gates without "
+                  "it\n")
     else:
         out.write("\nspeed probe: not run (it measures the machine running abbench, not a "
                   f"{device.kind} device)\n")

@@ -51,6 +51,22 @@ class GateSpec:
 
 
 @dataclass(frozen=True)
+class RemoteSpec:
+    """Where an adb/ssh device's cells live there: `folder`, under which each cell has a
+    folder of its own (its outputs, its pid), and the command that runs abbench on the
+    device (an embedded cell's engine; `abbench --version` checks it)."""
+
+    folder: str
+    abbench: tuple[str, ...] = ("abbench",)
+
+    def __post_init__(self) -> None:
+        if not self.folder.startswith("/") or "\x00" in self.folder:
+            raise BadField("remote.folder", f"is {show(self.folder)}: not an absolute path")
+        if not self.abbench or not all(self.abbench):
+            raise BadField("remote.abbench", "is empty: a command line to run abbench")
+
+
+@dataclass(frozen=True)
 class MatchSpec:
     """`[match]`: the entry-state tolerances two cells must meet to be compared, as a plan
     records them; cells.toml's [match] table (which checks the ranges) extends this."""
@@ -181,6 +197,7 @@ class Plan:
     order_known: bool = True
     interleave: str = CELLS  # SLICES: cells run in the pairs `interleaved_with` names
     slice_tokens: int | None = None  # with SLICES: decode tokens per turn
+    remote: RemoteSpec | None = None  # an adb/ssh device's cells: where they live there
 
     def to_json(self) -> dict[str, Any]:
         # field by field, not `asdict`: its deep copy of every cell is what an import of
@@ -194,6 +211,10 @@ class Plan:
         d["looks"] = [x.to_json() for x in self.looks]
         if self.interleave == CELLS:  # plans before it stay byte-identical
             del d["interleave"], d["slice_tokens"]
+        if self.remote is None:
+            del d["remote"]
+        else:
+            d["remote"] = asdict(self.remote)
         return d
 
     def pairs(self) -> list[tuple[PlannedCell, PlannedCell]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import abbench.sensors.host as host
 import abbench.sensors.readers as readers
-from abbench.errors import UsageError
+from abbench.errors import AbbenchError, UsageError
 from abbench.records import keys
 from abbench.sensors.android import (
     THERMAL_STATUS,
@@ -290,6 +290,22 @@ class Device:
         Popen of their own (streaming output, their own kill): `argv` itself locally,
         `adb -s SERIAL shell QUOTED` or `ssh -o BatchMode=yes HOST QUOTED` remotely."""
         return self._transport.command(argv)
+
+    def shell(self, script: str) -> list[str]:
+        """The local argument list that runs `script` with the device's `sh -c`."""
+        return self._transport.shell(script)
+
+    def unreachable(self) -> str | None:
+        """Why an adb/ssh device cannot be reached now (its `check`), None where it can
+        (and for a device on this machine)."""
+        check = getattr(self._transport, "check", None)
+        if check is None:
+            return None
+        try:
+            check()
+        except AbbenchError as e:
+            return e.message
+        return None
 
 
 def _describe_cpufreq(v: dict[str, Any], how: str | None) -> str:

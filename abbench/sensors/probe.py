@@ -22,6 +22,10 @@ import time
 import numpy as np
 
 LOOP_ITERATIONS = 200_000
+# The probe of an adb or ssh device runs in its own shell (no Python there): an arithmetic
+# loop of the device's `sh`, timed there by `date +%s%N` so that the connection's latency
+# is not in it; about 30-60 ms a repetition in dash on a current x86 core.
+SHELL_LOOP_ITERATIONS = 50_000
 ARRAY_LEN = 1 << 18          # 2 MiB of float64: larger than L2 on phones, fits L3 on x86
 ARRAY_PASSES = 4
 
@@ -58,6 +62,25 @@ def speed_probe(reps: int = 5, min_rep_s: float = 0.0) -> float:
                 break
         best = min(best, elapsed / units)
     return best
+
+
+def shell_probe_script(reps: int = 3) -> str:
+    """The device's shell probe: one line per repetition, its nanoseconds."""
+    loop = f'i=0; while [ "$i" -lt {SHELL_LOOP_ITERATIONS} ]; do i=$((i + 1)); done'
+    return (f"for r in {' '.join(str(r) for r in range(reps))}; do t0=$(date +%s%N); "
+            f"{loop}; t1=$(date +%s%N); echo $((t1 - t0)); done")
+
+
+def read_shell_probe(text: str) -> float | None:
+    """Seconds of the fastest repetition `shell_probe_script` printed; None where the
+    device's `date` has no nanoseconds (busybox without %N) or nothing sensible came back:
+    the probe is then not measured on that device."""
+    try:
+        values = [int(line) for line in text.split()]
+    except ValueError:
+        return None
+    good = [v for v in values if 0 < v < 60_000_000_000]
+    return min(good) / 1e9 if good and len(good) == len(values) else None
 
 
 class ProbeWorker:

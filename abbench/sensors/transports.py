@@ -26,8 +26,13 @@ from abbench.sensors.tree import LocalTree, Tree, batch_script, parse_batch
 SNAPSHOT_SCRIPT = batch_script(REMOTE_GLOBS, DUMPSYS)
 SNAPSHOT_TIMEOUT_S = 10.0
 CHECK_TIMEOUT_S = 15.0
-
-
+# Never a password prompt; a host that stops answering (a phone off the network, sshd
+# gone) ends the call in about 30 s instead of leaving it open for the TCP timeout.
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ServerAliveInterval=10",
+               "-o", "ServerAliveCountMax=3")
+# An ssh client configuration of the campaign's own (`ssh -F PATH`): host aliases, ports
+# and keys that are not in ~/.ssh/config (a lab's shared file; the tests' own server).
+SSH_CONFIG_ENV = "ABBENCH_SSH_CONFIG"
 
 
 class Transport(Protocol):
@@ -40,6 +45,8 @@ class Transport(Protocol):
     def command(self, argv: Sequence[str]) -> list[str]: ...
 
     def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]: ...
+
+    def shell(self, script: str) -> list[str]: ...
 
 
 class LocalTransport:
@@ -61,6 +68,9 @@ class LocalTransport:
     def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.command(argv), capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+
+    def shell(self, script: str) -> list[str]:
+        return ["sh", "-c", script]
 
 
 def check_name(kind: str, name: str) -> str:
@@ -94,6 +104,11 @@ class _RemoteShell:
 
     def command(self, argv: Sequence[str]) -> list[str]:
         return self.shell_argv(shlex.join(argv))
+
+    def shell(self, script: str) -> list[str]:
+        """The local argv that runs `script` with the device's POSIX `sh` (a login shell
+        may be another: fish)."""
+        return self.shell_argv(shlex.join(["sh", "-c", script]))
 
     def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
         return self._exec(self.command(argv), timeout)
@@ -137,7 +152,8 @@ class AdbTransport(_RemoteShell):
 
 
 class SshTransport(_RemoteShell):
-    """A Linux host: `ssh -o BatchMode=yes HOST COMMAND` (never prompts for a password)."""
+    """A Linux host: `ssh -o BatchMode=yes HOST COMMAND` (never prompts for a password;
+    `-F $ABBENCH_SSH_CONFIG` where that is set)."""
 
     kind = "ssh"
 
@@ -146,7 +162,8 @@ class SshTransport(_RemoteShell):
         self.spec = f"ssh:{host}"
 
     def shell_argv(self, command: str) -> list[str]:
-        return ["ssh", "-o", "BatchMode=yes", self.host, command]
+        config = os.environ.get(SSH_CONFIG_ENV)
+        return ["ssh", *(("-F", config) if config else ()), *SSH_OPTIONS, self.host, command]
 
     def snapshot_command(self) -> str:
         # The remote login shell may not be POSIX (fish): hand the script to sh explicitly.

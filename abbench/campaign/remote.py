@@ -1,0 +1,251 @@
+"""A cell on an adb or ssh device: its folder there, its processes, what comes back.
+
+A run has a folder on the device (`RemoteSpec.folder` / the run folder's name) and each
+cell a folder in it, emptied before the cell starts: an output a cell writes there can
+never be the previous cell's. The cell's command runs in that folder under a small `sh`
+wrapper that records the process's pid, its process group and its start time in `pid`
+and removes the file when the command returns, passing the command's own exit status on
+(ssh returns it as its own; a wrapper that ended in `cat` used to hide it).
+
+Killing the local `ssh`/`adb` client does not stop what it started: without a terminal
+the remote command outlives its connection. So on a timeout, an interrupt, and before
+every cell (`sweep`: what a lost connection or a killed campaign left), the process
+group each remaining `pid` file names is killed there with SIGKILL and its absence
+checked there; a cell whose process would not go says so. The start time guards against
+a pid the kernel has since given to another process.
+
+An embedded cell's engine writes its summary, tokens and route trace into the cell's
+folder there; `pull` brings them back into the cell's folder here in one call.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from abbench import __version__
+from abbench.errors import CellOutputError, UsageError
+from abbench.records.plan import RemoteSpec
+from abbench.sensors import Device
+
+PID_FILE = "pid"
+ENGINE_FILES = ("summary.json", "tokens.csv", "route.csv")
+KILL_TIMEOUT_S = 30.0
+PULL_TIMEOUT_S = 120.0
+# A process's group and start time from /proc/PID/stat, whose second field (the command
+# name, in parentheses) may hold spaces: the fields after the last `)` (state, ppid,
+# pgrp, ..., starttime the 20th).
+_STAT = "sed 's/.*) //' /proc/{pid}/stat | cut -d' ' -f{fields}"
+# Shells and daemons a group may be led by that are not the cell's own: adbd or sshd
+# (a device whose shell does not start a session per command) are never killed.
+_KEEP = "adbd|sshd|init|systemd"
+
+# Kill what every `pid` file in "$@" records, and wait (5 s at most) until it is gone (a
+# zombie is gone: its parent, killed too, leaves it to be reaped); prints `alive PID` for
+# each process that would not go.
+_SWEEP = r"""
+running() {
+  [ -r /proc/"$1"/stat ] || return 1
+  set -- $(sed 's/.*) //' /proc/"$1"/stat | cut -d' ' -f1,20) "$2"
+  [ "$1" != Z ] && [ "$2" = "$3" ]
+}
+own=$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f3)
+for f in "$@"; do
+  [ -r "$f" ] || continue
+  read -r p g s < "$f" || continue
+  if running "$p" "$s"; then
+    case "$(cat /proc/"$g"/comm 2>/dev/null)" in
+      KEEP) ;;
+      *) [ "$g" -gt 1 ] && [ "$g" != "$own" ] && kill -KILL -"$g" 2>/dev/null ;;
+    esac
+    pkill -KILL -P "$p" 2>/dev/null
+    kill -KILL "$p" 2>/dev/null
+    i=0
+    while running "$p" "$s" && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    if running "$p" "$s"; then echo "alive $p"; continue; fi
+  fi
+  rm -f "$f"
+done
+""".replace("KEEP", _KEEP)
+
+
+@dataclass(frozen=True)
+class RemoteRun:
+    """A campaign's run on an adb/ssh device: `folder` there holds its cells' folders."""
+
+    device: Device
+    spec: RemoteSpec
+    run_name: str
+
+    @property
+    def folder(self) -> str:
+        return f"{self.spec.folder.rstrip('/')}/{self.run_name}"
+
+    def cell(self, label: str) -> RemoteCell:
+        return RemoteCell(self.device, f"{self.folder}/{label}")
+
+    def sweep(self) -> list[str]:
+        """Kill whatever a cell of this run left running on the device (a lost connection,
+        a killed campaign); returns the pids that would not go."""
+        glob = f"{shlex.quote(self.folder)}/*/{PID_FILE}"
+        return _sweep(self.device, glob)
+
+    def sweep_note(self, label: str) -> str | None:
+        """`sweep` before cell `label`, as a line for the campaign's notes where something
+        is wrong (None: nothing was left, or all of it is gone)."""
+        try:
+            alive = self.sweep()
+        except CellOutputError as e:  # the cell itself will fail on the same connection
+            return f"{label}: leftovers on {self.device.name} not checked: {e.message}"
+        if alive:
+            return (f"{label}: {len(alive)} process(es) of earlier cells would not stop on "
+                    f"{self.device.name}: {' '.join(alive)}")
+        return None
+
+    def check_abbench(self) -> str:
+        """`abbench --version` on the device: its version, or a UsageError saying why it
+        cannot run an embedded cell (none there, another version)."""
+        return check_abbench(self.device, self.spec.abbench)
+
+    def build_models(self, models: Iterable[str]) -> None:
+        """Each synthetic model built on the device now (its own cache), not by the first
+        cell that uses it."""
+        for model in sorted(set(models)):
+            try:
+                done = self.device.run([*self.spec.abbench, "model", "info", model], 1800)
+            except subprocess.TimeoutExpired:
+                raise UsageError(f"{self.device.name}: building {model} there took more than "
+                                 "30 minutes") from None
+            if done.returncode != 0:
+                raise UsageError(f"{self.device.name}: cannot build {model} there: "
+                                 f"{_last_line(done.stderr, done.returncode)}")
+
+
+@dataclass(frozen=True)
+class RemoteCell:
+    """One cell's folder on the device and the process its command runs as there."""
+
+    device: Device
+    folder: str
+
+    def launch(self, argv: list[str]) -> list[str]:
+        """The local argument list that runs `argv` on the device in the cell's folder
+        (made empty first), its pid recorded, its exit status passed on."""
+        d = shlex.quote(self.folder)
+        start = _STAT.format(pid="$$", fields="3,20")
+        script = (f"rm -rf {d} && mkdir -p {d} && cd {d} || exit 125\n"
+                  f"echo \"$$ $({start})\" > {PID_FILE}\n"
+                  f"{shlex.join(argv)}\nrc=$?\nrm -f {PID_FILE}\nexit $rc")
+        return self.device.shell(script)
+
+    def kill(self) -> str | None:
+        """Kill the cell's processes on the device; None once they are gone, else why not."""
+        try:
+            alive = _sweep(self.device, shlex.quote(f"{self.folder}/{PID_FILE}"))
+        except CellOutputError as e:
+            return e.message
+        return (f"its process {', '.join(alive)} on {self.device.name} would not stop"
+                if alive else None)
+
+    def pull(self, names: Iterable[str]) -> dict[str, bytes]:
+        """The cell's files `names` (those that exist) from its folder there, in one call."""
+        script = ("cd " + shlex.quote(self.folder) + " || exit 1\n"
+                  'for f in "$@"; do [ -f "$f" ] && printf "== %s %s\\n" "$f" "$(wc -c < "$f")"'
+                  ' && cat "$f"; done; exit 0')
+        argv = self.device.shell(f"set -- {shlex.join(list(names))}\n{script}")
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=PULL_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            raise CellOutputError(f"the cell's files did not come back from {self.device.name} "
+                                  f"in {PULL_TIMEOUT_S:g} s") from None
+        if done.returncode != 0:
+            why = _last_line(done.stderr.decode(errors="replace"), done.returncode)
+            raise CellOutputError(f"cannot read the cell's folder {self.folder} on "
+                                  f"{self.device.name}: {why}")
+        return _unpack(done.stdout)
+
+
+    def pull_into(self, out: Path, names: Iterable[str]) -> str | None:
+        """`pull` the files `names` into the cell's folder here; None, or why they did not
+        come back (the cell then failed: its result is not here)."""
+        try:
+            files = self.pull(names)
+        except CellOutputError as e:
+            return e.message
+        for name, data in files.items():
+            (out / name).write_bytes(data)
+        return None
+
+
+def _sweep(device: Device, pid_files: str) -> list[str]:
+    """`_SWEEP` over `pid_files` (a quoted path or glob, expanded there)."""
+    argv = device.shell(f"set -- {pid_files}\n{_SWEEP}")
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=KILL_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, check=False, errors="replace")
+    except subprocess.TimeoutExpired:
+        raise CellOutputError(f"{device.name} did not answer in {KILL_TIMEOUT_S:g} s: its "
+                              "processes could not be stopped") from None
+    if done.returncode != 0:
+        raise CellOutputError(f"cannot stop the cell's processes on {device.name}: "
+                              f"{_last_line(done.stderr, done.returncode)}")
+    return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("alive ")]
+
+
+_HEADER = re.compile(rb"== (.*?) +(\d+)\n")  # some wc pad the count
+
+
+def _unpack(data: bytes) -> dict[str, bytes]:
+    """`== NAME SIZE` then SIZE bytes, for each file `pull` printed."""
+    files: dict[str, bytes] = {}
+    at = 0
+    while at < len(data):
+        m = _HEADER.match(data, at)
+        if m is None:
+            raise CellOutputError("the cell's files came back garbled")
+        end = m.end() + int(m[2])
+        if end > len(data):
+            raise CellOutputError(f"{m[1].decode(errors='replace')} came back cut short")
+        files[m[1].decode(errors="replace")] = data[m.end():end]
+        at = end
+    return files
+
+
+def abbench_there(device: Device, abbench: tuple[str, ...]) -> tuple[str | None, str]:
+    """(the version `abbench --version` gives on the device, or None; what was said)."""
+    try:
+        done = device.run([*abbench, "--version"], 60)
+    except subprocess.TimeoutExpired:
+        return None, "no answer in 60 s"
+    except OSError as e:  # this machine's own shell: no such program
+        return None, e.strerror or str(e)
+    said = done.stdout.strip()
+    if done.returncode != 0 or not re.fullmatch(r"abbench \S+", said):
+        return None, _last_line(done.stderr, done.returncode)
+    return said.split()[1], said
+
+
+def check_abbench(device: Device, abbench: tuple[str, ...]) -> str:
+    """The version of abbench on the device, which must be this one's."""
+    shown = shlex.join(abbench)
+    tip = (f"install abbench {__version__} there (`pip install` this checkout), or set "
+           "`[device] abbench` to its path there")
+    version, said = abbench_there(device, abbench)
+    if version is None:
+        raise UsageError(f"{device.name} cannot run abbench (`{shown} --version`: {said})",
+                         tip=tip)
+    if version != __version__:
+        raise UsageError(f"{device.name} has abbench {version} ({shown}), this one is "
+                         f"{__version__}: an embedded cell there would not run this engine",
+                         tip=tip)
+    return version
+
+
+def _last_line(text: str, rc: int) -> str:
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else f"exit status {rc}"
