@@ -134,3 +134,37 @@ def test_the_abbench_there_must_be_this_version(tmp_path: Path) -> None:
         check_abbench(device, (str(old),))
     with pytest.raises(UsageError, match="cannot run abbench"):
         check_abbench(device, (str(tmp_path / "none"),))
+
+
+def test_prepare_runs_in_order_and_the_first_failure_names_itself(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    spec = RemoteSpec(str(tmp_path), prepare=(
+        ("sh", "-c", f"echo a >> {log}"), ("sh", "-c", "echo no such >&2; exit 7"),
+        ("sh", "-c", f"echo c >> {log}")))
+    device = open_device("local")
+    notes, why = RemoteRun(device, spec, "run-1").before_cell("01-a")
+    assert notes == [] and log.read_text() == "a\n"
+    assert why == ("`[device] prepare` command 2 (`sh -c 'echo no such >&2; exit 7'`) exited "
+                   f"with status 7 on {device.name}: no such")
+    ok = RemoteRun(open_device("local"), RemoteSpec(str(tmp_path), prepare=(("true",),)), "r")
+    assert ok.before_cell("01-a") == ([], None)
+
+
+def test_after_a_cell_its_files_come_back_and_cleanup_runs(tmp_path: Path) -> None:
+    there = tmp_path / "run-1" / "01-a"
+    (there / "logs").mkdir(parents=True)
+    (there / "x.metrics").write_text("free_mib=648\n")
+    (there / "logs" / "engine.log").write_text("bmoe: expert streaming ON\n")
+    (there / "other.txt").write_text("not asked for\n")
+    spec = RemoteSpec(str(tmp_path), pull=("*.metrics", "logs/*.log", "none*"),
+                      cleanup=(("sh", "-c", f"touch {tmp_path / 'cleaned'}"),))
+    out = tmp_path / "here"
+    out.mkdir()
+    assert RemoteRun(open_device("local"), spec, "run-1").after_cell("01-a", out) == []
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "device/logs/engine.log", "device/x.metrics"]
+    assert (out / "device" / "x.metrics").read_text() == "free_mib=648\n"
+    assert (tmp_path / "cleaned").exists()
+    failing = RemoteSpec(str(tmp_path), cleanup=(("false",),))
+    (note,) = RemoteRun(open_device("local"), failing, "run-1").after_cell("01-a", out)
+    assert note.startswith("01-a: `[device] cleanup` command 1 (`false`) exited with status 1")

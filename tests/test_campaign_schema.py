@@ -931,3 +931,35 @@ def test_an_interleaved_campaign_reads_back_from_its_resolved_toml(tmp_path: Pat
     # a campaign that does not interleave writes nothing of it: its file is as before
     plain = load_campaign(write(tmp_path, paired().replace('interleave = "slices"\n', "")))
     assert "\ninterleave = " not in resolved_toml(plain)
+
+
+@pytest.mark.parametrize(("device", "says"), [
+    ('transport = "local"\nprepare = [["sync"]]',
+     '`device.prepare`: applies to adb:/ssh: devices (this one is "local")'),
+    ('transport = "ssh:lab"\nprepare = [[]]', "`device.prepare[0]`: is empty"),
+    ('transport = "ssh:lab"\npull = ["../up.txt"]',
+     '`device.pull[0]`: "../up.txt" is not a file pattern in the cell\'s folder'),
+    ('transport = "ssh:lab"\npull = ["a b.log"]', '`device.pull[0]`: "a b.log" is not'),
+    ('transport = "adb:X"\ncleanup = [["rm", ""], []]', "`device.cleanup[1]`: is empty"),
+])
+def test_the_per_cell_commands_and_pulls_of_a_device_are_checked(tmp_path: Path, device: str,
+                                                                  says: str) -> None:
+    path = tmp_path / "cells.toml"
+    path.write_text(f'[campaign]\nname = "t"\n[device]\n{device}\n'
+                    '[cells.ext]\ncommand = ["true"]\n')
+    with pytest.raises(CampaignFileError) as e:
+        load_campaign(path)
+    assert says in str(e.value)
+
+
+def test_a_devices_commands_and_pulls_reach_the_plan(tmp_path: Path) -> None:
+    from abbench.campaign.plan import plan_campaign
+
+    path = tmp_path / "cells.toml"
+    path.write_text('[campaign]\nname = "t"\n[device]\ntransport = "adb:X"\n'
+                    'prepare = [["am", "force-stop", "com.example"], ["sync"]]\n'
+                    'pull = ["*.metrics"]\n[cells.ext]\ncommand = ["true"]\n')
+    remote = plan_campaign(load_campaign(path)).remote
+    assert remote is not None and remote.folder == "/data/local/tmp/abbench"
+    assert remote.prepare == (("am", "force-stop", "com.example"), ("sync",))
+    assert remote.pull == ("*.metrics",)

@@ -303,3 +303,35 @@ def test_llama_bench_cells_over_ssh(server: SshServer, tmp_path: Path,
     assert a.status == b.status == "ok", [a.error, b.error]
     assert a.tokens_per_s and b.tokens_per_s and a.fingerprint
     assert (folder_of(tmp_path) / "report.md").is_file()
+
+
+def test_prepare_pull_and_cleanup_around_each_cell(server: SshServer, tmp_path: Path) -> None:
+    """As the field's driver scripts do by hand: clean up before each cell, bring the
+    `.metrics` and the log back, a failing preparation failing its cell unrun."""
+    log, stop = tmp_path / "host-log", tmp_path / "stop"
+    writes = "echo free_mib=648 > a.metrics; echo ran >> engine.log"
+    cells = campaign_file(tmp_path, f"""
+        [cells.a]
+        command = ["sh", "-c", "{writes}; {GENERATION}"]
+
+        [cells.b]
+        base = "a"
+        """, device=textwrap.dedent(f"""\
+            remote_dir = "{tmp_path / "host"}"
+            prepare = [["sh", "-c", "echo prepare >> {log}; test ! -e {stop}"], ["sync"]]
+            cleanup = [["sh", "-c", "echo cleanup >> {log}; touch {stop}"]]
+            pull = ["*.metrics", "*.log", "missing/*"]
+            """))
+    p = run(cells, tmp_path)
+    folder = folder_of(tmp_path)
+    a, b = read_journal(folder)
+    assert a.status == "ok", a.error
+    assert (folder / "cells" / a.label / "device" / "a.metrics").read_text() == "free_mib=648\n"
+    assert (folder / "cells" / a.label / "device" / "engine.log").read_text() == "ran\n"
+    # a's cleanup left the mark b's preparation refuses: b fails, and is not run
+    assert b.status == "failed" and b.error is not None
+    assert b.error.startswith("`[device] prepare` command 1 (`sh -c ")
+    assert f"exited with status 1 on {HOST}: exit status 1" in b.error
+    assert log.read_text().split() == ["prepare", "cleanup", "prepare", "cleanup"]
+    assert not (folder / "cells" / b.label / "device").exists()
+    assert p.returncode in (0, 3), p.stderr

@@ -139,7 +139,8 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
         sequential=sequential, planned_cells=len(cells) if sequential else None,
         interleave=c.interleave,
         slice_tokens=(c.slice_tokens or SLICE_TOKENS) if paired else None,
-        remote=(RemoteSpec(spec.device.remote_folder(), spec.device.abbench_argv)
+        remote=(RemoteSpec(spec.device.remote_folder(), spec.device.abbench_argv,
+                           spec.device.prepare, spec.device.cleanup, spec.device.pull)
                 if spec.device.transport.startswith(("adb:", "ssh:")) else None),
     )
 

@@ -33,6 +33,8 @@ from abbench.records.plan import RemoteSpec
 from abbench.sensors import Device
 
 PID_FILE = "pid"
+PULLED = "device"  # the folder in a cell's folder here that `[device] pull` fills
+COMMANDS_TIMEOUT_S = 300.0
 ENGINE_FILES = ("summary.json", "tokens.csv", "route.csv")
 KILL_TIMEOUT_S = 30.0
 PULL_TIMEOUT_S = 120.0
@@ -106,6 +108,30 @@ class RemoteRun:
                     f"{self.device.name}: {' '.join(alive)}")
         return None
 
+    def before_cell(self, label: str) -> tuple[list[str], str | None]:
+        """Before cell `label` (and its entry state): what earlier cells left killed, then
+        `[device] prepare`. (notes for the campaign, why the cell cannot run or None)."""
+        note = self.sweep_note(label)
+        notes = [note] if note else []
+        if not self.spec.prepare:
+            return notes, None
+        why = _commands(self.device, self.spec.prepare)
+        return notes, (f"`[device] prepare` {why}" if why else None)
+
+    def after_cell(self, label: str, out: Path) -> list[str]:
+        """After cell `label`, whatever its end: `[device] pull` into `out/device`, then
+        `[device] cleanup`; notes for the campaign where either went wrong."""
+        notes = []
+        if self.spec.pull:
+            lost = self.cell(label).pull_into(out / PULLED, self.spec.pull, expand=True)
+            if lost:
+                notes.append(f"{label}: `[device] pull`: {lost}")
+        if self.spec.cleanup:
+            why = _commands(self.device, self.spec.cleanup)
+            if why:
+                notes.append(f"{label}: `[device] cleanup` {why}")
+        return notes
+
     def check_abbench(self) -> str:
         """`abbench --version` on the device: its version, or a UsageError saying why it
         cannot run an embedded cell (none there, another version)."""
@@ -151,12 +177,15 @@ class RemoteCell:
         return (f"its process {', '.join(alive)} on {self.device.name} would not stop"
                 if alive else None)
 
-    def pull(self, names: Iterable[str]) -> dict[str, bytes]:
-        """The cell's files `names` (those that exist) from its folder there, in one call."""
-        script = ("cd " + shlex.quote(self.folder) + " || exit 1\n"
+    def pull(self, names: Iterable[str], expand: bool = False) -> dict[str, bytes]:
+        """The cell's files `names` (those that exist) from its folder there, in one call;
+        `expand`: the names are patterns the device's shell expands (`[device] pull`,
+        checked to hold no space or quote)."""
+        listed = " ".join(names) if expand else shlex.join(list(names))
+        script = (f"cd {shlex.quote(self.folder)} || exit 1\nset -- {listed}\n"
                   'for f in "$@"; do [ -f "$f" ] && printf "== %s %s\\n" "$f" "$(wc -c < "$f")"'
                   ' && cat "$f"; done; exit 0')
-        argv = self.device.shell(f"set -- {shlex.join(list(names))}\n{script}")
+        argv = self.device.shell(script)
         try:
             done = subprocess.run(argv, capture_output=True, timeout=PULL_TIMEOUT_S,
                                   stdin=subprocess.DEVNULL, check=False)
@@ -170,16 +199,41 @@ class RemoteCell:
         return _unpack(done.stdout)
 
 
-    def pull_into(self, out: Path, names: Iterable[str]) -> str | None:
-        """`pull` the files `names` into the cell's folder here; None, or why they did not
-        come back (the cell then failed: its result is not here)."""
+    def pull_into(self, out: Path, names: Iterable[str], expand: bool = False) -> str | None:
+        """`pull` the files `names` into `out`; None, or why they did not come back."""
         try:
-            files = self.pull(names)
+            files = self.pull(names, expand)
         except CellOutputError as e:
             return e.message
         for name, data in files.items():
-            (out / name).write_bytes(data)
+            path = out / name
+            if ".." in Path(name).parts or path.is_absolute() and not expand:
+                continue  # only ever the cell's own folder's files
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
         return None
+
+
+def _commands(device: Device, commands: Iterable[tuple[str, ...]]) -> str | None:
+    """`commands` in turn on the device in one call, stopping at the first that fails;
+    None, or which one failed and why."""
+    listed = list(commands)
+    script = "\n".join(f'{shlex.join(argv)} >&2 || {{ echo "failed {i} $?"; exit 0; }}'
+                       for i, argv in enumerate(listed))
+    try:
+        done = subprocess.run(device.shell(script), capture_output=True, text=True,
+                              timeout=COMMANDS_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                              check=False, errors="replace")
+    except subprocess.TimeoutExpired:
+        return f"did not finish in {COMMANDS_TIMEOUT_S:g} s on {device.name}"
+    failed = [line.split() for line in done.stdout.splitlines() if line.startswith("failed ")]
+    if failed:
+        i, status = int(failed[0][1]), failed[0][2]
+        return (f"command {i + 1} (`{shlex.join(listed[i])}`) exited with status {status} on "
+                f"{device.name}: {_last_line(done.stderr, int(status))}")
+    if done.returncode != 0:
+        return f"could not run on {device.name}: {_last_line(done.stderr, done.returncode)}"
+    return None
 
 
 def _sweep(device: Device, pid_files: str) -> list[str]:

@@ -204,9 +204,10 @@ class CampaignRun:
         journal lines; returns when it ended."""
         cell = run[0]
         fault("before-cell")
-        if self.remote is not None:  # what earlier cells left there, before the entry state
-            note = self.remote.sweep_note(cell.label)
-            if note:
+        unprepared = None
+        if self.remote is not None:  # before the entry state: leftovers, `[device] prepare`
+            notes, unprepared = self.remote.before_cell(cell.label)
+            for note in notes:
                 view.note(note)
         if last_end is not None and self.plan.spacing_s > 0:
             view.phase(cell, f"spacing {self.plan.spacing_s:g} s"
@@ -221,7 +222,7 @@ class CampaignRun:
         index = self.speed.index()
         values = sampler.latest or self.device.sample()
         entry = entry_state(values, index, self.device.simulated)
-        records = ([self._run_cell(cell, entry, gate, view)] if len(run) == 1
+        records = ([self._run_cell(cell, entry, gate, view, unprepared)] if len(run) == 1
                    else self._run_pair(run, entry, gate, view))
         for c, record in zip(run, records, strict=True):
             append_jsonl(self.folder / "journal.jsonl", record.to_json())
@@ -302,7 +303,7 @@ class CampaignRun:
     # -- one cell ------------------------------------------------------------------
 
     def _run_cell(self, cell: PlannedCell, entry: EntryState, gate: GateWait,
-                  view: CampaignView) -> CellRecord:
+                  view: CampaignView, unprepared: str | None = None) -> CellRecord:
         out = self._cell_folder(cell)
         self._tag(cell.index)
         view.phase(cell, "running")
@@ -316,6 +317,8 @@ class CampaignRun:
                 self.plan.remote.abbench if self.plan.remote is not None else ("abbench",))
         except AbbenchError as e:
             argv, not_started = None, ChildExit("failed", None, e.message)
+        if unprepared is not None:  # `[device] prepare` failed: the cell is not run
+            argv, not_started = None, ChildExit("failed", None, unprepared)
         t0w, t0m = time.time(), time.monotonic()
         try:
             ended = (self._child.run(argv, out, launched.timeout_s, there) if argv is not None
@@ -326,6 +329,9 @@ class CampaignRun:
         if there is not None and ended.status == "ok" and isinstance(launched, EmbeddedConfig):
             lost = there.pull_into(out, ENGINE_FILES)
             ended = ChildExit("failed", ended.exit_code, lost) if lost else ended
+        if there is not None and self.remote is not None:
+            for note in self.remote.after_cell(cell.label, out):
+                view.note(note)
         return self._record(cell, launched if argv is not None else None, ended, span,
                             entry, gate, there)
 

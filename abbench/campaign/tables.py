@@ -33,6 +33,7 @@ MAX_REPEAT = 100
 MAX_CELLS = 10_000  # cells one campaign may run (planned and appended)
 WEEK_S = 7 * 86400.0  # the longest wait or timeout a campaign may ask for
 MAX_CORES = 4096  # a foreign-load tolerance above any machine's core count is a typo
+_PULL = re.compile(r"[A-Za-z0-9_.*?\[\]/+@%,=-]+")  # what the device's sh expands, only
 _TRANSPORT = re.compile(r"local\Z|(adb|ssh|sim):[^\s-]\S*\Z")
 
 # TOML key -> EngineConfig field. The file uses the engine's long flag names with `-` as
@@ -158,6 +159,9 @@ class DeviceTable:
     # engine), and the folder the cells' own folders are made in there.
     abbench: str | tuple[str, ...] = "abbench"
     remote_dir: str | None = None
+    prepare: tuple[tuple[str, ...], ...] = ()
+    cleanup: tuple[tuple[str, ...], ...] = ()
+    pull: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not _TRANSPORT.match(self.transport):
@@ -170,6 +174,21 @@ class DeviceTable:
             fail(("abbench",), "must name a command",
                  tip='the path of abbench on the device, e.g. "/home/me/.venv/bin/abbench", '
                  'or a command line: ["python3", "-m", "abbench"]')
+        remote = self.transport.startswith(("adb:", "ssh:"))
+        for key in ("prepare", "cleanup", "pull"):
+            if getattr(self, key) and not remote:
+                fail((key,), f"applies to adb:/ssh: devices (this one is {show(self.transport)})",
+                     tip="on this machine a cell's `command` can do it itself")
+        for key in ("prepare", "cleanup"):
+            for i, argv in enumerate(getattr(self, key)):
+                if not argv or not argv[0]:
+                    fail((key, i), "is empty: a command is an array of its words",
+                         tip='e.g. prepare = [["am", "force-stop", "com.example"], ["sync"]]')
+        for i, pattern in enumerate(self.pull):
+            if not _PULL.fullmatch(pattern) or ".." in pattern.split("/"):
+                fail(("pull", i), f"{show(pattern)} is not a file pattern in the cell's folder",
+                     tip='relative names and shell wildcards without spaces or quotes, e.g. '
+                     '"*.metrics" or "logs/*.log"')
         if self.remote_dir is not None and not self.remote_dir.startswith("/"):
             fail(("remote_dir",), f"{show(self.remote_dir)} is not an absolute path",
                  tip='a folder on the device, e.g. "/tmp/abbench"')

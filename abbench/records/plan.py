@@ -58,6 +58,9 @@ class RemoteSpec:
 
     folder: str
     abbench: tuple[str, ...] = ("abbench",)
+    prepare: tuple[tuple[str, ...], ...] = ()  # commands before each cell, in order
+    cleanup: tuple[tuple[str, ...], ...] = ()  # commands after each cell
+    pull: tuple[str, ...] = ()  # patterns of files in the cell's folder there to bring back
 
     def __post_init__(self) -> None:
         if not self.folder.startswith("/") or "\x00" in self.folder:
