@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -85,7 +86,7 @@ class SshServer:
     def write_client(self, path: Path, key: str) -> Path:
         path.write_text(
             f"Host {HOST}\n  HostName 127.0.0.1\n  Port {self.port}\n"
-            f"  User {os.environ.get('USER') or 'root'}\n"
+            f"  User {pwd.getpwuid(os.geteuid()).pw_name}\n"
             f"  IdentityFile {self.root}/{key}\n  IdentitiesOnly yes\n"
             f"  UserKnownHostsFile {self.root}/known_hosts\n  GlobalKnownHostsFile /dev/null\n"
             "  StrictHostKeyChecking yes\n  LogLevel ERROR\n  ConnectTimeout 10\n")

@@ -221,7 +221,7 @@ sys.exit(subprocess.run(["sh", "-c", args[-1]]).returncode)
     assert len(runs) == 2 and runs[0][3] == "shell"
     sh, c, script = shlex.split(runs[0][4])  # in the cell's own folder there (campaign.remote)
     assert (sh, c) == ("sh", "-c")
-    (line,) = [x for x in script.splitlines() if "llama-bench" in x]
+    (line,) = [x for x in script.split("; ") if "llama-bench" in x]  # one line, `;`-joined
     argv = shlex.split(line)
     assert argv[:3] == [f"{fake_bin}/llama-bench", "-m", "/data/local/tmp/tiny.gguf"]
     assert argv[3:] == ["-n", "6", "-r", "4", "-o", "jsonl", "-t", "1", "-p", "16"]

@@ -168,3 +168,35 @@ def test_after_a_cell_its_files_come_back_and_cleanup_runs(tmp_path: Path) -> No
     failing = RemoteSpec(str(tmp_path), cleanup=(("false",),))
     (note,) = RemoteRun(open_device("local"), failing, "run-1").after_cell("01-a", out)
     assert note.startswith("01-a: `[device] cleanup` command 1 (`false`) exited with status 1")
+
+
+def test_every_script_sent_to_the_device_is_one_line(tmp_path: Path) -> None:
+    """Old adb servers mangle newlines in a shell command: the launch, the kill, the pull
+    and the per-cell commands are `;`-separated, as the sampler's batch read is."""
+    class Recording:
+        name = "rec"
+        scripts: list[str] = []
+
+        def shell(self, script: str) -> list[str]:
+            self.scripts.append(script)
+            return ["sh", "-c", script]
+
+    device = Recording()
+    spec = RemoteSpec(str(tmp_path), prepare=(("sync",), ("true",)), pull=("*.metrics",))
+    run = RemoteRun(device, spec, "run-1")  # type: ignore[arg-type]
+    cell = run.cell("01-a")
+    cell.launch(["echo", "a b"], remove=["/x/{cell}.csv"])
+    run.before_cell("01-a")
+    run.after_cell("01-a", tmp_path / "here")
+    assert len(device.scripts) == 4 and not [s for s in device.scripts if "\n" in s]
+
+
+def test_an_embedded_cells_files_come_back_into_its_folder(tmp_path: Path) -> None:
+    cell = RemoteCell(open_device("local"), str(tmp_path / "there"))
+    assert launch(cell, ["sh", "-c", "echo '{}' > summary.json; echo t > tokens.csv"]).wait() == 0
+    out = tmp_path / "here"
+    out.mkdir()
+    assert cell.pull_into(out, ["summary.json", "tokens.csv", "route.csv"]) is None
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json", "tokens.csv"]
+    assert RemoteCell(open_device("local"), str(tmp_path / "gone")).pull_into(
+        out, ["summary.json"]).startswith("cannot read the cell's folder")  # type: ignore[union-attr]

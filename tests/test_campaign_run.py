@@ -191,6 +191,33 @@ def test_external_cell_reads_a_bmoe_csv(tiny_model: Path, tmp_path: Path) -> Non
     assert (run_folder(tmp_path / "r") / "cells" / "01-ext" / "tokens.csv").is_file()
 
 
+def test_each_external_cell_reads_its_own_output_file(tiny_model: Path, tmp_path: Path) -> None:
+    """`{cell}` gives each cell a path of its own; a fixed path is removed before each
+    cell, so a cell that writes nothing fails instead of reading the previous one's."""
+    src = REF / "v1-desktop-2026-07-24" / "pc-E-c5000-io4t4.csv"
+    fixed, own = tmp_path / "out.csv", tmp_path / "{cell}.csv"
+    cells = write_campaign(tmp_path, tiny_model, f"""
+        [cells.writes]
+        command = ["cp", "{src}", "{fixed}"]
+        output = "bmoe-csv:{fixed}"
+
+        [cells.silent]
+        command = ["true"]
+        output = "bmoe-csv:{fixed}"
+
+        [cells.own]
+        command = ["cp", "{src}", "{own}"]
+        output = "bmoe-csv:{own}"
+        """)
+    p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
+                "--no-live")
+    writes, silent, own_rec = read_journal(run_folder(tmp_path / "r"))
+    assert writes.status == "ok" and own_rec.status == "ok", p.stderr
+    assert silent.status == "failed" and f"cannot read the cell's output {fixed}" in (
+        silent.error or "")
+    assert (tmp_path / "03-own.csv").is_file() and not (tmp_path / "{cell}.csv").exists()
+
+
 def test_failing_and_hanging_cells_are_recorded_and_the_campaign_goes_on(
     tiny_model: Path, tmp_path: Path
 ) -> None:

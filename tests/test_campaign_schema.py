@@ -960,6 +960,6 @@ def test_a_devices_commands_and_pulls_reach_the_plan(tmp_path: Path) -> None:
                     'prepare = [["am", "force-stop", "com.example"], ["sync"]]\n'
                     'pull = ["*.metrics"]\n[cells.ext]\ncommand = ["true"]\n')
     remote = plan_campaign(load_campaign(path)).remote
-    assert remote is not None and remote.folder == "/data/local/tmp/abbench"
+    assert remote is not None and remote.folder == "/data/local/tmp/abbench-cells"
     assert remote.prepare == (("am", "force-stop", "com.example"), ("sync",))
     assert remote.pull == ("*.metrics",)

@@ -164,7 +164,10 @@ def test_an_embedded_cell_over_ssh_does_the_work_it_does_here(
                       line for line in (c / "tokens.csv").read_text().splitlines()
                       if not line.startswith("#"))] for c in (cell_a, cell_b)]
         assert len(work[0]) == 6 and work[0] == work[1]  # each token, and its experts
-    assert (remote / "report.md").is_file() and (remote / "report.json").is_file()
+    assert (remote / "report.md").is_file()
+    report = json.loads((remote / "report.json").read_text())
+    # the foreign load during each cell, from the host's /proc with the cell's group there
+    assert all(isinstance(c["during"]["foreign_cores"], float) for c in report["cells"])
     # the cells ran in their folders on the host, their pid files gone
     host = tmp_path / "host" / remote.name
     assert sorted(p.name for p in host.iterdir()) == [r.label for r in a]
@@ -199,9 +202,19 @@ def test_each_external_cell_reads_its_own_output(server: SshServer, tmp_path: Pa
 
         [cells.says]
         command = ["sh", "-c", "{GENERATION}; exit 0"]
+
+        [cells.own]
+        command = ["cp", "{src}", "{tmp_path}/abs-{{cell}}.csv"]
+        output = "bmoe-csv:{tmp_path}/abs-{{cell}}.csv"
+
+        [cells.stale]
+        command = ["true"]
+        output = "bmoe-csv:{tmp_path}/abs-04-own.csv"
         """, device=f'remote_dir = "{tmp_path / "host"}"\n')
     p = run(cells, tmp_path)
-    writes, silent, says = read_journal(folder_of(tmp_path))
+    writes, silent, says, own, stale = read_journal(folder_of(tmp_path))
+    assert own.status == "ok" and (tmp_path / "abs-04-own.csv").exists() is False
+    assert stale.status == "failed"  # the file own wrote was removed there before it ran
     assert writes.status == "ok" and writes.tokens_per_s == pytest.approx(4.718)
     assert silent.status == "failed" and "out.csv" in (silent.error or "")
     assert says.status == "ok" and says.tokens_per_s == pytest.approx(10.0)

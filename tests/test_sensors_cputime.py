@@ -332,3 +332,40 @@ def test_this_machine_counts_the_campaigns_own_children_as_its_own() -> None:
         child.kill()
         child.wait()
     assert busy - foreign > 0.2, (busy, foreign)  # the child's good part of a core
+
+
+def test_a_remote_cells_group_time_is_summed_there_and_counted_as_its_own(
+        tmp_path: Path) -> None:
+    """The snapshot's segment sums the process group a remote cell's `pid` file names, on
+    the device (here: this machine's sh and /proc); while watched, that sum is the own
+    time, so a busy cell is not foreign load."""
+    from abbench.sensors.cputime import GROUP_FILE, group_jiffies_script
+    from abbench.sensors.tree import MARKER, parse_batch
+
+    pid_file = tmp_path / "pid"
+    script = group_jiffies_script(str(pid_file), MARKER)
+    assert "\n" not in script
+    assert parse_batch(subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                                      check=True).stdout).files == {}  # no cell yet
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    try:
+        pid_file.write_text(f"{busy.pid} {busy.pid} 1\n")
+        reads = []
+        for _ in range(2):
+            time.sleep(0.5)
+            out = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                                 check=True).stdout
+            reads.append(int(parse_batch(out).read(GROUP_FILE) or "-1"))
+        assert 0 < reads[0] < reads[1]  # a core's worth of ticks, growing
+        load = ForeignLoad(100.0, own=None)
+        load.watch_group(True)
+        clock = iter([0.0, 0.5]).__next__
+        stat = "cpu  {} 0 0 1000 0 0 0 0 0 0\n"
+        first = SnapshotTree({"/proc/stat": stat.format(1000), GROUP_FILE: "400\n"})
+        second = SnapshotTree({"/proc/stat": stat.format(1050), GROUP_FILE: "450\n"})
+        assert load.read(first, clock) == {}
+        assert load.read(second, clock) == {keys.FOREIGN_CORES: 0.0}
+        assert ForeignLoad(100.0, own=None).read(first, iter([0.0]).__next__) == {}
+    finally:
+        busy.kill()
+        busy.wait()

@@ -82,16 +82,20 @@ def cell_argv(cfg: LaunchedConfig, python: str, out_dir: Path, device: Device,
     """The command line that runs a cell: the embedded engine, llama.cpp, or the cell's
     `command`, as the device's transport runs it — on an adb/ssh device in the cell's
     folder there (`remote`), with `abbench` the command that runs abbench there."""
+    label = out_dir.name
     if remote is not None:
-        on_device = (remote_engine_argv(abbench, cfg) if isinstance(cfg, EmbeddedConfig)
-                     else llama_argv(cfg, device) if isinstance(cfg, LlamaConfig)
-                     else list(cfg.command))
-        return remote.launch(on_device)
+        if isinstance(cfg, EmbeddedConfig):
+            return remote.launch(remote_engine_argv(abbench, cfg))
+        if isinstance(cfg, LlamaConfig):
+            return remote.launch(llama_argv(cfg, device))
+        stale = cfg.output_path(label)  # an absolute output: removed there before the cell
+        return remote.launch(cfg.command_for(label),
+                             remove=[stale] if stale and stale.startswith("/") else [])
     if isinstance(cfg, EmbeddedConfig):
         return engine_argv(python, cfg, out_dir)
     if isinstance(cfg, LlamaConfig):
         return device.command(llama_argv(cfg, device))
-    return device.command(list(cfg.command))
+    return device.command(cfg.command_for(label))
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,12 @@ class CellChild:
                                               stdin=subprocess.DEVNULL)
                 try:
                     self.device.throttle(self._proc.pid)
-                    # its CPU time (and its children's) is the cell's, not foreign load
-                    self.device.watch(self._proc.pid)
+                    # its CPU time (and its children's) is the cell's, not foreign load;
+                    # on an adb/ssh device, its process group's there
+                    if remote is not None:
+                        self.device.watch_remote(remote.pid_file)
+                    else:
+                        self.device.watch(self._proc.pid)
                     note_child(out_dir / "child.json", self._proc.pid)
                     code = self._proc.wait(timeout=timeout)
                 except subprocess.TimeoutExpired:
@@ -146,6 +154,8 @@ class CellChild:
         finally:
             self.device.unthrottle()
             self.device.watch()  # reaped by now: its time is in the campaign's cutime
+            if remote is not None:
+                self.device.watch_remote(None)
             self._proc = None
 
     def kill(self) -> None:

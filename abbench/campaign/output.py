@@ -23,7 +23,12 @@ from typing import Any
 from abbench.errors import AbbenchError, CellOutputError, ForeignRunError
 from abbench.records.bmoe_csv import parse_bmoe_csv, work_fingerprint
 from abbench.records.bmoe_view import run_summary
-from abbench.records.cell_config import EmbeddedConfig, LaunchedConfig, LlamaConfig
+from abbench.records.cell_config import (
+    EmbeddedConfig,
+    ExternalConfig,
+    LaunchedConfig,
+    LlamaConfig,
+)
 from abbench.records.cell_doc import llama_bench_doc, llama_completion_doc
 from abbench.records.llamacpp import bench_summary, completion_summary, parse_bench_jsonl
 from abbench.records.summary import (
@@ -70,7 +75,8 @@ def read_cell_output(
         return read_engine_json(out / "summary.json")
     if isinstance(cfg, LlamaConfig):
         return _llama(cfg.tool, out)
-    kind, _, where = cfg.output.partition(":")
+    kind = cfg.output.partition(":")[0]
+    where = cfg.output_path(out.name) or ""
     if kind == "stdout-summary":
         text = (out / "stdout.txt").read_text(encoding="utf-8", errors="replace")
         summary = read_generation(text)
@@ -102,6 +108,21 @@ def _llama(tool: str, out: Path) -> tuple[dict[str, Any], str | None]:
                                    [note] if note else [])
     (out / "summary.json").write_text(json.dumps(finite(doc)) + "\n", encoding="utf-8")
     return summary, fingerprint
+
+
+def clear_output(cfg: LaunchedConfig, out: Path, device: Device) -> str | None:
+    """Remove the file an external cell on this machine writes its result to, before it
+    runs (on an adb/ssh device the launch removes it there): a cell that writes nothing
+    must fail, not read the previous cell's file. None, or why it could not be removed."""
+    if not isinstance(cfg, ExternalConfig) or device.kind in ("adb", "ssh"):
+        return None
+    path = cfg.output_path(out.name)
+    try:
+        if path:
+            Path(path).unlink(missing_ok=True)
+    except OSError as e:
+        return f"cannot remove the previous output {path}: {e.strerror or e}"
+    return None
 
 
 def _fetch(path: str, device: Device) -> str:

@@ -46,33 +46,23 @@ _STAT = "sed 's/.*) //' /proc/{pid}/stat | cut -d' ' -f{fields}"
 # (a device whose shell does not start a session per command) are never killed.
 _KEEP = "adbd|sshd|init|systemd"
 
+# The scripts below are one line each, `;`-separated, as the sampler's batch read is: old
+# adb servers mangle newlines in a shell command.
 # Kill what every `pid` file in "$@" records, and wait (5 s at most) until it is gone (a
 # zombie is gone: its parent, killed too, leaves it to be reaped); prints `alive PID` for
 # each process that would not go.
-_SWEEP = r"""
-running() {
-  [ -r /proc/"$1"/stat ] || return 1
-  set -- $(sed 's/.*) //' /proc/"$1"/stat | cut -d' ' -f1,20) "$2"
-  [ "$1" != Z ] && [ "$2" = "$3" ]
-}
-own=$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f3)
-for f in "$@"; do
-  [ -r "$f" ] || continue
-  read -r p g s < "$f" || continue
-  if running "$p" "$s"; then
-    case "$(cat /proc/"$g"/comm 2>/dev/null)" in
-      KEEP) ;;
-      *) [ "$g" -gt 1 ] && [ "$g" != "$own" ] && kill -KILL -"$g" 2>/dev/null ;;
-    esac
-    pkill -KILL -P "$p" 2>/dev/null
-    kill -KILL "$p" 2>/dev/null
-    i=0
-    while running "$p" "$s" && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-    if running "$p" "$s"; then echo "alive $p"; continue; fi
-  fi
-  rm -f "$f"
-done
-""".replace("KEEP", _KEEP)
+_SWEEP = "; ".join((  # one line, `;`-separated: old adb servers mangle newlines
+    'running() { [ -r /proc/"$1"/stat ] || return 1; '
+    "set -- $(sed 's/.*) //' /proc/\"$1\"/stat | cut -d' ' -f1,20) \"$2\"; "
+    '[ "$1" != Z ] && [ "$2" = "$3" ]; }',
+    "own=$(sed 's/.*) //' /proc/$$/stat | cut -d' ' -f3)",
+    'for f in "$@"; do [ -r "$f" ] || continue; read -r p g s < "$f" || continue; '
+    'if running "$p" "$s"; then case "$(cat /proc/"$g"/comm 2>/dev/null)" in KEEP) ;; '
+    '*) [ "$g" -gt 1 ] && [ "$g" != "$own" ] && kill -KILL -"$g" 2>/dev/null ;; esac; '
+    'pkill -KILL -P "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; i=0; '
+    'while running "$p" "$s" && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done; '
+    'if running "$p" "$s"; then echo "alive $p"; continue; fi; fi; rm -f "$f"; done',
+)).replace("KEEP", _KEEP)
 
 
 @dataclass(frozen=True)
@@ -158,14 +148,20 @@ class RemoteCell:
     device: Device
     folder: str
 
-    def launch(self, argv: list[str]) -> list[str]:
+    @property
+    def pid_file(self) -> str:
+        return f"{self.folder}/{PID_FILE}"
+
+    def launch(self, argv: list[str], remove: list[str] | None = None) -> list[str]:
         """The local argument list that runs `argv` on the device in the cell's folder
-        (made empty first), its pid recorded, its exit status passed on."""
+        (made empty first; the files `remove` deleted), its pid recorded, its exit status
+        passed on."""
         d = shlex.quote(self.folder)
         start = _STAT.format(pid="$$", fields="3,20")
-        script = (f"rm -rf {d} && mkdir -p {d} && cd {d} || exit 125\n"
-                  f"echo \"$$ $({start})\" > {PID_FILE}\n"
-                  f"{shlex.join(argv)}\nrc=$?\nrm -f {PID_FILE}\nexit $rc")
+        stale = f"rm -f -- {shlex.join(remove)} && " if remove else ""
+        script = (f"{stale}rm -rf {d} && mkdir -p {d} && cd {d} || exit 125; "
+                  f"echo \"$$ $({start})\" > {PID_FILE}; "
+                  f"{shlex.join(argv)}; rc=$?; rm -f {PID_FILE}; exit $rc")
         return self.device.shell(script)
 
     def kill(self) -> str | None:
@@ -182,7 +178,7 @@ class RemoteCell:
         `expand`: the names are patterns the device's shell expands (`[device] pull`,
         checked to hold no space or quote)."""
         listed = " ".join(names) if expand else shlex.join(list(names))
-        script = (f"cd {shlex.quote(self.folder)} || exit 1\nset -- {listed}\n"
+        script = (f"cd {shlex.quote(self.folder)} || exit 1; set -- {listed}; "
                   'for f in "$@"; do [ -f "$f" ] && printf "== %s %s\\n" "$f" "$(wc -c < "$f")"'
                   ' && cat "$f"; done; exit 0')
         argv = self.device.shell(script)
@@ -206,9 +202,9 @@ class RemoteCell:
         except CellOutputError as e:
             return e.message
         for name, data in files.items():
-            path = out / name
-            if ".." in Path(name).parts or path.is_absolute() and not expand:
+            if ".." in Path(name).parts or Path(name).is_absolute():
                 continue  # only ever the cell's own folder's files
+            path = out / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
         return None
@@ -218,7 +214,7 @@ def _commands(device: Device, commands: Iterable[tuple[str, ...]]) -> str | None
     """`commands` in turn on the device in one call, stopping at the first that fails;
     None, or which one failed and why."""
     listed = list(commands)
-    script = "\n".join(f'{shlex.join(argv)} >&2 || {{ echo "failed {i} $?"; exit 0; }}'
+    script = "; ".join(f'{shlex.join(argv)} >&2 || {{ echo "failed {i} $?"; exit 0; }}'
                        for i, argv in enumerate(listed))
     try:
         done = subprocess.run(device.shell(script), capture_output=True, text=True,
@@ -238,7 +234,7 @@ def _commands(device: Device, commands: Iterable[tuple[str, ...]]) -> str | None
 
 def _sweep(device: Device, pid_files: str) -> list[str]:
     """`_SWEEP` over `pid_files` (a quoted path or glob, expanded there)."""
-    argv = device.shell(f"set -- {pid_files}\n{_SWEEP}")
+    argv = device.shell(f"set -- {pid_files}; {_SWEEP}")
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=KILL_TIMEOUT_S,
                               stdin=subprocess.DEVNULL, check=False, errors="replace")

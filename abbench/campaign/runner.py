@@ -46,7 +46,7 @@ from abbench.campaign.child import (
 from abbench.campaign.entry import SpeedIndex, entry_state
 from abbench.campaign.gate import GateSpec, wait_for_gate
 from abbench.campaign.interleave import Arm, InterleavedPair, turn_argv
-from abbench.campaign.output import CellResult, read_result
+from abbench.campaign.output import CellResult, clear_output, read_result
 from abbench.campaign.plan import planned_cells
 from abbench.campaign.recovery import repair
 from abbench.campaign.remote import ENGINE_FILES, RemoteCell, RemoteRun
@@ -317,7 +317,8 @@ class CampaignRun:
                 self.plan.remote.abbench if self.plan.remote is not None else ("abbench",))
         except AbbenchError as e:
             argv, not_started = None, ChildExit("failed", None, e.message)
-        if unprepared is not None:  # `[device] prepare` failed: the cell is not run
+        unprepared = unprepared or (clear_output(launched, out, self.device) if argv else None)
+        if unprepared is not None:  # `[device] prepare` failed, a stale output stays: not run
             argv, not_started = None, ChildExit("failed", None, unprepared)
         t0w, t0m = time.time(), time.monotonic()
         try:

@@ -191,7 +191,7 @@ class DeviceTable:
                      '"*.metrics" or "logs/*.log"')
         if self.remote_dir is not None and not self.remote_dir.startswith("/"):
             fail(("remote_dir",), f"{show(self.remote_dir)} is not an absolute path",
-                 tip='a folder on the device, e.g. "/tmp/abbench"')
+                 tip='a folder on the device, e.g. "/tmp/abbench-cells"')
 
     @property
     def abbench_argv(self) -> tuple[str, ...]:
@@ -203,8 +203,8 @@ class DeviceTable:
         /data/local/tmp)."""
         if self.remote_dir is not None:
             return self.remote_dir.rstrip("/") or "/"
-        return "/data/local/tmp/abbench" if self.transport.startswith("adb:") \
-            else "/tmp/abbench"
+        return "/data/local/tmp/abbench-cells" if self.transport.startswith("adb:") \
+            else "/tmp/abbench-cells"
 
 
 @dataclass(frozen=True)

@@ -156,9 +156,14 @@ class LlamaConfig(_Launched):
                   options=tuple(_read(r, "llama", dict[str, Scalar], {}).items()))
 
 
+CELL_PLACEHOLDER = "{cell}"  # in an external cell's command and output: the cell's label
+
+
 @dataclass(frozen=True)
 class ExternalConfig(_Launched):
-    """A command abbench runs as it is, and where it leaves its result."""
+    """A command abbench runs as it is, and where it leaves its result. `{cell}` in either
+    stands for the cell's label (`02-B`), so that each cell writes a path of its own while
+    the configuration stays the same."""
 
     command: tuple[str, ...] = field(init=False)  # the program first
     output: str = field(init=False)  # bmoe-csv:PATH | json:PATH | stdout-summary
@@ -175,6 +180,14 @@ class ExternalConfig(_Launched):
         if not OUTPUT.match(output):
             raise _problem("output", f"{show(output)} is not an output")
         self._set(command=command, output=output)
+
+    def command_for(self, label: str) -> list[str]:
+        return [word.replace(CELL_PLACEHOLDER, label) for word in self.command]
+
+    def output_path(self, label: str) -> str | None:
+        """The file the output is read from for cell `label` (None: stdout)."""
+        kind, _, where = self.output.partition(":")
+        return where.replace(CELL_PLACEHOLDER, label) if kind != "stdout-summary" else None
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,9 @@ since the previous reading, so the mean over the ticks inside any span (a cell, 
 one) is that span's foreign load.
 
 Where it cannot be measured it is left out, never 0: no readable /proc/stat, or a watched
-process that never appeared in the tree (a remote device's cell: the pid the campaign
-knows is its local adb/ssh client's). The reading right after the watched set changes is
+process that never appeared in the tree. A remote device's cell is watched as its process
+group there, summed by the snapshot itself (`group_jiffies_script`), and not measured
+until its `pid` file is there. The reading right after the watched set changes is
 left out too: a process watched in mid-life brings CPU time from before the previous
 reading, which belongs to no interval.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +48,19 @@ _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 # /proc/PID/stat fields after `(comm)`: state is [0], utime..cstime are [11..14]
 _TIMES = slice(11, 15)
 MAX_DESCENDANTS = 256  # a fork bomb in an external cell must not stall the sampler
+# A remote cell's CPU time, summed on the device over its process group (the pgid its
+# `pid` file records) by the snapshot itself (`group_jiffies_script`): a pseudo-file.
+GROUP_FILE = "/abbench/cell_jiffies"
+
+
+def group_jiffies_script(pid_file: str, marker: str) -> str:
+    """A one-line sh segment printing `marker GROUP_FILE` then the summed utime, stime,
+    cutime and cstime of every process in the group `pid_file` names (nothing while the
+    file is not there yet)."""
+    return (f"if read -r p g s < {shlex.quote(pid_file)} 2>/dev/null; then t=0; "
+            'for f in /proc/[0-9]*/stat; do read -r l < "$f" 2>/dev/null || continue; '
+            'set -- ${l##*) }; [ "$3" = "$g" ] && t=$((t + ${12} + ${13} + ${14} + ${15})); '
+            f'done; echo "{marker}{GROUP_FILE}"; echo "$t"; fi')
 
 
 def local_user_hz() -> int:
@@ -154,6 +169,7 @@ class ForeignLoad:
         self.user_hz = user_hz
         self.own = own
         self._roots: tuple[int, ...] = ()
+        self._group = False  # a remote cell: its group's time is the snapshot's GROUP_FILE
         self._seen: set[int] = set()  # watched roots read at least once
         self._own_seen = False  # `own` read at the last reading (absent from a fixture tree)
         self._last: tuple[float, int, int] | None = None  # (t, busy, own) of the last reading
@@ -164,6 +180,12 @@ class ForeignLoad:
             self._roots = roots
             self._seen = set()
             self._last = None  # see the module docstring: the next reading is a baseline
+
+    def watch_group(self, on: bool) -> None:
+        """Count a remote cell's process group (the snapshot's GROUP_FILE) as own."""
+        if on != self._group:
+            self._group = on
+            self._last = None  # the next reading is a baseline
 
     @fail_soft
     def read(self, root: Root, clock: Callable[[], float]) -> dict[str, Any]:
@@ -188,6 +210,9 @@ class ForeignLoad:
         and of the watched processes' trees; None while a watched root has never been seen
         (its CPU would read as foreign) or when the campaign's own line went unreadable."""
         counted: dict[int | str, int] = {}
+        if self._group:  # None until the cell's `pid` file is there
+            text = tree.read(GROUP_FILE)
+            return int(text) if text is not None and text.strip().isdigit() else None
         if self.own is not None:
             mine = process_jiffies(tree, self.own)
             if mine is None and self._own_seen:  # unknown now; a baseline without it next

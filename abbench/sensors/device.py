@@ -158,6 +158,15 @@ class Device:
         with self._lock:
             self._cpu.watch(pids)
 
+    def watch_remote(self, pid_file: str | None) -> None:
+        """On an adb/ssh device: count the process group that `pid_file` (a remote cell's,
+        `campaign.remote`) records as the cell's own, from the next reading on; None
+        forgets it."""
+        with self._lock:
+            if hasattr(self._transport, "group_pid_file"):
+                self._transport.group_pid_file = pid_file
+                self._cpu.watch_group(pid_file is not None)
+
     def close(self) -> None:
         """Release what the device holds (a simulated device's thread and tree)."""
 

@@ -18,8 +18,9 @@ from typing import Protocol
 
 from abbench.errors import SnapshotError, UsageError
 from abbench.sensors.android import DUMPSYS
+from abbench.sensors.cputime import group_jiffies_script
 from abbench.sensors.readers import REMOTE_GLOBS
-from abbench.sensors.tree import LocalTree, Tree, batch_script, parse_batch
+from abbench.sensors.tree import MARKER, LocalTree, Tree, batch_script, parse_batch
 
 # Every sensor file and both dumpsys services, in one shell call. Fixed text (checked by
 # batch_script): no user value is ever part of it.
@@ -89,6 +90,7 @@ class _RemoteShell:
     kind = ""
     spec = ""
     on_host = False
+    group_pid_file: str | None = None  # a remote cell's `pid` file: its CPU time read too
 
     def shell_argv(self, command: str) -> list[str]:
         """The local argv that runs `command` (a shell command line) on the device."""
@@ -125,7 +127,13 @@ class _RemoteShell:
         return tree
 
     def snapshot_command(self) -> str:
-        return SNAPSHOT_SCRIPT
+        return self.snapshot_script()
+
+    def snapshot_script(self) -> str:
+        """The batch read, and the cell's process group's CPU time while one runs."""
+        if self.group_pid_file is None:
+            return SNAPSHOT_SCRIPT
+        return f"{SNAPSHOT_SCRIPT}; {group_jiffies_script(self.group_pid_file, MARKER)}"
 
 
 class AdbTransport(_RemoteShell):
@@ -167,7 +175,7 @@ class SshTransport(_RemoteShell):
 
     def snapshot_command(self) -> str:
         # The remote login shell may not be POSIX (fish): hand the script to sh explicitly.
-        return shlex.join(["sh", "-c", SNAPSHOT_SCRIPT])
+        return shlex.join(["sh", "-c", self.snapshot_script()])
 
     def check(self) -> None:
         """Fail now, clearly, if ssh is missing or the host does not accept us."""
