@@ -941,6 +941,9 @@ def test_an_interleaved_campaign_reads_back_from_its_resolved_toml(tmp_path: Pat
      '`device.pull[0]`: "../up.txt" is not a file pattern in the cell\'s folder'),
     ('transport = "ssh:lab"\npull = ["a b.log"]', '`device.pull[0]`: "a b.log" is not'),
     ('transport = "adb:X"\ncleanup = [["rm", ""], []]', "`device.cleanup[1]`: is empty"),
+    ('transport = "ssh:lab"\nabbench = []', "`device.abbench`: must name a command"),
+    ('transport = "ssh:lab"\nremote_dir = "tmp/x"', '`device.remote_dir`: "tmp/x" is not an '
+     "absolute path"),
 ])
 def test_the_per_cell_commands_and_pulls_of_a_device_are_checked(tmp_path: Path, device: str,
                                                                   says: str) -> None:

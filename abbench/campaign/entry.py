@@ -7,16 +7,14 @@ folder, so a resumed campaign is measured against the same reference.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from abbench.campaign.run_folder import read_first_probe, write_first_probe
-from abbench.errors import AbbenchError
 from abbench.records import EntryState, keys
 from abbench.sensors import Device, speed_probe
-from abbench.sensors.probe import ProbeWorker, read_shell_probe, shell_probe_script
+from abbench.sensors.probe import ProbeWorker, device_probe
 
 
 def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bool) -> EntryState:
@@ -28,16 +26,6 @@ def entry_state(values: dict[str, Any], probe_index: float | None, simulated: bo
         **{name: values.get(key) for key, name in keys.ENTRY_READINGS}, probe_index=probe_index,
         thermal_status=int(status) if status is not None else None, simulated=simulated,
     )
-
-
-def device_probe(device: Device) -> float | None:
-    """The shell probe's seconds on an adb/ssh device; None where it cannot be measured
-    there (then nothing is matched or gated on it)."""
-    try:
-        done = device.run(["sh", "-c", shell_probe_script()], timeout=60)
-    except (subprocess.TimeoutExpired, OSError, AbbenchError):
-        return None
-    return read_shell_probe(done.stdout) if done.returncode == 0 else None
 
 
 class SpeedIndex:

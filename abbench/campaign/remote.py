@@ -181,19 +181,16 @@ class RemoteCell:
         script = (f"cd {shlex.quote(self.folder)} || exit 1; set -- {listed}; "
                   'for f in "$@"; do [ -f "$f" ] && printf "== %s %s\\n" "$f" "$(wc -c < "$f")"'
                   ' && cat "$f"; done; exit 0')
-        argv = self.device.shell(script)
         try:
-            done = subprocess.run(argv, capture_output=True, timeout=PULL_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, check=False)
+            done = _there(self.device, script, PULL_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise CellOutputError(f"the cell's files did not come back from {self.device.name} "
                                   f"in {PULL_TIMEOUT_S:g} s") from None
         if done.returncode != 0:
-            why = _last_line(done.stderr.decode(errors="replace"), done.returncode)
+            why = _last_line(_text(done.stderr), done.returncode)
             raise CellOutputError(f"cannot read the cell's folder {self.folder} on "
                                   f"{self.device.name}: {why}")
         return _unpack(done.stdout)
-
 
     def pull_into(self, out: Path, names: Iterable[str], expand: bool = False) -> str | None:
         """`pull` the files `names` into `out`; None, or why they did not come back."""
@@ -217,34 +214,42 @@ def _commands(device: Device, commands: Iterable[tuple[str, ...]]) -> str | None
     script = "; ".join(f'{shlex.join(argv)} >&2 || {{ echo "failed {i} $?"; exit 0; }}'
                        for i, argv in enumerate(listed))
     try:
-        done = subprocess.run(device.shell(script), capture_output=True, text=True,
-                              timeout=COMMANDS_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              check=False, errors="replace")
+        done = _there(device, script, COMMANDS_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"did not finish in {COMMANDS_TIMEOUT_S:g} s on {device.name}"
-    failed = [line.split() for line in done.stdout.splitlines() if line.startswith("failed ")]
+    out, err = _text(done.stdout), _text(done.stderr)
+    failed = [line.split() for line in out.splitlines() if line.startswith("failed ")]
     if failed:
         i, status = int(failed[0][1]), failed[0][2]
         return (f"command {i + 1} (`{shlex.join(listed[i])}`) exited with status {status} on "
-                f"{device.name}: {_last_line(done.stderr, int(status))}")
+                f"{device.name}: {_last_line(err, int(status))}")
     if done.returncode != 0:
-        return f"could not run on {device.name}: {_last_line(done.stderr, done.returncode)}"
+        return f"could not run on {device.name}: {_last_line(err, done.returncode)}"
     return None
 
 
 def _sweep(device: Device, pid_files: str) -> list[str]:
     """`_SWEEP` over `pid_files` (a quoted path or glob, expanded there)."""
-    argv = device.shell(f"set -- {pid_files}; {_SWEEP}")
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=KILL_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, check=False, errors="replace")
+        done = _there(device, f"set -- {pid_files}; {_SWEEP}", KILL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise CellOutputError(f"{device.name} did not answer in {KILL_TIMEOUT_S:g} s: its "
                               "processes could not be stopped") from None
     if done.returncode != 0:
         raise CellOutputError(f"cannot stop the cell's processes on {device.name}: "
-                              f"{_last_line(done.stderr, done.returncode)}")
-    return [line.split()[1] for line in done.stdout.splitlines() if line.startswith("alive ")]
+                              f"{_last_line(_text(done.stderr), done.returncode)}")
+    return [line.split()[1] for line in _text(done.stdout).splitlines()
+            if line.startswith("alive ")]
+
+
+def _there(device: Device, script: str, timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """`script` run with the device's `sh` (TimeoutExpired past `timeout` s)."""
+    return subprocess.run(device.shell(script), capture_output=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
 
 
 _HEADER = re.compile(rb"== (.*?) +(\d+)\n")  # some wc pad the count

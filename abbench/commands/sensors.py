@@ -18,11 +18,10 @@ import time
 from typing import Any, TextIO
 
 from abbench import __version__
-from abbench.campaign.entry import device_probe
 from abbench.campaign.remote import abbench_there
 from abbench.commands.args import number
 from abbench.sensors.device import Device, thermal_gaps
-from abbench.sensors.probe import SHELL_LOOP_ITERATIONS, speed_probe
+from abbench.sensors.probe import SHELL_LOOP_ITERATIONS, device_probe, speed_probe
 from abbench.sim import open_device
 from abbench.textsafe import shown
 

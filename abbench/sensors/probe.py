@@ -18,8 +18,12 @@ import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
+
+from abbench.errors import AbbenchError
 
 LOOP_ITERATIONS = 200_000
 # The probe of an adb or ssh device runs in its own shell (no Python there): an arithmetic
@@ -81,6 +85,22 @@ def read_shell_probe(text: str) -> float | None:
         return None
     good = [v for v in values if 0 < v < 60_000_000_000]
     return min(good) / 1e9 if good and len(good) == len(values) else None
+
+
+class Shell(Protocol):
+    """What `device_probe` needs of a device (`sensors.device.Device`)."""
+
+    def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]: ...
+
+
+def device_probe(device: Shell) -> float | None:
+    """The shell probe's seconds on an adb/ssh device; None where it cannot be measured
+    there (then nothing is matched or gated on it)."""
+    try:
+        done = device.run(["sh", "-c", shell_probe_script()], timeout=60)
+    except (subprocess.TimeoutExpired, OSError, AbbenchError):
+        return None
+    return read_shell_probe(done.stdout) if done.returncode == 0 else None
 
 
 class ProbeWorker:
