@@ -235,3 +235,12 @@ def test_an_external_cells_stderr_reaches_report_md_without_its_links(
     html = _rendered(md)
     assert "<img" not in html and 'href="javascript' not in html
     assert "<a " not in html
+
+
+def test_a_closing_bracket_escaped_once_across_parts_shows_as_written() -> None:
+    """A part with a `](` of its own and a last `]` that the next part's `(` follows: each
+    `]` escaped once, so the viewer shows the text as written, no stray backslash."""
+    from abbench.report.markdown import inline
+
+    html = _rendered(inline(["a](b]", "(c)"]) + "\n")
+    assert "<a " not in html and "a](b](c)" in html, html

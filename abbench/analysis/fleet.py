@@ -234,12 +234,12 @@ def _fleet_exit(combined: Sequence[Combined], devices: Sequence[DeviceOutcome]) 
     to decide on anywhere); 3 when any is open or a device's campaign gave nothing (a
     fleet that did not run everywhere is no GO, and a device whose worker died may have
     valid cells its `--resume` keeps); 0 when every one is GO or none is asked."""
-    codes = [{GO: 0, NO_GO: 1}.get(c.verdict, 3) for c in combined]
-    if 1 in codes:
+    codes = [{GO: EXIT_OK, NO_GO: EXIT_NO_GO}.get(c.verdict, EXIT_UNDECIDED) for c in combined]
+    if EXIT_NO_GO in codes:
         return EXIT_NO_GO
     if devices and all(o.status == "not run" if o.analysis is None
                        else o.analysis.exit_status == EXIT_NO_MEASUREMENT for o in devices):
         return EXIT_NO_MEASUREMENT
-    if 3 in codes or any(o.analysis is None or o.status != "done" for o in devices):
+    if EXIT_UNDECIDED in codes or any(o.analysis is None or o.status != "done" for o in devices):
         return EXIT_UNDECIDED
     return EXIT_OK

@@ -10,8 +10,11 @@ what it gives.
 
 A context is checked against the model's context length and, for a model file, against
 the memory its allocations need on this machine now (`engine.models.check_context_memory`,
-the engine's own check; embedded cells run here). A synthetic model's is not: its contexts
-are at most a few thousand positions.
+the engine's own check). A cache that holds no expert is named for any model; what a
+model file's load, cache and context need together is checked against this machine's
+room (`engine.memory`, as the engine checks it at start). A synthetic model's size beyond
+its experts is known only once built, and a cell on an ssh host is checked there, by the
+engine that runs it.
 """
 
 from __future__ import annotations
@@ -110,9 +113,9 @@ def expert_file_bytes(spec: synth.SynthSpec) -> tuple[int, ...]:
     d, ff = spec.d_model, spec.expert_ff
 
     def one(name: str, cols: int) -> int:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[
+        block, type_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[
             tensor_type(spec, name, spec.expert_type, cols)]]
-        return (ff * d // block) * size
+        return (ff * d // block) * type_bytes
 
     return tuple(one(f"blk.{i}.ffn_gate_exps.weight", d) + one(f"blk.{i}.ffn_up_exps.weight", d)
                  + one(f"blk.{i}.ffn_down_exps.weight", ff) for i in range(spec.n_layer))

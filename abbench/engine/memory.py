@@ -97,26 +97,40 @@ def cgroup_rooms(root: Path = Path("/")) -> list[Room]:
             continue
         _, controllers, path = parts
         if controllers == "":  # v2: the unified hierarchy
-            out += _walk(root, ("sys/fs/cgroup", "sys/fs/cgroup/unified"), path, _v2)
+            out += _walk(root, ("sys/fs/cgroup", "sys/fs/cgroup/unified"), path, V2)
         elif "memory" in controllers.split(","):
-            out += _walk(root, ("sys/fs/cgroup/memory",), path, _v1)
+            out += _walk(root, ("sys/fs/cgroup/memory",), path, V1)
     return out
 
 
-def _walk(root: Path, mounts: Sequence[str], path: str,
-          read: Callable[[Path, str], Room | None]) -> list[Room]:
+@dataclass(frozen=True)
+class CgroupFiles:
+    """Where one cgroup version keeps a group's limit, its use and its page cache (a
+    `memory.stat` key: cache the kernel reclaims before it kills)."""
+
+    limit: str
+    usage: str
+    cache_key: str
+    unified: bool  # v2: its mount holds `cgroup.controllers`
+
+
+V1 = CgroupFiles("memory.limit_in_bytes", "memory.usage_in_bytes", "total_cache", False)
+V2 = CgroupFiles("memory.max", "memory.current", "file", True)
+
+
+def _walk(root: Path, mounts: Sequence[str], path: str, files: CgroupFiles) -> list[Room]:
     """The rooms under the cgroup `path` and each one above it, in the first of `mounts`
     that holds that hierarchy."""
     rel = Path(path.strip("/"))
     for mount in mounts:
         base = root / mount
-        if not (base / rel).is_dir() or (read is _v2 and
+        if not (base / rel).is_dir() or (files.unified and
                                          not (base / "cgroup.controllers").is_file()):
             continue
         out = []
         for folder in [rel, *rel.parents]:
             name = "/" if folder == Path(".") else "/" + folder.as_posix()
-            if (room := read(base / folder, name)) is not None:
+            if (room := _cgroup_room(base / folder, name, files)) is not None:
                 out.append(room)
         return out
     return []
@@ -147,26 +161,15 @@ def _stat(path: Path, key: str) -> int:
     return 0
 
 
-def _room(name: str, limit: int, used: int, cache: int) -> Room:
-    room = max(0, limit - max(0, used - cache))
+def _cgroup_room(folder: Path, name: str, files: CgroupFiles) -> Room | None:
+    """A group's limit less what it holds but page cache; None without a limit."""
+    limit = _number(folder / files.limit)
+    if limit is None:
+        return None
+    held = max(0, (_number(folder / files.usage) or 0)
+               - _stat(folder / "memory.stat", files.cache_key))
     return Room(f"the memory cgroup {name}'s limit {limit / MIB:.0f} MiB less "
-                f"{max(0, used - cache) / MIB:.0f} MiB in use", room)
-
-
-def _v2(folder: Path, name: str) -> Room | None:
-    limit = _number(folder / "memory.max")
-    if limit is None:
-        return None
-    used = _number(folder / "memory.current") or 0
-    return _room(name, limit, used, _stat(folder / "memory.stat", "file"))
-
-
-def _v1(folder: Path, name: str) -> Room | None:
-    limit = _number(folder / "memory.limit_in_bytes")
-    if limit is None:
-        return None
-    used = _number(folder / "memory.usage_in_bytes") or 0
-    return _room(name, limit, used, _stat(folder / "memory.stat", "total_cache"))
+                f"{held / MIB:.0f} MiB in use", max(0, limit - held))
 
 
 def address_space(root: Path = Path("/")) -> Room | None:

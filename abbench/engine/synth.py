@@ -174,7 +174,8 @@ def write_model(spec: SynthSpec, path: str | os.PathLike[str], name: str = "synt
         add_tensors(w, spec, len(vocab.tokens), ARCH_WRITERS[spec.arch].layer)
         w.close()
         # mkstemp makes the file 0600: give it the mode a plain create would (0644 under
-        # the usual umask), so a llama.cpp or server process of another user can read it.
+        # the usual umask; a file written over keeps its own), so a llama.cpp or server
+        # process of another user can read it.
         os.chmod(tmp_name, file_mode(path))
         os.replace(tmp_name, path)
     except BaseException:

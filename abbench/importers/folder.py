@@ -154,7 +154,8 @@ def _plan(src: Path, names: list[str], arm_of: dict[str, str],
 
 
 def _replace(dest: Path, write: Callable[[Path], None]) -> None:
-    """`write` into a fresh folder beside `dest`, then put it in `dest`'s place: a failed
+    """`write` into a fresh folder beside `dest`, then put it in `dest`'s place (an
+    existing folder keeps its inode and mode: its entries are swapped, `_swap`): a failed
     import leaves `dest` as it was, and no folder it made. A destination that cannot be
     written (a folder that takes no new entries such as /proc, a full disk) is one
     WriteError naming it."""
@@ -232,10 +233,14 @@ def _swap(tmp: Path, dest: Path) -> None:
         for entry in into:
             with contextlib.suppress(OSError):
                 os.replace(dest / entry, tmp / entry)
+        back = True
         for entry in out:
-            with contextlib.suppress(OSError):
+            try:
                 os.replace(old / entry, dest / entry)
-        shutil.rmtree(old, ignore_errors=True)
+            except OSError:
+                back = False
+        if back:  # else the earlier import's entries stay in `old`, never deleted
+            shutil.rmtree(old, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
     tmp.rmdir()

@@ -28,6 +28,7 @@ _TICKS = re.compile(r"`+")
 # one of them would escape the escape).
 _LINK_CLOSE = re.compile(r"(\\*)\](?=[(\[])")
 _DEFINITION_CLOSE = re.compile(r"(\\*)\](?=:)")
+_LAST_CLOSE = re.compile(r"(\\*)\]\Z")  # a part's last `]`, which the next part may follow
 
 
 def _html_safe(s: str) -> str:
@@ -57,7 +58,7 @@ def _no_links(parts: list[tuple[str, bool]]) -> str:
                 t = _DEFINITION_CLOSE.sub(_escaped_close, t)
             after = next((u for u, _ in parts[k + 1:] if u), "")
             if t.endswith("]") and after[:1] in ("(", "[", ":"):
-                t = _LINK_CLOSE.sub(_escaped_close, t + "(")[:-1]
+                t = _LAST_CLOSE.sub(_escaped_close, t)
         out.append(t)
     return "".join(out)
 
