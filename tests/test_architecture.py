@@ -105,6 +105,7 @@ CELL_KEYS = frozenset({*tokens.CSV_COLUMNS, *tokens.PER_TOKEN_COLUMNS,
 # format's keys, not a cell's.
 OWN_FORMATS = {
     "analysis/tells.py": {"model"},  # a configuration's `model`
+    "campaign/bmoe.py": {"model"},  # bmoe-cli's `--model`, as a `bmoe` table key
     "campaign/resolve.py": {"model", "tokens"},  # cells.toml's keys
     "campaign/tables.py": {"model", "tokens"},  # cells.toml's keys
     "commands/calibrate.py": {"model", "tokens"},  # the calibration's cells.toml keys

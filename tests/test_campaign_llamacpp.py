@@ -142,7 +142,8 @@ def test_an_option_the_binary_rejects_fails_its_cell_and_the_campaign_goes_on(
     assert p.returncode == 5, p.stdout + p.stderr  # no valid cell of t2, the candidate
     r = _report(tmp_path / "r")
     assert [c["status"] for c in r["cells"]] == ["ok", "failed", "ok"]
-    assert r["cells"][1]["error"] == "exited with status 1"
+    assert r["cells"][1]["error"] == ("exited with status 1: error: invalid parameter for "
+                                      "argument: --bogus")  # its stderr's own reason
     journal = [json.loads(line) for line in
                (run_folder(tmp_path / "r") / "journal.jsonl").read_text().splitlines()]
     assert "invalid parameter for argument: --bogus" in journal[1]["stderr_tail"]

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import bmoe_standin
 import pytest
 from conftest import REFERENCE
 from sshd import HOST, SshServer, need_sshd, processes_matching
@@ -348,3 +349,53 @@ def test_prepare_pull_and_cleanup_around_each_cell(server: SshServer, tmp_path: 
     assert log.read_text().split() == ["prepare", "cleanup", "prepare", "cleanup"]
     assert not (folder / "cells" / b.label / "device").exists()
     assert p.returncode in (0, 3), p.stderr
+
+
+def test_a_bmoe_campaign_over_ssh_reads_each_cells_csv_and_pulls_its_metrics(
+        server: SshServer, tmp_path: Path, tiny_model: Path) -> None:
+    """The phone-streaming engine's CLI (its stand-in, tests/bmoe_standin.py) on the host:
+    each cell writes its CSV and `.metrics` in its own folder there, both come back, and a
+    cell past its timeout leaves no bmoe-cli running there."""
+    binary = bmoe_standin.install(tmp_path / "host-bin")
+    hung = bmoe_standin.install(tmp_path / "host-hung", hang=True)
+    marker = f"bmoe-hang-{os.getpid()}"
+    cells = campaign_file(tmp_path, f"""
+        [cells.B]
+        engine = "bmoe"
+        bmoe_bin = "{binary.parent}"
+        tokens = 24
+
+        [cells.B.bmoe]
+        moe_stream = true
+        cache_mb = 2048
+        dense_weights = "ahwb"
+        drop_cold_experts = 0.75
+
+        [cells.R]
+        base = "B"
+        bmoe = {{ drop_cold_experts = 0.0, predict_prefetch = true, predict_spec_max = 0 }}
+
+        [cells.hung]
+        engine = "bmoe"
+        bmoe_bin = "{hung.parent}"
+        prompt = "{marker}"
+        timeout_s = 3
+        """, device=f'remote_dir = "{tmp_path / "host"}"\n', model=str(tiny_model))
+    cells.write_text(cells.read_text().replace("[campaign]\n",
+                                               '[campaign]\norder = ["B", "R", "hung", "B"]\n'))
+    p = run(cells, tmp_path)
+    folder = folder_of(tmp_path)
+    b1, r1, hang, b2 = read_journal(folder)
+    assert [c.status for c in (b1, r1, b2)] == ["ok"] * 3, p.stderr
+    for c in (b1, r1, b2):
+        own = folder / "cells" / c.label
+        rows = [ln for ln in (own / "tokens.csv").read_text().splitlines() if ln[:1].isdigit()]
+        assert len(rows) == 24
+        metrics = (own / "bmoe.metrics").read_text()
+        assert metrics.startswith("peak_rss_kb=") and "mem_avail_floor_kb=" in metrics
+        assert json.loads((own / "summary.json").read_text())["preamble"]["moe_stream"] == "1"
+        there = list((tmp_path / "host").glob(f"*/{c.label}/bmoe.csv"))
+        assert len(there) == 1  # written in its own folder there
+    assert b1.fingerprint == b2.fingerprint != r1.fingerprint
+    assert hang.status == "timeout" and processes_matching(marker) == []
+    assert (folder / "report.md").is_file()

@@ -18,6 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import abbench.campaign.bmoe as bmoe
 from abbench.campaign.llamacpp import LlamaCell, find_binary
 from abbench.campaign.recovery import note_child
 from abbench.campaign.remote import RemoteCell
@@ -25,6 +26,7 @@ from abbench.engine.config import to_argv
 from abbench.engine.models import resolve_model
 from abbench.errors import CellOutputError
 from abbench.records.cell_config import (
+    BmoeConfig,
     CellConfig,
     EmbeddedConfig,
     ImportedConfig,
@@ -69,6 +71,25 @@ def llama_argv(cfg: LlamaConfig, device: Device) -> list[str]:
     return cell.argv(binary, model)
 
 
+def bmoe_cell(cfg: BmoeConfig) -> bmoe.BmoeCell:
+    return bmoe.BmoeCell(model=cfg.model, tokens=cfg.tokens, prompt=cfg.prompt,
+                         bin_dir=cfg.bin_dir, options=cfg.options)
+
+
+def bmoe_argv(cfg: BmoeConfig, device: Device, folder: str) -> list[str]:
+    """A bmoe cell's command line on the device: `bmoe-cli` under the pressure sampler,
+    its CSV and `.metrics` in `folder` (the cell's folder, here or there). Raises
+    CellOutputError when the binary has gone since the plan was made."""
+    cell = bmoe_cell(cfg)
+    binary = bmoe.find_binary(cell.bin_dir, device.on_host)
+    if binary is None:
+        raise CellOutputError(f"no `{bmoe.BINARY}` "
+                              + (f"in {cell.bin_dir}" if cell.bin_dir else "on PATH"))
+    model = str(resolve_model(cell.model, quiet=True)) if device.on_host else cell.model
+    return bmoe.wrapped(cell.argv(binary, model, f"{folder}{bmoe.CSV}"),
+                        f"{folder}{bmoe.METRICS}")
+
+
 def launched_config(cfg: CellConfig) -> LaunchedConfig:
     """`cfg`, a kind of cell a campaign launches; an imported cell ran elsewhere."""
     if isinstance(cfg, ImportedConfig):
@@ -88,6 +109,8 @@ def cell_argv(cfg: LaunchedConfig, python: str, out_dir: Path, device: Device,
             return remote.launch(remote_engine_argv(abbench, cfg))
         if isinstance(cfg, LlamaConfig):
             return remote.launch(llama_argv(cfg, device))
+        if isinstance(cfg, BmoeConfig):
+            return remote.launch(bmoe_argv(cfg, device, ""))
         stale = cfg.output_path(label)  # an absolute output: removed there before the cell
         return remote.launch(cfg.command_for(label),
                              remove=[stale] if stale and stale.startswith("/") else [])
@@ -95,6 +118,8 @@ def cell_argv(cfg: LaunchedConfig, python: str, out_dir: Path, device: Device,
         return engine_argv(python, cfg, out_dir)
     if isinstance(cfg, LlamaConfig):
         return device.command(llama_argv(cfg, device))
+    if isinstance(cfg, BmoeConfig):
+        return device.command(bmoe_argv(cfg, device, f"{out_dir}/"))
     return device.command(cfg.command_for(label))
 
 
@@ -123,8 +148,9 @@ class CellChild:
         try:
             with open(out_dir / "stderr.txt", "wb") as err, \
                     open(out_dir / "stdout.txt", "wb") as so:
+                # its own process group: what it starts (a wrapper's engine) dies with it
                 self._proc = subprocess.Popen(argv, stdout=so, stderr=err,
-                                              stdin=subprocess.DEVNULL)
+                                              stdin=subprocess.DEVNULL, start_new_session=True)
                 try:
                     self.device.throttle(self._proc.pid)
                     # its CPU time (and its children's) is the cell's, not foreign load;
@@ -159,11 +185,14 @@ class CellChild:
             self._proc = None
 
     def kill(self) -> None:
-        """SIGKILL the child if it still runs, and reap it."""
+        """SIGKILL the child and its process group if it still runs, and reap it."""
         self.device.unthrottle()  # a stopped child ignores SIGTERM: continue it first
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.send_signal(signal.SIGKILL)
             proc.wait()
 
 
@@ -184,13 +213,19 @@ def exit_reason(code: int, remote: RemoteCell | None = None) -> str:
         return f"killed by signal {-code}"
 
 
+# How a child states why it failed on stderr: abbench's own `ERROR:` line, bmoe-cli's
+# (cli/main.cpp:713, :777, :687), kept whole.
+_STATED = ("ERROR:", "config error:", "error:", "unknown arg:")
+
+
 def stated_reason(error: str, tail: str) -> str:
     """`error` (`exited with status 2`) with the reason the child gave: the last `ERROR:`
-    line of its stderr tail (abbench's own form), so that the journal and the report say
+    line of its stderr tail (abbench's own form; bmoe-cli's `config error:`, `error:` or
+    `unknown arg:`), so that the journal and the report say
     why a cell failed, not only that it did. Control characters are shown as escapes and
     the reason is kept to one short line."""
-    said = [line[len("ERROR:"):].strip() for line in tail.splitlines()
-            if line.startswith("ERROR:")]
+    said = [line[len("ERROR:"):].strip() if line.startswith("ERROR:") else line.strip()
+            for line in tail.splitlines() if line.startswith(_STATED)]
     if not said or not said[-1]:
         return error
     reason = "".join(c if c.isprintable() else repr(c)[1:-1] for c in said[-1])

@@ -20,17 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import abbench.campaign.bmoe as bmoe
 from abbench.errors import AbbenchError, CellOutputError, ForeignRunError
 from abbench.records.bmoe_csv import parse_bmoe_csv, work_fingerprint
 from abbench.records.bmoe_view import run_summary
 from abbench.records.cell_config import (
+    BmoeConfig,
     EmbeddedConfig,
     ExternalConfig,
     LaunchedConfig,
     LlamaConfig,
 )
-from abbench.records.cell_doc import llama_bench_doc, llama_completion_doc
+from abbench.records.cell_doc import bmoe_doc, llama_bench_doc, llama_completion_doc
 from abbench.records.llamacpp import bench_summary, completion_summary, parse_bench_jsonl
+from abbench.records.metrics_file import parse_metrics
 from abbench.records.summary import (
     RunSummary,
     finite,
@@ -75,6 +78,8 @@ def read_cell_output(
         return read_engine_json(out / "summary.json")
     if isinstance(cfg, LlamaConfig):
         return _llama(cfg.tool, out)
+    if isinstance(cfg, BmoeConfig):
+        return _bmoe(cfg, out)
     kind = cfg.output.partition(":")[0]
     where = cfg.output_path(out.name) or ""
     if kind == "stdout-summary":
@@ -106,6 +111,46 @@ def _llama(tool: str, out: Path) -> tuple[dict[str, Any], str | None]:
         summary, fingerprint, note = completion_summary(stdout, stderr)
         doc = llama_completion_doc(RunSummary.from_json(summary), fingerprint,
                                    [note] if note else [])
+    (out / "summary.json").write_text(json.dumps(finite(doc)) + "\n", encoding="utf-8")
+    return summary, fingerprint
+
+
+def _bmoe(cfg: BmoeConfig, out: Path) -> tuple[dict[str, Any], str | None]:
+    """A bmoe cell's summary and fingerprint from the CSV it wrote (kept as tokens.csv),
+    its preamble checked against the cell's options, and its `.metrics` as the pressure
+    readings; all kept in its summary.json."""
+    csv = out / bmoe.CSV
+    try:
+        text = csv.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        said = [line.strip() for line in (out / "stderr.txt").read_text(
+            encoding="utf-8", errors="replace").splitlines() if "could not open csv" in line] \
+            if (out / "stderr.txt").is_file() else []
+        raise CellOutputError(f"bmoe-cli wrote no CSV ({bmoe.CSV}): it exits 0 when it cannot "
+                              "open it" + (f" ({said[-1]})" if said else "")) from None
+    summary, fingerprint = summarize_bmoe_csv(text, bmoe.CSV)
+    run = parse_bmoe_csv(text, bmoe.CSV)
+    csv.replace(out / "tokens.csv")  # the cell's per-token columns, as the engine wrote them
+    cell = bmoe.BmoeCell(model=cfg.model, tokens=cfg.tokens, prompt=cfg.prompt,
+                         bin_dir=cfg.bin_dir, options=cfg.options)
+    notes = []
+    if not run.preamble:
+        notes.append("the CSV has no preamble: what bmoe-cli ran is not confirmed")
+    wrong = bmoe.preamble_mismatches(cell.expected_preamble(), run.preamble)
+    if wrong:
+        raise CellOutputError("bmoe-cli ran another configuration than the cell's: its CSV "
+                              "preamble says " + ", ".join(wrong[:4])
+                              + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else ""))
+    try:
+        metrics = parse_metrics((out / bmoe.METRICS).read_text(encoding="utf-8",
+                                                               errors="replace"), bmoe.METRICS)
+    except OSError:
+        metrics = {}
+        notes.append(f"no {bmoe.METRICS}: the cell's pressure readings are not measured")
+    except ForeignRunError as e:
+        metrics = {}
+        notes.append(f"{bmoe.METRICS} could not be read: {e.message}")
+    doc = bmoe_doc(RunSummary.from_json(summary), fingerprint, run.preamble, metrics, notes)
     (out / "summary.json").write_text(json.dumps(finite(doc)) + "\n", encoding="utf-8")
     return summary, fingerprint
 

@@ -38,7 +38,13 @@ from abbench.campaign.tables import CELL_DEFAULTS, MAX_CELLS
 from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError, CampaignFileError
 from abbench.records import DecisionSpec, GateSpec, MatchSpec, Plan, PlannedCell, Sequential
-from abbench.records.cell_config import CellConfig, EmbeddedConfig, ExternalConfig, LlamaConfig
+from abbench.records.cell_config import (
+    BmoeConfig,
+    CellConfig,
+    EmbeddedConfig,
+    ExternalConfig,
+    LlamaConfig,
+)
 from abbench.records.plan import SLICE_TOKENS, SLICES, RemoteSpec
 from abbench.records.toml import KeyLines
 from abbench.sim.profile import load_profile
@@ -212,6 +218,10 @@ def describe(config: CellConfig) -> str:
         reps = f" x{config.repetitions}" if config.tool == "llama-bench" else ""
         return (f"{config.tool}: {config.model} tokens={config.tokens}{reps}"
                 + (f" {options}" if options else ""))
+    if isinstance(config, BmoeConfig):
+        return f"bmoe-cli: {config.model} tokens={config.tokens}" + "".join(
+            f" {k}" if v is True else f" {k}={_value(v)}" for k, v in config.options
+            if v is not False)
     if isinstance(config, ExternalConfig):
         return f"external: {shlex.join(config.command)} -> {config.output}"
     if not isinstance(config, EmbeddedConfig):
@@ -233,6 +243,12 @@ def differences(first: CellConfig, config: CellConfig) -> str:
         ours, others = dict(config.options), dict(first.options)  # the options that differ
         keys.remove("llama")
         changed = [f"{flag(k)}={_value(ours.get(k))}" for k in dict.fromkeys([*ours, *others])
+                   if ours.get(k) != others.get(k)]
+        return " ".join([_keys(mine, keys), *changed]).strip()
+    if isinstance(config, BmoeConfig) and isinstance(first, BmoeConfig) and "bmoe" in keys:
+        ours, others = dict(config.options), dict(first.options)
+        keys.remove("bmoe")
+        changed = [f"{k}={_value(ours.get(k))}" for k in dict.fromkeys([*ours, *others])
                    if ours.get(k) != others.get(k)]
         return " ".join([_keys(mine, keys), *changed]).strip()
     return _keys(mine, keys)
@@ -328,7 +344,9 @@ def _duration_line(plan: Plan, estimates: list[float | None], scale: float,
             f"tokens) / {tok_per_s:g} tok/s + {START_S:g} s start")
     if unknown:
         llama = sum(isinstance(c.config, LlamaConfig) for c in plan.cells)
-        for count, kind in ((unknown - llama, "external"), (llama, "llama.cpp")):
+        bmoes = sum(isinstance(c.config, BmoeConfig) for c in plan.cells)
+        for count, kind in ((unknown - llama - bmoes, "external"), (llama, "llama.cpp"),
+                            (bmoes, "bmoe")):
             if count:
                 note += f"; {count} {kind} cell{'s' if count > 1 else ''} not counted"
     if plan.gate is not None:

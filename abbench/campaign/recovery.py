@@ -87,6 +87,8 @@ def reap_orphan(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGCONT)  # a simulated device may have left it stopped
         os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):  # what it started: a cell leads its own group
+        os.killpg(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while proc_start(pid) == start and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -18,11 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+import abbench.campaign.bmoe as bmoe
 from abbench.campaign._check import as_table, check_keys, coerce, error_at, fail, under
 from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
 from abbench.campaign.llamacpp import LlamaCell, find_binary
 from abbench.campaign.model_check import ModelHeaders, cell_problems
 from abbench.campaign.tables import (
+    BMOE,
+    BMOE_KEYS,
     CELL_DEFAULTS,
     CELL_HINTS,
     ENGINE_KEYS,
@@ -85,8 +88,9 @@ def resolve_cell(name: str, layers: dict[str, Layer], workload: WorkloadTable, f
     merged: Layer = {}
     for n in reversed(_chain(name, layers)):
         own = {k: v for k, v in layers[n].items() if k != "base"}
-        if "llama" in own and "llama" in merged:  # options inherit one by one
-            own["llama"] = ({**merged["llama"][0], **own["llama"][0]}, own["llama"][1])
+        for table in ("llama", "bmoe"):  # options inherit one by one
+            if table in own and table in merged:
+                own[table] = ({**merged[table][0], **own[table][0]}, own[table][1])
         merged.update(own)
     base = layers[name]["base"][0] if "base" in layers[name] else None
     timeout = merged["timeout_s"][0] if "timeout_s" in merged else workload.timeout_s
@@ -108,10 +112,16 @@ def resolve_cell(name: str, layers: dict[str, Layer], workload: WorkloadTable, f
 
     if engine in LLAMA_TOOLS:
         return cell(llama=_llama_cell(name, engine, merged, workload, folder, transport, home))
+    if engine == BMOE:
+        return cell(bmoe=_bmoe_cell(name, merged, workload, folder, transport, home))
     for k in ("llama_cpp_bin", "repetitions", "llama"):
         if k in merged:
             fail(merged[k][1], f"applies to llama.cpp cells only (cell `{name}` is {engine})",
                  tip='engine = "llama-bench" or "llama-completion" runs llama.cpp')
+    for k in ("bmoe_bin", "bmoe"):
+        if k in merged:
+            fail(merged[k][1], f"applies to bmoe cells only (cell `{name}` is {engine})",
+                 tip='engine = "bmoe" runs the phone-streaming engine\'s bmoe-cli')
     if engine == "external":
         keys = [k for k in merged if k in ENGINE_KEYS]
         if keys:
@@ -132,6 +142,37 @@ def resolve_cell(name: str, layers: dict[str, Layer], workload: WorkloadTable, f
                                       headers, remote=not _on_host(transport)))
 
 
+def _tool_values(merged: Layer, workload: WorkloadTable, folder: Path, transport: str,
+                 home: Key, keys: tuple[str, ...]) -> Layer:
+    """A tool cell's (llama.cpp, bmoe) `keys`: its own over what `[workload]` gives one
+    (model, tokens, prompt, seed), the model checked here on this machine (local or
+    simulated) and refused as synthetic on a device."""
+    defaults = EngineConfig(model=workload.model)
+    values: Layer = {"model": (workload.model, ("workload", "model")),
+                     "tokens": (defaults.n_tokens, (*home, "tokens")),
+                     "prompt": (defaults.prompt, (*home, "prompt")),
+                     "seed": (defaults.seed, (*home, "seed"))}
+    values.update({k: (v, ("workload", k)) for k, v in workload.settings.items() if k in keys})
+    values.update({k: v for k, v in merged.items() if k in keys})
+    model, at = values["model"]
+    if _on_host(transport):
+        values["model"] = (_model(model, at, folder), at)
+    elif model.startswith("synthetic:"):
+        fail(at, f"{show(model)} is built on this machine, but the cell runs on `{transport}`",
+             tip="give the model's path on the device (`abbench model synth` writes a "
+             "synthetic model to copy there)")
+    return values
+
+
+def _tool_error(e: CampaignFileError, values: Layer, table: str, home: Key) -> NoReturn:
+    """A tool cell's problem, re-rooted at the key (or its table's option) that set it."""
+    k = e.key[0] if e.key else None
+    if k == table:
+        where = values.get(table, (None, (*home, table)))[1]
+        raise error_at((*where, *e.key[1:]), e.problem, e.tip) from None
+    raise error_at(values[k][1] if k in values else home, e.problem, e.tip) from None
+
+
 def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, folder: Path,
                 transport: str, home: Key) -> LlamaCell:
     """A llama.cpp cell: its own keys over what `[workload]` gives one (model, tokens,
@@ -142,40 +183,47 @@ def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, fo
             fail(at, f"cell `{name}` runs {tool}: `{k}` is an embedded-engine key",
                  tip=f"llama.cpp's own options go in `[cells.{name}.llama]`, under "
                  "llama.cpp's names (docs/cells.md, llama.cpp cells)")
-    defaults = EngineConfig(model=workload.model)
-    values: Layer = {"model": (workload.model, ("workload", "model")),
-                     "tokens": (defaults.n_tokens, (*home, "tokens")),
-                     "prompt": (defaults.prompt, (*home, "prompt")),
-                     "seed": (defaults.seed, (*home, "seed"))}
-    values.update({k: (v, ("workload", k)) for k, v in workload.settings.items()
-                   if k in LLAMA_KEYS})
-    values.update({k: v for k, v in merged.items() if k in LLAMA_KEYS})
-    on_host = _on_host(transport)
-    model, at = values["model"]
-    if on_host:
-        model = _model(model, at, folder)
-    elif model.startswith("synthetic:"):
-        fail(at, f"{show(model)} is built on this machine, but the cell runs on `{transport}`",
-             tip="give the model's path on the device (`abbench model synth` writes a "
-             "synthetic model to copy there)")
-    table, table_at = values.get("llama", ({}, (*home, "llama")))
+    values = _tool_values(merged, workload, folder, transport, home, LLAMA_KEYS)
     bin_dir, bin_at = values.get("llama_cpp_bin", (None, (*home, "llama_cpp_bin")))
     try:
-        cell = LlamaCell(tool=tool, model=model, tokens=values["tokens"][0],
+        cell = LlamaCell(tool=tool, model=values["model"][0], tokens=values["tokens"][0],
                          prompt=values["prompt"][0], seed=values["seed"][0],
                          repetitions=values.get("repetitions", (5, None))[0],
-                         bin_dir=bin_dir, options=tuple(table.items()))
+                         bin_dir=bin_dir, options=tuple(values.get("llama", ({},))[0].items()))
     except CampaignFileError as e:
-        k = e.key[0] if e.key else None
-        where = table_at if k == "llama" else values[k][1] if k in values else home
-        raise error_at((*where, *e.key[1:]) if k == "llama" else where, e.problem,
-                       e.tip) from None
-    if on_host and find_binary(tool, bin_dir, on_host=True) is None:
+        _tool_error(e, values, "llama", home)
+    if _on_host(transport) and find_binary(tool, bin_dir, on_host=True) is None:
         where = f"in {bin_dir}" if bin_dir else "on PATH"
         fail(bin_at if bin_dir else home, f"no `{tool}` {where}"
              + (" (nor an older build's `llama-cli`)" if tool == "llama-completion" else ""),
              tip="`llama_cpp_bin` names the folder of llama.cpp's binaries (its build/bin); "
              "`python tests/llamacpp.py` builds the pinned llama.cpp into the cache")
+    return cell
+
+
+def _bmoe_cell(name: str, merged: Layer, workload: WorkloadTable, folder: Path,
+               transport: str, home: Key) -> bmoe.BmoeCell:
+    """A bmoe-cli cell: its own keys over what `[workload]` gives one (model, tokens,
+    prompt), its `bmoe` table checked as bmoe-cli's own `validate()` checks it. On this
+    machine the model file and the binary are checked now."""
+    for k, (_, at) in merged.items():
+        if k in ENGINE_KEYS and k not in BMOE_KEYS or k in ("llama", "llama_cpp_bin",
+                                                            "repetitions"):
+            fail(at, f"cell `{name}` runs bmoe-cli: `{k}` is not one of its keys",
+                 tip=f"bmoe-cli's own options go in `[cells.{name}.bmoe]`, under its long "
+                 "flags' names (docs/cells.md, bmoe cells)")
+    values = _tool_values(merged, workload, folder, transport, home, BMOE_KEYS)
+    bin_dir, bin_at = values.get("bmoe_bin", (None, (*home, "bmoe_bin")))
+    try:
+        cell = bmoe.BmoeCell(model=values["model"][0], tokens=values["tokens"][0],
+                             prompt=values["prompt"][0], bin_dir=bin_dir,
+                             options=tuple(values.get("bmoe", ({},))[0].items()))
+    except CampaignFileError as e:
+        _tool_error(e, values, "bmoe", home)
+    if _on_host(transport) and bmoe.find_binary(bin_dir, on_host=True) is None:
+        fail(bin_at if bin_dir else home, f"no `{bmoe.BINARY}` "
+             + (f"in {bin_dir}" if bin_dir else "on PATH"),
+             tip="`bmoe_bin` names the folder of bmoe-cli (the project's build folder)")
     return cell
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import abbench.campaign.bmoe as bmoe
 from abbench.campaign.child import (
     CellChild,
     ChildExit,
@@ -68,7 +69,7 @@ from abbench.records import (
     read_journal,
     read_plan,
 )
-from abbench.records.cell_config import EmbeddedConfig, LaunchedConfig
+from abbench.records.cell_config import BmoeConfig, EmbeddedConfig, LaunchedConfig
 from abbench.records.plan import SLICE_TOKENS, SLICES
 from abbench.sensors import Device, Sampler
 from abbench.sim import open_device
@@ -327,8 +328,10 @@ class CampaignRun:
         finally:
             self._tag(None)
         span = (t0w, time.time(), t0m, time.monotonic())
-        if there is not None and ended.status == "ok" and isinstance(launched, EmbeddedConfig):
-            lost = there.pull_into(out, ENGINE_FILES)
+        files = ENGINE_FILES if isinstance(launched, EmbeddedConfig) else \
+            bmoe.FILES if isinstance(launched, BmoeConfig) else None
+        if there is not None and ended.status == "ok" and files is not None:
+            lost = there.pull_into(out, files)
             ended = ChildExit("failed", ended.exit_code, lost) if lost else ended
         if there is not None and self.remote is not None:
             for note in self.remote.after_cell(cell.label, out):

@@ -73,6 +73,8 @@ _CANNOT_PAUSE = {
     "external": "an external command, which has no turn protocol",
     **{tool: f"a {tool} cell: llama.cpp's command-line tools cannot pause between tokens (a "
        "llama.cpp server could, between requests: not built)" for tool in LLAMA_TOOLS},
+    "bmoe": "a bmoe cell: bmoe-cli decodes one prompt through (its `--session` mode takes "
+            "whole prompts, not turns)",
 }
 
 _TABLE_KEYS = {

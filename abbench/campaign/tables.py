@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from abbench.campaign._check import fail, in_range
+from abbench.campaign.bmoe import BmoeCell
 from abbench.campaign.llamacpp import TOOLS, LlamaCell
 from abbench.engine.config import MAX_TURN_TOKENS, EngineConfig
 from abbench.errors import Key
@@ -27,8 +28,9 @@ NAME_MAX = 100
 NAME_TIP = ("names are letters, digits, `-`, `_` and `.` (not first), at most "
             f"{NAME_MAX} characters: they name folders")
 DEFAULT_MODEL = "synthetic:default"
-ENGINES = ("embedded", "external", *TOOLS)
-ENGINES_TEXT = "`embedded`, `external`, " + ", ".join(f"`{t}`" for t in TOOLS)
+BMOE = "bmoe"  # the phone-streaming engine's CLI (campaign.bmoe)
+ENGINES = ("embedded", "external", *TOOLS, BMOE)
+ENGINES_TEXT = ", ".join(f"`{e}`" for e in ENGINES)
 MAX_REPEAT = 100
 MAX_CELLS = 10_000  # cells one campaign may run (planned and appended)
 WEEK_S = 7 * 86400.0  # the longest wait or timeout a campaign may ask for
@@ -55,11 +57,15 @@ CELL_HINTS: dict[str, Any] = {
     "llama_cpp_bin": str,
     "repetitions": int,
     "llama": dict[str, str | int | float | bool],
+    "bmoe_bin": str,
+    "bmoe": dict[str, str | int | float | bool],
     **{k: typing.get_type_hints(EngineConfig)[f] for k, f in ENGINE_KEYS.items()},
 }
 # The keys a llama.cpp cell takes besides `engine`, `base` and `timeout_s` (the engine keys
 # among them as the embedded engine reads them); `[workload]` gives it only these.
 LLAMA_KEYS = ("model", "tokens", "prompt", "seed", "llama_cpp_bin", "repetitions", "llama")
+# The keys a bmoe cell takes besides `engine`, `base` and `timeout_s`.
+BMOE_KEYS = ("model", "tokens", "prompt", "bmoe_bin", "bmoe")
 WORKLOAD_KEYS = ("engine", "timeout_s", *ENGINE_KEYS)
 # Engine keys whose default in a cell differs from the command line's: a cell decodes
 # exactly `tokens` (a run that stopped at EOS would be less work, not a slower run).
@@ -294,10 +300,10 @@ class WorkloadTable:
 class CellSpec:
     """One resolved cell: `base` and `[workload]` applied. Embedded cells carry an
     `EngineConfig`; external ones a command and how to read its result; llama.cpp ones a
-    `LlamaCell`."""
+    `LlamaCell`; bmoe ones a `BmoeCell`."""
 
     name: str
-    engine: str  # "embedded" | "external" | "llama-bench" | "llama-completion"
+    engine: str  # "embedded" | "external" | "llama-bench" | "llama-completion" | "bmoe"
     timeout_s: float = 900.0
     config: EngineConfig | None = None
     command: tuple[str, ...] = ()
@@ -305,6 +311,7 @@ class CellSpec:
     base: str | None = None  # the cell it inherits from, as written
     sweep: int | None = None  # index of the `[[sweep]]` that generated it
     llama: LlamaCell | None = None
+    bmoe: BmoeCell | None = None
 
     def __post_init__(self) -> None:
         check_name((), self.name)
@@ -327,10 +334,15 @@ class CellSpec:
         elif self.engine in TOOLS:
             if self.llama is None or self.llama.tool != self.engine:
                 fail((), f"a {self.engine} cell needs its llama.cpp configuration")
+        elif self.engine == BMOE:
+            if self.bmoe is None:
+                fail((), "a bmoe cell needs its bmoe-cli configuration")
         else:
             fail(("engine",), f"must be one of {ENGINES_TEXT} (got {show(self.engine)})")
         if self.engine not in TOOLS and self.llama is not None:
             fail(("llama",), f"applies to llama.cpp cells only (this one is {self.engine})")
+        if self.engine != BMOE and self.bmoe is not None:
+            fail(("bmoe",), f"applies to bmoe cells only (this one is {self.engine})")
 
     def planned(self) -> CellConfig:
         """The configuration a plan carries, as its kind (`records.cell_config`)."""
@@ -345,6 +357,10 @@ class CellSpec:
                     "prompt": m.prompt, "seed": m.seed, "repetitions": m.repetitions,
                     "llama_cpp_bin": m.bin_dir, "llama": dict(m.options),
                     "timeout_s": self.timeout_s}
+        if self.bmoe is not None:
+            b = self.bmoe
+            return {"engine": BMOE, "model": b.model, "tokens": b.tokens, "prompt": b.prompt,
+                    "bmoe_bin": b.bin_dir, "bmoe": dict(b.options), "timeout_s": self.timeout_s}
         if self.config is None:
             return {"engine": "external", "command": list(self.command), "output": self.output,
                     "timeout_s": self.timeout_s}
@@ -363,6 +379,8 @@ class CellSpec:
             else:
                 del cfg["repetitions"]
             return {k: v for k, v in cfg.items() if v != {}}
+        if self.bmoe is not None:
+            return {k: v for k, v in cfg.items() if v != {} and v is not None}
         if self.config is None:
             return cfg
         return {"engine": "embedded", "timeout_s": self.timeout_s,

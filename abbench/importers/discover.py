@@ -15,11 +15,11 @@ from typing import Any
 
 from abbench.errors import ForeignRunError, UsageError
 from abbench.importers.driverlog import DriverEntry
-from abbench.importers.metrics import parse_metrics
 from abbench.importers.state import DeviceState, parse_state
 from abbench.records import NotImported
 from abbench.records.bmoe_csv import BmoeRun, looks_like_bmoe_csv, parse_bmoe_csv
 from abbench.records.bmoe_view import Digest, digest
+from abbench.records.metrics_file import parse_metrics
 from abbench.records.summary import RunSummary
 from abbench.records.text import clip, read_text_lossy
 from abbench.workers import map_all, workers

@@ -3,6 +3,7 @@
 ```
 CellConfig = EmbeddedConfig    `engine` absent or "embedded": the engine's resolved flags
            | LlamaConfig       `engine` "llama-bench" | "llama-completion"
+           | BmoeConfig        `engine` "bmoe": the phone-streaming engine's CLI
            | ExternalConfig    `engine` "external": a command and where its result is
            | ImportedConfig    `engine` "imported": a run made elsewhere (`abbench import`)
 ```
@@ -156,6 +157,28 @@ class LlamaConfig(_Launched):
                   options=tuple(_read(r, "llama", dict[str, Scalar], {}).items()))
 
 
+@dataclass(frozen=True)
+class BmoeConfig(_Launched):
+    """A `bmoe-cli` cell (`campaign.bmoe.BmoeCell` is the same, with its checks and its
+    command line)."""
+
+    model: str = field(init=False)
+    tokens: int = field(init=False)
+    prompt: str = field(init=False)
+    bin_dir: str | None = field(init=False)  # `bmoe_bin`
+    options: tuple[tuple[str, Scalar], ...] = field(init=False)  # `bmoe`, in file order
+
+    engines: ClassVar[tuple[str, ...]] = ("bmoe",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        r = self.resolved
+        self._set(model=_read(r, "model", str), tokens=_read(r, "tokens", int),
+                  prompt=_read(r, "prompt", str),
+                  bin_dir=_read(r, "bmoe_bin", str | None, None),
+                  options=tuple(_read(r, "bmoe", dict[str, Scalar], {}).items()))
+
+
 CELL_PLACEHOLDER = "{cell}"  # in an external cell's command and output: the cell's label
 
 
@@ -204,10 +227,11 @@ class ImportedConfig(_Kind):
         self._set(model=_read(self.resolved, "model", str | None, None))
 
 
-LaunchedConfig = EmbeddedConfig | LlamaConfig | ExternalConfig
+LaunchedConfig = EmbeddedConfig | LlamaConfig | BmoeConfig | ExternalConfig
 CellConfig = LaunchedConfig | ImportedConfig
 KINDS: dict[str, type[CellConfig]] = {
-    engine: kind for kind in (EmbeddedConfig, LlamaConfig, ExternalConfig, ImportedConfig)
+    engine: kind for kind in (EmbeddedConfig, LlamaConfig, BmoeConfig, ExternalConfig,
+                              ImportedConfig)
     for engine in kind.engines
 }
 

@@ -102,6 +102,14 @@ def llama_completion_doc(summary: RunSummary, fingerprint: str | None,
     return {SUMMARY: summary.to_json(), FINGERPRINT: fingerprint, NOTES: list(notes)}
 
 
+def bmoe_doc(summary: RunSummary, fingerprint: str | None, preamble: Mapping[str, str],
+             metrics: Mapping[str, Any], notes: Sequence[str]) -> dict[str, Any]:
+    """A bmoe cell's document: its columns are its tokens.csv (the CSV bmoe-cli wrote),
+    its preamble what bmoe-cli says it ran, its metrics the `.metrics` read around it."""
+    return {SUMMARY: summary.to_json(), FINGERPRINT: fingerprint, PREAMBLE: dict(preamble),
+            METRICS: dict(metrics), NOTES: list(notes)}
+
+
 def import_doc(*, files: Sequence[str], tps_source: str, summary: RunSummary,
                fingerprint: str | None, preamble: Mapping[str, str], resolved: Resolved,
                metrics: Mapping[str, Any],
@@ -119,5 +127,5 @@ __all__ = [
     "CONFIG", "FILES", "FINGERPRINT", "FORMAT", "IMPORT_DOC_FORMAT", "LINES", "METRICS",
     "MODEL", "NOTES", "OUTPUT_IDS", "PER_TOKEN", "PREAMBLE", "PREFILL", "PROMPT_IDS",
     "REPETITIONS", "RESOLVED", "Resolved", "SAMPLES", "SUMMARY", "TEXT", "TOP_LEVEL_KEYS",
-    "TPS_SOURCE", "engine_doc", "import_doc", "llama_bench_doc", "llama_completion_doc",
+    "TPS_SOURCE", "bmoe_doc", "engine_doc", "import_doc", "llama_bench_doc", "llama_completion_doc",
 ]

@@ -175,11 +175,21 @@ DESCRIBE_MAX = 100  # characters of a configuration's description
 
 
 def _config(key: str) -> dict[str, Any]:
+    """A configuration key's settings, a cell's option table (`llama`, `bmoe`) as one
+    setting per option (`bmoe.cache_mb`)."""
     try:
         cfg = json.loads(key)
     except json.JSONDecodeError:
         return {}
-    return cfg if isinstance(cfg, dict) else {}
+    if not isinstance(cfg, dict):
+        return {}
+    flat: dict[str, Any] = {}
+    for name, value in cfg.items():
+        if isinstance(value, dict) and value:
+            flat.update({f"{name}.{k}": v for k, v in value.items()})
+        else:
+            flat[name] = value
+    return flat
 
 
 def describe_configs(keys: list[str]) -> dict[str, str]:

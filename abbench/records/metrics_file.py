@@ -1,4 +1,6 @@
-"""Reader for `.metrics` files: the device pressure a driver script recorded around a run.
+"""Reader for `.metrics` files: the device pressure a driver script recorded around a run
+(scripts/bench-run.sh:39-49 of the phone-streaming engine), or a bmoe cell's wrapper
+(`campaign.bmoe`) around its cell.
 
 ```
 peak_rss_kb=5888168
