@@ -13,6 +13,7 @@ import csv
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -399,3 +400,78 @@ def test_a_bmoe_campaign_over_ssh_reads_each_cells_csv_and_pulls_its_metrics(
     assert b1.fingerprint == b2.fingerprint != r1.fingerprint
     assert hang.status == "timeout" and processes_matching(marker) == []
     assert (folder / "report.md").is_file()
+
+
+def test_stage_checks_and_pushes_the_files_the_host_needs(server: SshServer, tmp_path: Path,
+                                                          tiny_model: Path) -> None:
+    """`[stage]` over the real sshd: a file missing there is refused (exit 2, nothing
+    run), pushed with `push = true` and found equal by sha256 on the next campaign."""
+    binary = bmoe_standin.install(tmp_path / "bin-here")
+    host = tmp_path / "host-files"
+    host.mkdir()
+    body = f"""
+        [cells.B]
+        engine = "bmoe"
+        bmoe_bin = "{host}"
+        model = "{host / "model.gguf"}"
+
+        [stage.files]
+        "{host / "model.gguf"}" = "{tiny_model}"
+        "{host / "bmoe-cli"}" = "{binary}"
+        """
+    cells = campaign_file(tmp_path, body, device=f'remote_dir = "{tmp_path / "host"}"\n')
+    p = run(cells, tmp_path / "1")
+    assert p.returncode == 2, p.stderr
+    assert "does not hold the files the campaign needs" in p.stderr
+    assert f"{host / 'model.gguf'} (missing)" in p.stderr and not list(host.iterdir())
+    cells.write_text(cells.read_text().replace("[stage.files]", "[stage]\npush = true\n"
+                                                                "[stage.files]"))
+    p = run(cells, tmp_path / "2")
+    assert p.returncode in (0, 3), p.stderr
+    assert (host / "model.gguf").read_bytes() == tiny_model.read_bytes()
+    assert os.access(host / "bmoe-cli", os.X_OK) and "copied from" in p.stderr
+    (b,) = read_journal(folder_of(tmp_path / "2"))
+    assert b.status == "ok", b.error
+    p = run(cells, tmp_path / "3")
+    assert f"stage: {host / 'model.gguf'}: as {tiny_model}" in p.stderr
+
+
+@pytest.fixture
+def fuse_folder(tmp_path: Path) -> Iterator[Path]:
+    """A real FUSE mount (bindfs) of a folder: storage where O_DIRECT is not O_DIRECT."""
+    if shutil.which("bindfs") is None:
+        if os.environ.get("ABBENCH_REQUIRE_SSHD") == "1":
+            pytest.fail("bindfs is not installed (.ci/run installs it)")
+        pytest.skip("bindfs is not installed")
+    source, mount = tmp_path / "flash", tmp_path / "fuse"
+    source.mkdir()
+    mount.mkdir()
+    subprocess.run(["bindfs", str(source), str(mount)], check=True, timeout=30)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False, timeout=30)
+
+
+def test_a_model_on_fuse_is_refused_before_the_first_cell(server: SshServer, tmp_path: Path,
+                                                          fuse_folder: Path,
+                                                          tiny_model: Path) -> None:
+    shutil.copyfile(tiny_model, fuse_folder / "model.gguf")
+    binary = bmoe_standin.install(tmp_path / "bin")
+    cells = campaign_file(tmp_path, f"""
+        [cells.B]
+        engine = "bmoe"
+        bmoe_bin = "{binary.parent}"
+        model = "{fuse_folder / "model.gguf"}"
+        bmoe = {{ moe_stream = true, cache_mb = 2048 }}
+        """, device=f'remote_dir = "{tmp_path / "host"}"\n')
+    p = run(cells, tmp_path / "1")
+    assert p.returncode == 2, p.stderr
+    assert f"cell `B` reads {fuse_folder / 'model.gguf'} with O_DIRECT" in p.stderr
+    assert f"on {fuse_folder}, a fuse filesystem" in p.stderr
+    assert not (tmp_path / "host").exists()  # nothing ran
+    cells.write_text(cells.read_text().replace("cache_mb = 2048", "cache_mb = 2048, "
+                                               "no_odirect = true"))
+    p = run(cells, tmp_path / "2")
+    (b,) = read_journal(folder_of(tmp_path / "2"))
+    assert b.status == "ok", (b.error, p.stderr)

@@ -45,7 +45,7 @@ from abbench.records.cell_config import (
     ExternalConfig,
     LlamaConfig,
 )
-from abbench.records.plan import SLICE_TOKENS, SLICES, RemoteSpec
+from abbench.records.plan import SLICE_TOKENS, SLICES, RemoteSpec, StageSpec
 from abbench.records.toml import KeyLines
 from abbench.sim.profile import load_profile
 from abbench.textsafe import shown
@@ -148,6 +148,8 @@ def plan_campaign(spec: CampaignSpec) -> Plan:
         remote=(RemoteSpec(spec.device.remote_folder(), spec.device.abbench_argv,
                            spec.device.prepare, spec.device.cleanup, spec.device.pull)
                 if spec.device.transport.startswith(("adb:", "ssh:")) else None),
+        stage=(StageSpec(spec.stage.push, tuple(spec.stage.files.items()))
+               if spec.stage is not None else None),
     )
 
 

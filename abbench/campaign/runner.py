@@ -54,6 +54,7 @@ from abbench.campaign.remote import ENGINE_FILES, RemoteCell, RemoteRun
 from abbench.campaign.run_folder import Prepare, create_run_folder, write_plan, write_status
 from abbench.campaign.sentinels import append_sentinel, resend_sentinels
 from abbench.campaign.sequential import LookFn, fits, fraction, interleaved_round, next_round
+from abbench.campaign.stage import stage_device
 from abbench.campaign.view import CampaignView
 from abbench.engine.models import prepare_models
 from abbench.errors import EXIT_OK, AbbenchError, CellOutputError, Interrupted, WriteError
@@ -144,9 +145,11 @@ class CampaignRun:
         try:
             if self.remote is None:
                 prepare_models(models)
-            elif models:
-                self.remote.check_abbench()
-                self.remote.build_models(m for m in models if m.startswith("synthetic:"))
+            else:
+                stage_device(self.device, self.plan.stage, todo)
+                if models:
+                    self.remote.check_abbench()
+                    self.remote.build_models(m for m in models if m.startswith("synthetic:"))
         except AbbenchError as e:
             write_status(self.folder, "failed", e.message)
             raise

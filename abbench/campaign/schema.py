@@ -31,6 +31,7 @@ from abbench.campaign._check import (
 from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
 from abbench.campaign.model_check import ModelHeaders
 from abbench.campaign.resolve import cell_layers, resolve_cell, spelling
+from abbench.campaign.stage import StageTable
 from abbench.campaign.tables import (
     CELL_HINTS,
     MAX_CELLS,
@@ -66,7 +67,7 @@ __all__ = [
 ]
 
 TOP_KEYS = ("campaign", "device", "gate", "match", "workload", "cells", "decision", "sweep",
-            "fleet")
+            "fleet", "stage")
 
 # Why a cell of this kind cannot take turns (docs/cells.md, Interleaved slices).
 _CANNOT_PAUSE = {
@@ -84,6 +85,7 @@ _TABLE_KEYS = {
     "match": [f.name for f in fields(MatchTable)],
     "workload": list(WORKLOAD_KEYS),
     "fleet": [f.name for f in fields(FleetTable)],
+    "stage": [f.name for f in fields(StageTable)],
 }
 
 
@@ -108,6 +110,7 @@ class CampaignSpec:
     decisions: tuple[Decision, ...] = ()
     sweeps: tuple[Sweep, ...] = ()
     fleet: FleetTable = field(default_factory=FleetTable)  # for `abbench fleet` only
+    stage: StageTable | None = None  # files the device must hold (adb/ssh devices)
 
     def on(self, transport: str) -> CampaignSpec:
         """The same campaign on another device (`[device] transport`): a calibration's
@@ -265,6 +268,7 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
     device = build(DeviceTable, doc.get("device", {}), ("device",))
     gate = build(GateTable, doc["gate"], ("gate",)) if "gate" in doc else None
     fleet = build(FleetTable, doc.get("fleet", {}), ("fleet",))
+    stage = _stage(doc, device, Path(os.path.abspath(path)).parent)
     match = build(MatchTable, doc.get("match", {}), ("match",))
     workload = _workload(as_table(("workload",), doc.get("workload", {})))
     layers = cell_layers(doc.get("cells"))
@@ -293,7 +297,28 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
                                 headers, device.transport) for name in layers}
     return CampaignSpec(path=path, source_text=text, campaign=campaign, device=device,
                         gate=gate, match=match, workload=workload, cells=cells,
-                        decisions=decisions, sweeps=tuple(sweeps), fleet=fleet)
+                        decisions=decisions, sweeps=tuple(sweeps), fleet=fleet, stage=stage)
+
+
+def _stage(doc: dict[str, Any], device: DeviceTable, folder: Path) -> StageTable | None:
+    """`[stage]`, on an adb/ssh device, each file here found now (relative to the
+    campaign file's folder, made absolute)."""
+    if "stage" not in doc:
+        return None
+    stage = build(StageTable, doc["stage"], ("stage",))
+    if not device.transport.startswith(("adb:", "ssh:")):
+        fail(("stage",), f"applies to adb:/ssh: devices (this one is "
+             f"{show(device.transport)})", tip="on this machine a cell reads its files "
+             "where they are")
+    files = {}
+    for there, here in stage.files.items():
+        path = Path(here).expanduser()
+        path = path if path.is_absolute() else folder / path
+        if not path.is_file():
+            fail(("stage", "files", there), f"no file here at {show(str(path))}",
+                 tip="the file the device must hold, relative to the campaign file's folder")
+        files[there] = os.path.normpath(path)
+    return replace(stage, files=files)
 
 
 def _check_size(campaign: CampaignTable, repeat_given: bool, names: list[str],
@@ -354,6 +379,8 @@ def resolved_toml(spec: CampaignSpec) -> str:
     lines += [*dump_table(["device"], asdict(spec.device)), ""]
     if spec.gate is not None:
         lines += [*dump_table(["gate"], asdict(spec.gate)), ""]
+    if spec.stage is not None:
+        lines += [*dump_table(["stage"], asdict(spec.stage)), ""]
     lines += [*dump_table(["match"], asdict(spec.match)), ""]
     for name, cell in spec.cells.items():
         lines += [*dump_table(["cells", name], cell.to_toml()), ""]

@@ -70,6 +70,22 @@ class RemoteSpec:
 
 
 @dataclass(frozen=True)
+class StageSpec:
+    """`[stage]`: files an adb/ssh device must hold before the first cell (the model, the
+    binaries), each checked there by size and sha256 against the file here; `push`: copy
+    what is missing or differs."""
+
+    push: bool = False
+    files: tuple[tuple[str, str], ...] = ()  # (the path there, the absolute path here)
+
+    def __post_init__(self) -> None:
+        for i, (there, here) in enumerate(self.files):
+            if not there.startswith("/") or not here.startswith("/"):
+                raise BadField(f"stage.files[{i}]", f"is {show([there, here])}: two "
+                               "absolute paths (there, here)")
+
+
+@dataclass(frozen=True)
 class MatchSpec:
     """`[match]`: the entry-state tolerances two cells must meet to be compared, as a plan
     records them; cells.toml's [match] table (which checks the ranges) extends this."""
@@ -201,6 +217,7 @@ class Plan:
     interleave: str = CELLS  # SLICES: cells run in the pairs `interleaved_with` names
     slice_tokens: int | None = None  # with SLICES: decode tokens per turn
     remote: RemoteSpec | None = None  # an adb/ssh device's cells: where they live there
+    stage: StageSpec | None = None  # files the device must hold before the first cell
 
     def to_json(self) -> dict[str, Any]:
         # field by field, not `asdict`: its deep copy of every cell is what an import of
@@ -218,6 +235,10 @@ class Plan:
             del d["remote"]
         else:
             d["remote"] = asdict(self.remote)
+        if self.stage is None:  # plans before it stay byte-identical
+            del d["stage"]
+        else:
+            d["stage"] = asdict(self.stage)
         return d
 
     def pairs(self) -> list[tuple[PlannedCell, PlannedCell]]:

@@ -304,6 +304,15 @@ class Device:
         """The local argument list that runs `script` with the device's `sh -c`."""
         return self._transport.shell(script)
 
+    def copy_in(self, here: str, there: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Copy the file `here` (this machine's) to `there` on an adb/ssh device. Raises
+        UsageError on a device that is this machine, subprocess.TimeoutExpired past
+        `timeout`."""
+        copy = getattr(self._transport, "copy_in", None)
+        if copy is None:
+            raise UsageError(f"{self.name} is this machine: nothing to copy to it")
+        return copy(here, there, timeout)
+
     def unreachable(self) -> str | None:
         """Why an adb/ssh device cannot be reached now (its `check`), None where it can
         (and for a device on this machine)."""

@@ -115,6 +115,25 @@ class _RemoteShell:
     def run(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
         return self._exec(self.command(argv), timeout)
 
+    def copy_in(self, here: str, there: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        """Copy the file `here` to `there` on the device: into `there.part`, renamed once
+        whole (a copy cut short never passes for the file)."""
+        with open(here, "rb") as source:
+            try:
+                done = subprocess.run(self.copy_argv(here, there + ".part"), stdin=source,
+                                      capture_output=True, timeout=timeout, check=False)
+            except FileNotFoundError:
+                raise UsageError(f"the {self.kind} transport needs `{self.kind}` on PATH")\
+                    from None
+        if done.returncode != 0:
+            return subprocess.CompletedProcess(done.args, done.returncode, "",
+                                               done.stderr.decode(errors="replace"))
+        return self.run(["mv", "-f", there + ".part", there], timeout)
+
+    def copy_argv(self, here: str, there: str) -> list[str]:
+        """The local argv that writes the file on stdin (or `here`) to `there`."""
+        return self.shell_argv(shlex.join(["sh", "-c", 'cat > "$1"', "sh", there]))
+
     def snapshot(self) -> Tree:
         try:
             done = self._exec(self.shell_argv(self.snapshot_command()), SNAPSHOT_TIMEOUT_S)
@@ -147,6 +166,10 @@ class AdbTransport(_RemoteShell):
 
     def shell_argv(self, command: str) -> list[str]:
         return ["adb", "-s", self.serial, "shell", command]
+
+    def copy_argv(self, here: str, there: str) -> list[str]:
+        # `adb shell` of older servers has no clean stdin (a pty): `adb push` copies
+        return ["adb", "-s", self.serial, "push", here, there]
 
     def check(self) -> None:
         """Fail now, clearly, if adb is missing or the device is not attached and authorised."""
