@@ -22,7 +22,7 @@ from typing import Any
 
 import abbench.campaign.bmoe as bmoe
 from abbench.errors import AbbenchError, CellOutputError, ForeignRunError
-from abbench.records.bmoe_csv import parse_bmoe_csv, work_fingerprint
+from abbench.records.bmoe_csv import BmoeRun, parse_bmoe_csv, work_fingerprint
 from abbench.records.bmoe_view import run_summary
 from abbench.records.cell_config import (
     BmoeConfig,
@@ -128,8 +128,8 @@ def _bmoe(cfg: BmoeConfig, out: Path) -> tuple[dict[str, Any], str | None]:
             if (out / "stderr.txt").is_file() else []
         raise CellOutputError(f"bmoe-cli wrote no CSV ({bmoe.CSV}): it exits 0 when it cannot "
                               "open it" + (f" ({said[-1]})" if said else "")) from None
-    summary, fingerprint = summarize_bmoe_csv(text, bmoe.CSV)
-    run = parse_bmoe_csv(text, bmoe.CSV)
+    run, summary = _bmoe_run(text, bmoe.CSV)
+    fingerprint = work_fingerprint(run)
     csv.replace(out / "tokens.csv")  # the cell's per-token columns, as the engine wrote them
     cell = bmoe.BmoeCell(model=cfg.model, tokens=cfg.tokens, prompt=cfg.prompt,
                          bin_dir=cfg.bin_dir, options=cfg.options)
@@ -185,6 +185,12 @@ def _fetch(path: str, device: Device) -> str:
 def summarize_bmoe_csv(text: str, name: str) -> tuple[dict[str, Any], str | None]:
     """tok/s from a bmoe_metrics CSV (its `# summary` line, else the rows' wall times) and
     the work it reports."""
+    run, summary = _bmoe_run(text, name)
+    return summary, work_fingerprint(run)
+
+
+def _bmoe_run(text: str, name: str) -> tuple[BmoeRun, dict[str, Any]]:
+    """A bmoe_metrics CSV read, and its summary; CellOutputError where it gives no tok/s."""
     try:
         run = parse_bmoe_csv(text, name)
     except ForeignRunError as e:
@@ -192,4 +198,4 @@ def summarize_bmoe_csv(text: str, name: str) -> tuple[dict[str, Any], str | None
     summary = run_summary(run)
     if RunSummary.from_json(summary).tok_per_s is None:  # a `# summary` tok/s is a number
         raise CellOutputError(f"{name}: no token rows and no `# summary` line")
-    return summary, work_fingerprint(run)
+    return run, summary
