@@ -210,6 +210,23 @@ def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> No
         child.wait()
 
 
+def test_a_cell_that_starts_its_engine_is_throttled_with_it(sim) -> None:
+    """A cell leads its process group (`CellChild`); what its wrapper starts (a bmoe
+    cell's bmoe-cli, in the background of its `.metrics` wrapper) is duty-cycled too."""
+    dev, _ = sim("phone")
+    dev.force_clock_fraction(0.5)
+    wrapped = f'"{sys.executable}" -c "$0" 1.0 & wait'
+    child = subprocess.Popen(["sh", "-c", wrapped, BUSY], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    dev.throttle(child.pid)
+    try:
+        out, _ = child.communicate(timeout=30)
+    finally:
+        dev.unthrottle()
+    free = _busy(1.0, None)
+    assert float(out) < 0.65 * free, (free, out)
+
+
 def test_the_speed_probe_runs_for_real_and_is_throttled_like_a_cell(sim) -> None:
     # The probe on a simulated device is a real process that the device
     # duty-cycles, so it sees the simulated caps and the host's own load

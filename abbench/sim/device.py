@@ -308,15 +308,22 @@ class SimulatedDevice(Device):
             self._pid = self._pidfd = None
 
     def _signal(self, sig: int) -> bool:
-        """Send `sig` to the attached process; False once it is gone."""
+        """Send `sig` to the attached process, and to the process group it leads (a cell's
+        wrapper and the engine it started: `CellChild` starts each cell as a group's
+        leader); False once it is gone."""
         try:
             if self._pidfd is not None:
                 signal.pidfd_send_signal(self._pidfd, sig)
             elif self._pid is not None:
                 os.kill(self._pid, sig)
-            return True
+            else:
+                return True
         except (ProcessLookupError, PermissionError, OSError):
             return False
+        # the leader is alive: a group with its pid as id is its own
+        with contextlib.suppress(OSError):
+            os.killpg(self._pid, sig)
+        return True
 
     def _duty_loop(self, stop: threading.Event) -> None:
         try:
