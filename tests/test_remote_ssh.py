@@ -446,7 +446,10 @@ def fuse_folder(tmp_path: Path) -> Iterator[Path]:
     source, mount = tmp_path / "flash", tmp_path / "fuse"
     source.mkdir()
     mount.mkdir()
-    subprocess.run(["bindfs", str(source), str(mount)], check=True, timeout=30)
+    done = subprocess.run(["bindfs", str(source), str(mount)], capture_output=True,
+                          text=True, timeout=30, check=False)
+    if done.returncode != 0:  # a machine without FUSE (no /dev/fuse, no CAP_SYS_ADMIN)
+        pytest.skip(f"bindfs cannot mount here: {done.stderr.strip()[:200]}")
     try:
         yield mount
     finally:
