@@ -1,8 +1,13 @@
-"""Shared fixtures: synthetic models built once per session into a private cache."""
+"""Shared fixtures: synthetic models built once per session into a private cache; and,
+when the suite runs in parallel workers (`pytest -n auto`, pytest-xdist), the tests marked
+`alone` run with no other test beside them."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +38,23 @@ def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
 
 SHARED = _shared()
 REFERENCE = SHARED / "reference" / "bmoe"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-xdist (`-n auto --dist loadfile`: a module runs whole on one worker),
+    every test module holds one lock file shared, and a module marked `alone`
+    (`pytestmark = pytest.mark.alone`) holds it exclusively, its module fixtures included:
+    a module that measures this machine (its foreign load, a time ratio, a CPU share) never
+    runs beside another worker's tests. Without workers: nothing."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(Path(tempfile.gettempdir()) / f"abbench-tests-{run}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

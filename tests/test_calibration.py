@@ -22,12 +22,13 @@ BAR = 0.05
 ABBA_X2 = Design("ABBA x 2", ("B", "C", "C", "B", "C", "C", "B"))
 
 
-def _table(decision: dict | None, designs=DESIGNS, campaigns: int = CAMPAIGNS
+def _table(decision: dict | None, designs=DESIGNS, campaigns: int = CAMPAIGNS, seed: int = 0
            ) -> dict[tuple[str, float], float]:
     out = {}
     for k, design in enumerate(designs):
         for j, sigma in enumerate(SIGMAS):
-            r = rates(design, sigma, 0.0, campaigns, seed=1000 * k + j, decision=decision)
+            r = rates(design, sigma, 0.0, campaigns, seed=seed + 1000 * k + j,
+                      decision=decision)
             false = r.get("GO", 0.0) + r.get("NO-GO", 0.0)
             out[(design.name, sigma)] = false
             print(f"A/A {design.name:<14} sigma {sigma:4.0%}: GO {r.get('GO', 0):.2%} "
@@ -35,10 +36,18 @@ def _table(decision: dict | None, designs=DESIGNS, campaigns: int = CAMPAIGNS
     return out
 
 
-def test_a_a_campaigns_give_a_verdict_at_most_5_percent_of_the_time() -> None:
-    table = _table(None)  # min_effect 0.03, as the A/A campaign asked
+@pytest.mark.parametrize("campaigns", [
+    pytest.param(CAMPAIGNS // 4, id="500 campaigns"),
+    pytest.param(CAMPAIGNS, id="2000 campaigns", marks=pytest.mark.slow),
+])
+def test_a_a_campaigns_give_a_verdict_at_most_5_percent_of_the_time(campaigns: int) -> None:
+    # The default run draws a quarter of the campaigns (other seeds than the full run's),
+    # held to the bar within two binomial standard errors; the slow run holds all 2000 to
+    # the bar itself, the figures docs/method.md quotes.
+    table = _table(None, campaigns=campaigns, seed=0 if campaigns == CAMPAIGNS else 50_000)
     worst = max(table.items(), key=lambda kv: kv[1])
-    assert worst[1] <= BAR, f"{worst[0]}: {worst[1]:.2%} false verdicts"
+    slack = 0.0 if campaigns == CAMPAIGNS else 2 * math.sqrt(BAR * (1 - BAR) / campaigns)
+    assert worst[1] <= BAR + slack, f"{worst[0]}: {worst[1]:.2%} false verdicts"
 
 
 def test_a_true_15_percent_at_3_percent_noise_is_found_in_abba_x2() -> None:

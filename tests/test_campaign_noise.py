@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_campaign_run import abbench, run_folder, write_campaign
 
 from abbench.records import read_journal, read_plan, read_repeats
@@ -84,6 +85,7 @@ SEQUENTIAL = """
     """
 
 
+@pytest.mark.slow  # over 20 s alone: the slow run covers it
 def test_sequential_campaign_appends_rounds_until_the_budget(tiny_model: Path,
                                                             tmp_path: Path) -> None:
     # C is B under another name: never 1.5x faster, so the decision stays open and the

@@ -19,6 +19,8 @@ from abbench.analysis.campaign import analyze
 from abbench.engine import synth
 from abbench.records import keys, read_journal, read_plan, read_samples
 
+pytestmark = pytest.mark.alone  # its campaigns' foreign load is asserted on
+
 REF = REFERENCE
 
 

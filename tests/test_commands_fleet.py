@@ -75,6 +75,7 @@ def spans(run: Path) -> tuple[float, float]:
     return min(c.t_start_wall for c in cells), max(c.t_end_wall for c in cells)
 
 
+@pytest.mark.slow  # over 20 s alone: the slow run covers it
 def test_a_fleet_of_three_simulated_devices(tiny_model: Path, tmp_path: Path) -> None:
     cells = fleet_campaign(tmp_path, tiny_model, ["sim:phone#2", "sim:laptop"])
     p = abbench("fleet", cells, "--out", tmp_path / "out", "--sentinels", tmp_path / "s")

@@ -24,6 +24,8 @@ from abbench import workers
 from abbench.cli import main
 from abbench.records import read_journal, read_plan
 
+pytestmark = pytest.mark.alone  # it times 10x the runs against 1x
+
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 8, 1, 9, 0, 0)
 

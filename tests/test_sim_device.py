@@ -22,6 +22,8 @@ from abbench.sim import open_device
 from abbench.sim.device import SimulatedDevice, ThermalModel
 from abbench.sim.profile import Profile, load_profile, shipped_profiles
 
+pytestmark = pytest.mark.alone  # it measures CPU shares of duty-cycled children
+
 HOT = Path(__file__).parent / "fixtures" / "sim-hot.toml"
 
 

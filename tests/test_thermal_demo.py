@@ -41,6 +41,8 @@ from abbench.campaign.schema import load_campaign
 from abbench.records import read_journal
 from abbench.sim.profile import load_profile
 
+pytestmark = pytest.mark.alone  # its campaigns' pairs must match (foreign load)
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ROOT / "cells" / "thermal-demo.toml"
 GATED = ROOT / "cells" / "thermal-demo-gated.toml"
@@ -228,6 +230,7 @@ def test_fixed_spacing_tells_the_seed_story(small_model: Path, fixed_phone: Path
     _story("fixed", FIXED, _fixed_story, small_model, fixed_phone, tmp_path)
 
 
+@pytest.mark.slow  # over 20 s alone: the slow run covers it
 def test_gated_every_pair_matched_sentinels_agree(small_model: Path, gated_phone: Path,
                                                   tmp_path: Path) -> None:
     _story("gated", GATED, _gated_story, small_model, gated_phone, tmp_path, HOST_PROBE_TOL)
