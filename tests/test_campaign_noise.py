@@ -16,6 +16,8 @@ from test_campaign_run import abbench, run_folder, write_campaign
 
 from abbench.records import read_journal, read_plan, read_repeats
 
+pytestmark = pytest.mark.alone  # its repeats must be comparable (foreign load)
+
 
 def _report(folder: Path) -> dict:
     return json.loads((folder / "report.json").read_text())
