@@ -23,7 +23,8 @@ from conftest import run_main
 from gguf import GGMLQuantizationType
 
 from abbench.engine import experts, memory, synth
-from abbench.engine.memory import MIB, Room, model_memory, rooms
+from abbench.engine.memory import Room, model_memory, rooms
+from abbench.engine.units import MIB
 
 ROOT = Path(__file__).resolve().parents[1]
 

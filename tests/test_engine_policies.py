@@ -24,7 +24,7 @@ from conftest import run_main
 
 from abbench.cli import main
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import MIB, ExpertRunner
+from abbench.engine.experts import ExpertRunner
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.policies import (
     Policies,
@@ -36,6 +36,7 @@ from abbench.engine.policies import (
 )
 from abbench.engine.session import Engine, RunResult, model_info
 from abbench.engine.streamer import expert_layout
+from abbench.engine.units import MIB
 from abbench.errors import ConfigError
 
 CliRun = tuple[list[str], str, dict[str, str], dict[str, str]]  # stdout, stderr, preamble, summary

@@ -16,8 +16,8 @@ import pytest
 
 from abbench.engine import telemetry
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import MIB
 from abbench.engine.session import Engine, RunResult
+from abbench.engine.units import MIB
 from abbench.records.cell_files import read_cell_files
 from abbench.records.summary import JSON_FORMAT
 from abbench.records.tokens import PER_TOKEN_COLUMNS, PREFILL_COLUMNS

@@ -15,7 +15,7 @@ from abbench.engine import synth
 from abbench.engine.config import EngineConfig
 from abbench.engine.session import Engine
 
-TINY = ["tiny", "gpt-oss-tiny", "qwen35moe-tiny", "gemma4-tiny"]
+TINY = [name for name in synth.PRESETS if name.endswith("tiny")]  # one per architecture
 COUNTED = ("experts_routed", "hits", "misses", "experts_dropped", "read_bytes")
 
 

@@ -29,9 +29,9 @@ import numpy as np
 import pytest
 
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import MIB
 from abbench.engine.session import Engine, RunResult, TokenRecord
 from abbench.engine.telemetry import fingerprint
+from abbench.engine.units import MIB
 
 # Dropping at top-2/top-4 warns (tested in test_policies); here it is expected.
 pytestmark = pytest.mark.filterwarnings("ignore:--drop-cold-experts with top-:RuntimeWarning")

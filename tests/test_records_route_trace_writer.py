@@ -20,8 +20,8 @@ import pytest
 
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import MIB
 from abbench.engine.session import Engine, RunResult
+from abbench.engine.units import MIB
 from abbench.records.route_trace import HEADER, RouteTraceWriter
 
 pytestmark = pytest.mark.filterwarnings("ignore:--drop-cold-experts with top-:RuntimeWarning")

@@ -27,8 +27,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.memory import KEYS, MIB, ModelMemory, check, of_model, size, way_out
+from abbench.engine.memory import KEYS, ModelMemory, check, of_model, size, way_out
 from abbench.engine.models import PREFIX, check_context_memory, parse_synthetic
+from abbench.engine.units import MIB
 from abbench.errors import ConfigError, ModelFileError
 
 

@@ -38,6 +38,7 @@ from abbench.campaign.tables import (
     check_name,
 )
 from abbench.engine.config import EngineConfig
+from abbench.engine.synth_spec import PRESET_NAMES
 from abbench.errors import AbbenchError, CampaignFileError, ConfigError, Key, render
 from abbench.records.schema import describe, did_you_mean, show
 
@@ -307,9 +308,8 @@ def _model(value: str, at: Key, folder: Path) -> str:
     if value.startswith("synthetic:"):
         if not _SYNTHETIC.match(value):
             fail(at, f"{show(value)} is not a synthetic model",
-                 tip="`synthetic:PRESET` or `synthetic:PRESET@SEED` (presets: tiny, small, "
-                 "default, gpt-oss-tiny, gpt-oss-small; or a real shape, e.g. "
-                 "qwen3-30b-a3b-4L-Q4_K_M)")
+                 tip=f"`synthetic:PRESET` or `synthetic:PRESET@SEED` (presets: {PRESET_NAMES}; "
+                 "or a real shape, e.g. qwen3-30b-a3b-4L-Q4_K_M)")
         return value
     try:
         path = Path(value).expanduser()
@@ -323,5 +323,5 @@ def _model(value: str, at: Key, folder: Path) -> str:
     if not found:
         fail(at, f"no model file at {show(str(path))}",
              tip="a .gguf file (relative to the campaign file's folder), or "
-             "`synthetic:PRESET[@SEED]` (tiny, small, default, gpt-oss-tiny, ...)")
+             f"`synthetic:PRESET[@SEED]` ({PRESET_NAMES})")
     return os.path.normpath(path)

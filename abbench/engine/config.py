@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, get_type_hints
 
+from abbench.engine.synth_spec import PRESET_NAMES
 from abbench.errors import ConfigError, Setting
 
 DEFAULT_PROMPT = "Explain how a mixture-of-experts model routes each token."
@@ -60,9 +61,8 @@ class EngineConfig:
     cell's TOML keys, the child process's argv and the run JSON's `config` all come from
     these fields (see docs/architecture.md, "adding an engine flag")."""
 
-    model: str = option(MISSING, "a .gguf file, or synthetic:PRESET[@SEED] (tiny, small, default, "
-                        "gpt-oss-tiny, gpt-oss-small), or "
-                        "a real shape quantized, synthetic:qwen3-30b-a3b-4L-Q4_K_M (built "
+    model: str = option(MISSING, f"a .gguf file, or synthetic:PRESET[@SEED] ({PRESET_NAMES}), "
+                        "or a real shape quantized, synthetic:qwen3-30b-a3b-4L-Q4_K_M (built "
                         "once)", MODEL, short="-m")
     prompt: str = option(DEFAULT_PROMPT, "prompt text (byte vocabularies)", MODEL, short="-p")
     prompt_tokens: tuple[int, ...] | None = option(

@@ -58,6 +58,7 @@ from abbench.engine.policies import Policies, cold_keep, kept_weights
 from abbench.engine.qcompute import QuantTeam
 from abbench.engine.slots import SlotPool
 from abbench.engine.streamer import BufferArena, F32Kind, LayerExperts, ReadTicket, SliceReader
+from abbench.engine.units import MIB
 from abbench.errors import EngineError
 
 if TYPE_CHECKING:
@@ -66,9 +67,8 @@ if TYPE_CHECKING:
     from abbench.records.route_trace import RouteTraceWriter
 
 # Re-exported: what one pass did and holds (`expert_pass.py`), imported from here too.
-__all__ = ["MIB", "Direct", "ExpertRunner", "Load", "Miss", "Selection", "TokenCounters"]
+__all__ = ["Direct", "ExpertRunner", "Load", "Miss", "Selection", "TokenCounters"]
 
-MIB = 1024 * 1024
 
 
 class ExpertRunner(BatchPrefill, Speculation, InGraph):

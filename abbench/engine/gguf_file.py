@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from abbench.engine.gguf_header import ArrayInfo, TensorInfo, read_array, read_header, show
+from abbench.engine.synth_spec import PRESET_NAMES
 from abbench.errors import ModelFileError
 
 __all__ = ["CONVERTED_TYPES", "F32_TYPES", "SUPPORTED_TYPES", "ModelFile", "TensorInfo",
@@ -92,8 +93,7 @@ class ModelFile:
         if magic != b"GGUF":
             raise ModelFileError(
                 f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')",
-                tip="pass a .gguf model, or `synthetic:PRESET` (tiny, small, default, "
-                "gpt-oss-tiny, gpt-oss-small)",
+                tip=f"pass a .gguf model, or `synthetic:PRESET` ({PRESET_NAMES})",
             )
         header = read_header(self.path)
         self.alignment, self.data_offset = header.alignment, header.data_offset

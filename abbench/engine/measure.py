@@ -9,8 +9,9 @@ import resource
 import time
 from collections.abc import Callable
 
-from abbench.engine.experts import MIB, ExpertRunner
+from abbench.engine.experts import ExpertRunner
 from abbench.engine.run_result import TokenRecord
+from abbench.engine.units import MIB
 
 _PAGE = resource.getpagesize()
 

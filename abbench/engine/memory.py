@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Protocol
 
 from gguf import GGMLQuantizationType
 
+from abbench.engine.units import MIB
 from abbench.errors import ConfigError, EngineError
 
 if TYPE_CHECKING:  # the model code only where a model is read
     from abbench.engine.gguf_file import ModelFile
     from abbench.engine.gguf_header import TensorInfo
 
-MIB = 2**20
 GIB = 2**30
 # A cgroup without a limit reads as `max` (v2) or as a number near 2^63 (v1).
 NO_LIMIT = 2**60

@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 from abbench.engine import ggml, memory
 from abbench.engine.arch import GRAPH_FOR_F32, GRAPHS, architecture
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import MIB, ExpertRunner
+from abbench.engine.experts import ExpertRunner
 from abbench.engine.gguf_file import ModelFile
 from abbench.engine.measure import measure_pass, peak_rss_mib
 from abbench.engine.model_info import check_vectors, choose_kernels, model_info
@@ -45,6 +45,7 @@ from abbench.engine.streamer import expert_layout
 from abbench.engine.tokenizer import end_of_generation
 from abbench.engine.tracing import open_route_trace
 from abbench.engine.turns import TurnPipe, slice_of
+from abbench.engine.units import MIB
 from abbench.errors import EngineError
 from abbench.records.route_trace import RouteTraceWriter
 

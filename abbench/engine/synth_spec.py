@@ -126,6 +126,8 @@ PRESETS: dict[str, SynthSpec] = {
                               context_length=1024, tokenizer="gemma4", arch="gemma4",
                               sliding_window=32),
 }
+# The presets as every message lists them (`synthetic:PRESET`): one list, from the table.
+PRESET_NAMES = ", ".join(PRESETS)
 
 
 # Real models' geometries, written with `n_layer` chosen by the caller (`shape()`).

@@ -17,9 +17,9 @@ import json
 import math
 from typing import Any
 
-from abbench.engine.experts import MIB
 from abbench.engine.predictor import predict_lines_from_dict
 from abbench.engine.run_result import RunResult, TokenRecord
+from abbench.engine.units import MIB
 from abbench.fsutil import atomic_write_text
 from abbench.records.bmoe_csv import CACHE_BUDGET, format_bmoe_csv, trailer
 from abbench.records.cell_doc import PREAMBLE, Resolved, engine_doc

@@ -12,8 +12,6 @@ even layers slide), YaRN RoPE (`rope.scaling.*`), and the expert FFN's width onl
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +20,7 @@ import numpy as np
 
 from abbench.engine.arch.common import check_header, header_numbers, pad
 from abbench.engine.ggml import ROPE_NEOX, Rope
+from abbench.engine.ggml.libm import logf
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -29,16 +28,6 @@ if TYPE_CHECKING:
 
 ARCH = "gpt-oss"
 SCALINGS = ("none", "linear", "yarn")
-
-_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-_libm.logf.restype, _libm.logf.argtypes = ctypes.c_float, [ctypes.c_float]
-
-
-def logf(x: float) -> np.float32:
-    """C's `logf`: llama.cpp computes its YaRN factor with it, in float32; numpy's float32
-    log is other code and may differ in the last bit."""
-    return np.float32(_libm.logf(ctypes.c_float(x)))
-
 
 def yarn_attn_factor(freq_scale: float, attn_factor: float) -> float:
     """llama.cpp's YaRN magnitude for positions scaled by `freq_scale` (a context extended
