@@ -325,3 +325,18 @@ def test_the_size_check_finds_a_long_function(tmp_path: Path) -> None:
     path = tmp_path / "long.py"
     path.write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
     assert long_functions(path) == [("long", 61)]
+
+
+def test_only_ggml_touches_ctypes_in_the_engine() -> None:
+    """docs/architecture.md: `engine/ggml/` is the one engine package that calls foreign
+    functions (a numpy array's `.ctypes.data` pointer is numpy's, not an import)."""
+    offenders = []
+    for path in (PACKAGE / "engine").rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        if not rel.startswith("engine/ggml/") and any(m.split(".")[0] == "ctypes"
+                                                        for m in names):
+            offenders.append(rel)
+    assert not offenders, offenders

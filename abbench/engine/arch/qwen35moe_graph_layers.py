@@ -18,7 +18,6 @@ row's product), which `qwen35moe_graph.GraphModel` adds to the routed experts' s
 from __future__ import annotations
 
 import math
-from ctypes import c_int
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -257,7 +256,7 @@ class LayerGraph:
         gate = op("cont_2d", op("view_3d", q_full, hd, nq, t, hd * 2 * 4, hd * 2 * nq * 4,
                                 hd * 4), hd * nq, t)  # (nq*hd, t)
         pos = ctx.tensor(ggml.I32, (4 * t,), m.positions(t).ctypes.data)
-        sections = (c_int * 4)(*a.rope_dimension_sections)
+        sections = ggml.rope_sections(a.rope_dimension_sections)
         rope = (a.rope_dimension_count, sections, ROPE_IMROPE, a.context_length,
                 a.rope_freq_base, *ROPE_PLAIN)
         q = op("rope_multi", self.rms(q, w.q_norm), pos, None, *rope)  # (hd, nq, t)

@@ -48,6 +48,7 @@ from abbench.engine.ggml.abi import (
     Rope,
     TensorStruct,
     ThreadpoolParams,
+    rope_sections,
 )
 from abbench.engine.ggml.context import Context, Graph, Repacker, Threads
 from abbench.engine.ggml.library import (
@@ -69,5 +70,6 @@ __all__ = [
     "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K", "ROPE_NEOX", "ROPE_NORMAL", "SORT_DESC",
     "STATUS_SUCCESS", "CPlan", "Context", "EngineError", "GgmlUnavailable", "Graph",
     "InitParams", "Lib", "Repacker", "Rope", "TensorStruct", "Threads", "ThreadpoolParams",
-    "block_size", "lib", "library_dir", "quantize", "row_bytes", "type_name", "valid_rows",
+    "block_size", "lib", "library_dir", "quantize", "rope_sections", "row_bytes", "type_name",
+    "valid_rows",
 ]

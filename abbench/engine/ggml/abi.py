@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 from ctypes import (
     POINTER,
+    Array,
     Structure,
     c_bool,
     c_char,
@@ -40,6 +42,11 @@ STATUS_SUCCESS = 0
 SORT_DESC = 1  # enum ggml_sort_order
 PREC_F32 = 10  # enum ggml_prec: F32 accumulators
 ROPE_NORMAL, ROPE_NEOX = 0, 2  # GGML_ROPE_TYPE_*: pairs (2i, 2i+1), or (i, i + n_dims/2)
+
+
+def rope_sections(sections: Sequence[int]) -> Array[c_int]:
+    """`ggml_rope_multi`'s `int sections[4]` (M-RoPE's dimensions per position kind)."""
+    return (c_int * 4)(*sections)
 
 
 @dataclass(frozen=True)
