@@ -340,3 +340,17 @@ def test_only_ggml_touches_ctypes_in_the_engine() -> None:
                                                         for m in names):
             offenders.append(rel)
     assert not offenders, offenders
+
+
+EXPERT_SIDE = ("cache", "compute", "expert_ffn", "expert_in_graph", "expert_pass",
+               "expert_prefill", "expert_speculation", "experts", "partner", "partner_os",
+               "policies", "predictor", "qcompute", "slots", "streamer")
+
+
+def test_the_expert_side_imports_nothing_from_the_architectures() -> None:
+    """The architectures call the expert side and implement its protocol (`expert_ffn`),
+    never the other way: no arrow from the expert side up into `engine/arch/`."""
+    up = {name: sorted(m for m in imports_of(PACKAGE / "engine" / f"{name}.py")
+                       if m.startswith("abbench.engine.arch"))
+          for name in EXPERT_SIDE}
+    assert not {k: v for k, v in up.items() if v}, up

@@ -1,5 +1,5 @@
 """The seam an architecture plugs into the shared expert side: its expert FFN
-(`arch.common.ExpertFFN`) and its router's bias (`Model.router_bias`, which the predictor
+(`expert_ffn.ExpertFFN`) and its router's bias (`Model.router_bias`, which the predictor
 adds).
 
 gpt-oss's FFN (`arch/gpt_oss.OaiExperts`: a per-expert bias after each product, indexed

@@ -41,7 +41,7 @@ import numpy as np
 from abbench.engine.streamer import ExpertBuffer, ReadTicket
 
 if TYPE_CHECKING:
-    from abbench.engine.arch.common import ExpertFFN, FFNGraph
+    from abbench.engine.expert_ffn import ExpertFFN, FFNGraph
     from abbench.engine.ggml import Context
 
 

@@ -29,7 +29,7 @@ from abbench.engine.qcompute import QuantTeam
 from abbench.engine.streamer import ExpertBuffer, LayerExperts, ReadTicket
 
 if TYPE_CHECKING:
-    from abbench.engine.arch.common import ExpertFFN
+    from abbench.engine.expert_ffn import ExpertFFN
     from abbench.records.route_trace import RouteTraceWriter
 
 

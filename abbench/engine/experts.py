@@ -62,7 +62,7 @@ from abbench.engine.units import MIB
 from abbench.errors import EngineError
 
 if TYPE_CHECKING:
-    from abbench.engine.arch.common import ExpertFFN
+    from abbench.engine.expert_ffn import ExpertFFN
     from abbench.engine.predictor import RoutePredictor
     from abbench.records.route_trace import RouteTraceWriter
 

@@ -64,7 +64,7 @@ from abbench.engine.streamer import ExpertBuffer
 from abbench.errors import EngineError
 
 if TYPE_CHECKING:
-    from abbench.engine.arch.common import ExpertFFN
+    from abbench.engine.expert_ffn import ExpertFFN
 
 SPIN_S = 0.002  # the child spins this long after its last request, then sleeps
 LOST_WAKE_S = 0.001  # a wake-up lost between the two sides' counters costs at most this

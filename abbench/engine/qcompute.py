@@ -40,7 +40,7 @@ from abbench.errors import EngineError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from abbench.engine.arch.common import ExpertFFN
+    from abbench.engine.expert_ffn import ExpertFFN
     from abbench.engine.gguf_file import ModelFile
 
 

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from abbench.engine import ggml
-from abbench.engine.arch.common import FFNGraph, RoutingHook, hidden_keys, rms_norm, rms_norm_rows
+from abbench.engine.arch.common import RoutingHook, hidden_keys, rms_norm, rms_norm_rows
 from abbench.engine.arch.gemma4_args import ModelArgs
 from abbench.engine.arch.numpy_face import NumpyFace
 from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec
+from abbench.engine.expert_ffn import FFNGraph
 
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
@@ -66,7 +67,7 @@ def gelu_table() -> np.ndarray:
 
 
 class GeluExperts:
-    """gemma4's expert FFN (an `arch.common.ExpertFFN`): gelu(gate) · up, and the down
+    """gemma4's expert FFN (an `expert_ffn.ExpertFFN`): gelu(gate) · up, and the down
     product times its expert's scale (`ffn_down_exps.scale`, when the file has them)."""
 
     def __init__(self, scales: list[np.ndarray] | None) -> None:

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from abbench.engine import ggml
-from abbench.engine.arch.common import FFNGraph, RoutingHook, hidden_keys, rms_norm, rms_norm_rows
+from abbench.engine.arch.common import RoutingHook, hidden_keys, rms_norm, rms_norm_rows
 from abbench.engine.arch.gpt_oss_args import ModelArgs
 from abbench.engine.arch.numpy_face import NumpyFace
 from abbench.engine.compute import MatMulT, MatVec, matmul_t, matvec
+from abbench.engine.expert_ffn import FFNGraph
 
 if TYPE_CHECKING:
     from abbench.engine.experts import ExpertRunner
@@ -37,7 +38,7 @@ __all__ = ["ARCH", "Model", "ModelArgs", "OaiExperts", "expert_ffn", "yarn_table
 
 
 class OaiExperts:
-    """gpt-oss's expert FFN (an `arch.common.ExpertFFN`): gate and up each plus its expert's
+    """gpt-oss's expert FFN (an `expert_ffn.ExpertFFN`): gate and up each plus its expert's
     bias, x = min(gate, 7), y = clip(up, -7, 7), x / (1 + e^(-1.702 x)) · (y + 1), then the
     down product plus its bias. Its bias stacks (per layer, F32, a row per expert id) are
     the file's (`expert_ffn` reads them once)."""

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from abbench.engine.arch.common import (
-    ExpertFFN,
     rms_norm,
     rms_norm_rows,
     rope_tables,
@@ -37,6 +36,7 @@ from abbench.engine.arch.numpy_face import NumpyFace
 from abbench.engine.arch.qwen3moe import SparseMoE
 from abbench.engine.arch.qwen35moe_args import ModelArgs
 from abbench.engine.compute import SWIGLU, MatMulT, matmul_t
+from abbench.engine.expert_ffn import ExpertFFN
 from abbench.errors import EngineError
 
 if TYPE_CHECKING:

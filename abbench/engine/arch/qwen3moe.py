@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from abbench.engine.arch.common import (
-    ExpertFFN,
     RoutingHook,
     rms_norm,
     rms_norm_rows,
@@ -27,6 +26,7 @@ from abbench.engine.arch.common import (
 from abbench.engine.arch.numpy_face import NumpyFace
 from abbench.engine.arch.qwen3moe_args import ModelArgs
 from abbench.engine.compute import SWIGLU, MatMulT, MatVec, matmul_t, matvec
+from abbench.engine.expert_ffn import ExpertFFN
 from abbench.engine.streamer import BufferArena, arena_copy
 
 if TYPE_CHECKING:
