@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from abbench.engine import partner
-from abbench.engine.cache import BufferKind, ExpertCache
+from abbench.engine.cache import BufferKind, ExpertCache, Key
 from abbench.engine.compute import ComputeTeam, rows_task
 from abbench.engine.expert_pass import Load, TokenCounters
 from abbench.engine.policies import Policies, cold_keep, kept_weights
@@ -47,7 +47,7 @@ class BatchPrefill:
     trace: RouteTraceWriter | None
     step: int
     _pool: ThreadPoolExecutor | None  # the batch's expert GEMMs, made on first use
-    _pending: list[object]  # speculative reads in flight (`Speculation`)
+    _pending: list[tuple[Key, ReadTicket]]  # speculative reads in flight (`Speculation`)
     _load: Callable[[int, list[int]], Load]
     _compute: Callable[[int, Load, Callable[[], float]], None]
     _settle: Callable[[], None]
