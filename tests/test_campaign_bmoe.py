@@ -139,6 +139,14 @@ def test_the_wrapper_writes_metrics_and_passes_the_exit_status_on(tmp_path: Path
     assert floor is not None and before is not None and floor <= before
 
 
+def test_a_cli_that_ends_before_the_first_reading_has_no_peak_rss(tmp_path: Path) -> None:
+    """Not the few kB of the instant it started: unknown, and said so (an empty value)."""
+    metrics = tmp_path / "m.metrics"
+    subprocess.run(bmoe.wrapped(["sleep", "0.3"], str(metrics)), check=True, timeout=30)
+    read = parse_metrics(metrics.read_text())
+    assert read["peak_rss_kb"] is None and read["mem_avail_before_kb"] is not None
+
+
 def test_bmoes_own_failure_lines_are_the_reason() -> None:
     assert stated_reason("exited with status 1", "x\nconfig error: moe.overlap requires "
                          "moe.enabled\n") == ("exited with status 1: config error: moe.overlap "

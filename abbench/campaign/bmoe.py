@@ -333,16 +333,18 @@ def find_binary(bin_dir: str | None, on_host: bool) -> str | None:
 # floor (MemAvailable) read once a second while it runs, as scripts/bench-run.sh:13-37 reads
 # them, then `key=value` lines in bench-run.sh's `.metrics` form (its lines 39-49) for the
 # keys read here (the temperatures are the sampler's), and the CLI's own exit status. One
-# line: old adb servers mangle newlines. A value never read is left empty (not recorded).
+# line: old adb servers mangle newlines. A value never read is left empty (not recorded):
+# the first reading is a second in, so a CLI that ends sooner has no peak RSS rather than
+# the few kB of the moment it was started (bench-run.sh reads at once, and records those).
 _WRAPPER = (
     "M=$1; shift; "
     "mem() { sed -n 's/^MemAvailable:[[:space:]]*\\([0-9]*\\).*/\\1/p' /proc/meminfo; }; "
     "hwm() { sed -n 's/^VmHWM:[[:space:]]*\\([0-9]*\\).*/\\1/p' /proc/$1/status 2>/dev/null; }; "
     "M0=$(mem); F=$M0; P=; \"$@\" & C=$!; "
-    "while kill -0 $C 2>/dev/null; do "
+    "while kill -0 $C 2>/dev/null; do sleep 1; "
     "R=$(hwm $C); [ -n \"$R\" ] && [ \"$R\" -gt \"${P:-0}\" ] && P=$R; "
     "A=$(mem); [ -n \"$A\" ] && [ \"$A\" -lt \"${F:-$A}\" ] && F=$A; "
-    "sleep 1; done; wait $C; RC=$?; M1=$(mem); "
+    "done; wait $C; RC=$?; M1=$(mem); "
     "printf 'peak_rss_kb=%s\\nmem_avail_before_kb=%s\\nmem_avail_floor_kb=%s\\n"
     "mem_avail_after_kb=%s\\n' \"$P\" \"$M0\" \"$F\" \"$M1\" > \"$M\"; exit $RC"
 )

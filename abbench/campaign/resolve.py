@@ -143,6 +143,14 @@ def resolve_cell(name: str, layers: dict[str, Layer], workload: WorkloadTable, f
                                       headers, remote=not _on_host(transport)))
 
 
+def _refuse_keys(merged: Layer, foreign: set[str], problem: str, tip: str) -> None:
+    """Fail on the first key of a tool cell (in file order) that is not its own: `problem`
+    with the key's name for `{}`."""
+    for k, (_, at) in merged.items():
+        if k in foreign:
+            fail(at, problem.format(k), tip=tip)
+
+
 def _tool_values(merged: Layer, workload: WorkloadTable, folder: Path, transport: str,
                  home: Key, keys: tuple[str, ...]) -> Layer:
     """A tool cell's (llama.cpp, bmoe) `keys`: its own over what `[workload]` gives one
@@ -179,11 +187,10 @@ def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, fo
     """A llama.cpp cell: its own keys over what `[workload]` gives one (model, tokens,
     prompt, seed); any other engine key in the cell is the embedded engine's, and an error.
     On this machine (local or simulated) the model file and the binary are checked now."""
-    for k, (_, at) in merged.items():
-        if k in ENGINE_KEYS and k not in LLAMA_KEYS:
-            fail(at, f"cell `{name}` runs {tool}: `{k}` is an embedded-engine key",
-                 tip=f"llama.cpp's own options go in `[cells.{name}.llama]`, under "
-                 "llama.cpp's names (docs/cells.md, llama.cpp cells)")
+    _refuse_keys(merged, {k for k in ENGINE_KEYS if k not in LLAMA_KEYS},
+                 f"cell `{name}` runs {tool}: `{{}}` is an embedded-engine key",
+                 f"llama.cpp's own options go in `[cells.{name}.llama]`, under llama.cpp's "
+                 "names (docs/cells.md, llama.cpp cells)")
     values = _tool_values(merged, workload, folder, transport, home, LLAMA_KEYS)
     bin_dir, bin_at = values.get("llama_cpp_bin", (None, (*home, "llama_cpp_bin")))
     try:
@@ -207,11 +214,10 @@ def _bmoe_cell(name: str, merged: Layer, workload: WorkloadTable, folder: Path,
     """A bmoe-cli cell: its own keys over what `[workload]` gives one (model, tokens,
     prompt), its `bmoe` table checked as bmoe-cli's own `validate()` checks it. On this
     machine the model file and the binary are checked now."""
-    for k, (_, at) in merged.items():
-        if k in ENGINE_KEYS and k not in BMOE_KEYS or k in ("llama", "llama_cpp_bin",
-                                                            "repetitions"):
-            fail(at, f"cell `{name}` runs bmoe-cli: `{k}` is not one of its keys",
-                 tip=f"bmoe-cli's own options go in `[cells.{name}.bmoe]`, under its long "
+    _refuse_keys(merged, {k for k in ENGINE_KEYS if k not in BMOE_KEYS}
+                 | {"llama", "llama_cpp_bin", "repetitions"},
+                 f"cell `{name}` runs bmoe-cli: `{{}}` is not one of its keys",
+                 f"bmoe-cli's own options go in `[cells.{name}.bmoe]`, under its long "
                  "flags' names (docs/cells.md, bmoe cells)")
     values = _tool_values(merged, workload, folder, transport, home, BMOE_KEYS)
     bin_dir, bin_at = values.get("bmoe_bin", (None, (*home, "bmoe_bin")))
