@@ -7,7 +7,7 @@ AbbenchError                 exit status 2 unless the class says otherwise
 ├── CampaignFileError        a cells.toml that cannot be run as written (names the key)
 ├── ModelFileError           a model file the engine cannot run
 ├── EngineError              the engine failed while running
-│   └── GgmlUnavailable      ggml's kernels cannot be loaded here (engine/ggml/)
+│   └── GgmlUnavailable      ggml's kernels cannot be loaded here (engine/kernels/ggml/)
 ├── RecordError              a run-folder file that cannot be read (names file, line, key)
 ├── ForeignRunError          a file from a run made elsewhere that cannot be imported
 ├── TraceError               a route trace that cannot be read

@@ -31,10 +31,10 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from threadpoolctl import threadpool_limits
 
-from abbench.engine import ggml
-from abbench.engine.compute import Job
-from abbench.engine.qcompute import QuantTeam
-from abbench.engine.slots import Part, RawSlot, SlotLayout, SlotPool
+from abbench.engine.kernels import ggml
+from abbench.engine.kernels.compute import Job
+from abbench.engine.kernels.qcompute import QuantTeam
+from abbench.engine.streaming.slots import Part, RawSlot, SlotLayout, SlotPool
 
 D, FF, N_EXPERT, K = 2048, 768, 128, 8
 

@@ -46,10 +46,10 @@ from llamacpp import build  # noqa: E402  (tests/llamacpp.py: the pinned llama.c
 from p1_io_bound import RawLanes  # noqa: E402  (P1's raw O_DIRECT reader)
 
 from abbench.engine import synth  # noqa: E402
-from abbench.engine.gguf_file import ModelFile  # noqa: E402
-from abbench.engine.models import resolve_model  # noqa: E402
-from abbench.engine.session import model_info  # noqa: E402
-from abbench.engine.streamer import expert_layout  # noqa: E402
+from abbench.engine.gguf.model_file import ModelFile  # noqa: E402
+from abbench.engine.run.models import resolve_model  # noqa: E402
+from abbench.engine.run.session import model_info  # noqa: E402
+from abbench.engine.streaming.streamer import expert_layout  # noqa: E402
 
 MIB = 2**20
 LANES = 4

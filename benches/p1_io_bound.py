@@ -28,9 +28,9 @@ import threading
 import time
 
 from abbench.engine.config import EngineConfig
-from abbench.engine.models import resolve_model
-from abbench.engine.session import Engine, TokenRecord
-from abbench.engine.streamer import BufferArena, Slice
+from abbench.engine.run.models import resolve_model
+from abbench.engine.run.session import Engine, TokenRecord
+from abbench.engine.streaming.streamer import BufferArena, Slice
 
 MIB = 2**20
 

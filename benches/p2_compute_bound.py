@@ -5,7 +5,7 @@ weight bytes it touches — its routed experts plus the dense weights (the embed
 one row), as the engine holds them — streamed through one large GEMV in the same process,
 in the type the engine computes in: an F32 file's through BLAS on every thread (the engine
 itself runs BLAS single-threaded, and with every expert resident splits each layer's GEMVs
-and experts between the caller and a partner process: see engine/partner.py); a quantized
+and experts between the caller and a partner process: see engine/kernels/partner.py); a quantized
 file's through ggml's kernel for its experts' type on the engine's threads, repacked where
 the engine repacks (the roofline is per type: a Q4_K GEMV dequantizes as it streams).
 
@@ -31,12 +31,12 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from abbench.engine import ggml
 from abbench.engine.config import EngineConfig
-from abbench.engine.models import resolve_model
-from abbench.engine.partner import Partner
-from abbench.engine.qcompute import QuantTeam, Weight
-from abbench.engine.session import Engine, TokenRecord
+from abbench.engine.kernels import ggml
+from abbench.engine.kernels.partner import Partner
+from abbench.engine.kernels.qcompute import QuantTeam, Weight
+from abbench.engine.run.models import resolve_model
+from abbench.engine.run.session import Engine, TokenRecord
 
 MIB = 2**20
 SETTLE_S = 0.15  # OpenBLAS's worker spin time after a threaded call is ~0.1 s

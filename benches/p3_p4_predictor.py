@@ -24,9 +24,9 @@ import statistics
 from dataclasses import replace
 
 from abbench.engine.config import EngineConfig
-from abbench.engine.models import resolve_model
-from abbench.engine.predictor import RoutePredictor
-from abbench.engine.session import Engine, TokenRecord
+from abbench.engine.experts.predictor import RoutePredictor
+from abbench.engine.run.models import resolve_model
+from abbench.engine.run.session import Engine, TokenRecord
 
 
 def measure(model: str, tokens: int, mode: str) -> tuple[list[float], list[float]]:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from abbench.engine.models import resolve_model
+from abbench.engine.run.models import resolve_model
 from abbench.sensors import Sampler, open_device
 
 

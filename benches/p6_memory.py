@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from abbench.engine.models import resolve_model
+from abbench.engine.run.models import resolve_model
 
 
 def main() -> None:

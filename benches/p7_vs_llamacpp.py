@@ -80,9 +80,9 @@ from llamacpp import build  # noqa: E402  (tests/llamacpp.py: the pinned llama.c
 
 from abbench.engine import synth  # noqa: E402
 from abbench.engine.config import EngineConfig  # noqa: E402
-from abbench.engine.models import resolve_model  # noqa: E402
-from abbench.engine.session import Engine, RunResult  # noqa: E402
-from abbench.engine.telemetry import summarize  # noqa: E402
+from abbench.engine.run.models import resolve_model  # noqa: E402
+from abbench.engine.run.session import Engine, RunResult  # noqa: E402
+from abbench.engine.run.telemetry import summarize  # noqa: E402
 
 
 def llama_bench(binary: Path, model: Path, threads: int, tokens: int,

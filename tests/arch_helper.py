@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import Engine
 from abbench.errors import ModelFileError
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from abbench.engine import synth
-from abbench.engine.models import resolve_model
+from abbench.engine.run.models import resolve_model
 
 
 def _shared() -> Path:

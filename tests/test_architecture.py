@@ -111,8 +111,8 @@ OWN_FORMATS = {
     "commands/calibrate.py": {"model", "tokens"},  # the calibration's cells.toml keys
     "commands/sensors.py": {"samples"},  # its JSON output
     "engine/config.py": {"model"},  # the engine's configuration
-    "engine/synth_vocab.py": {"model"},  # a tokenizer.json's `model`
-    "engine/telemetry.py": {"model"},  # the bmoe CSV preamble's `model=`
+    "engine/synth/vocab.py": {"model"},  # a tokenizer.json's `model`
+    "engine/run/telemetry.py": {"model"},  # the bmoe CSV preamble's `model=`
     "importers/identity.py": {"model"},  # a configuration's `model`
     "report/fleet.py": {"format"},  # the fleet report's JSON
     "report/json_report.py": {"fingerprint", "format", "notes", "samples", "tokens",
@@ -328,29 +328,75 @@ def test_the_size_check_finds_a_long_function(tmp_path: Path) -> None:
 
 
 def test_only_ggml_touches_ctypes_in_the_engine() -> None:
-    """docs/architecture.md: `engine/ggml/` is the one engine package that calls foreign
-    functions (a numpy array's `.ctypes.data` pointer is numpy's, not an import)."""
+    """docs/architecture.md: `engine/kernels/ggml/` is the one engine package that calls
+    foreign functions (a numpy array's `.ctypes.data` pointer is numpy's, not an import)."""
     offenders = []
     for path in (PACKAGE / "engine").rglob("*.py"):
         rel = path.relative_to(PACKAGE).as_posix()
         tree = ast.parse(path.read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        if not rel.startswith("engine/ggml/") and any(m.split(".")[0] == "ctypes"
-                                                        for m in names):
+        if not rel.startswith("engine/kernels/ggml/") and any(m.split(".")[0] == "ctypes"
+                                                                for m in names):
             offenders.append(rel)
     assert not offenders, offenders
 
 
-EXPERT_SIDE = ("cache", "compute", "expert_ffn", "expert_in_graph", "expert_pass",
-               "expert_prefill", "expert_speculation", "experts", "partner", "partner_os",
-               "policies", "predictor", "qcompute", "slots", "streamer")
+# The engine's parts, lowest first (docs/architecture.md draws them): a module imports its
+# own part and the parts of the layers below, never a part beside it or above it.
+ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("units", "architectures"),
+    ("config",),
+    ("gguf",),
+    ("text", "streaming"),
+    ("kernels",),
+    ("experts",),
+    ("synth", "arch"),
+    ("run",),
+)
+_RANK = {part: i for i, layer in enumerate(ENGINE_LAYERS) for part in layer}
 
 
-def test_the_expert_side_imports_nothing_from_the_architectures() -> None:
-    """The architectures call the expert side and implement its protocol (`expert_ffn`),
-    never the other way: no arrow from the expert side up into `engine/arch/`."""
-    up = {name: sorted(m for m in imports_of(PACKAGE / "engine" / f"{name}.py")
-                       if m.startswith("abbench.engine.arch"))
-          for name in EXPERT_SIDE}
-    assert not {k: v for k, v in up.items() if v}, up
+def engine_arrows_up(root: Path) -> list[tuple[str, str]]:
+    """(module, what it imports) for every engine import that goes sideways or up."""
+    bad = []
+    for path in sorted((root / "engine").rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("").parts
+        mine = rel[1]
+        for m in imports_of(path):
+            parts = m.split(".")
+            if parts[:2] != ["abbench", "engine"] or len(parts) < 3:
+                continue
+            theirs = parts[2]
+            if theirs != mine and not _RANK[theirs] < _RANK[mine]:
+                bad.append(("/".join(rel), m))
+    return bad
+
+
+def test_the_engine_imports_only_downward() -> None:
+    assert {p.name.removesuffix(".py") for p in (PACKAGE / "engine").iterdir()
+            if p.name != "__pycache__"} == set(_RANK)
+    assert engine_arrows_up(PACKAGE) == []
+
+
+def test_the_engine_layer_check_finds_an_arrow_up(tmp_path: Path) -> None:
+    (tmp_path / "engine" / "gguf").mkdir(parents=True)
+    (tmp_path / "engine" / "gguf" / "header.py").write_text(
+        "from abbench.engine.units import MIB\nfrom abbench.engine.run.session import X\n")
+    assert engine_arrows_up(tmp_path) == [("engine/gguf/header", "abbench.engine.run.session")]
+
+
+def test_the_architectures_import_only_the_shared_skeleton() -> None:
+    """An architecture's package imports `arch/shared/` and the layers below, never
+    another architecture's package: each is one row of the table (engine/architectures.py)
+    and its own folder."""
+    bad = {}
+    for path in (PACKAGE / "engine" / "arch").rglob("*.py"):
+        rel = path.relative_to(PACKAGE / "engine" / "arch").parts
+        if len(rel) < 2 or rel[0] == "shared":
+            continue
+        other = {m for m in imports_of(path) if m.startswith("abbench.engine.arch.")
+                 and m.split(".")[3] not in ("shared", rel[0])}
+        if other:
+            bad["/".join(rel)] = sorted(other)
+    assert bad == {}

@@ -20,8 +20,9 @@ from runs_helper import cell, make_run
 
 from abbench.campaign.schema import load_campaign
 from abbench.campaign.tables import MAX_CELLS
-from abbench.engine import gguf_file, synth
-from abbench.engine.gguf_file import ModelFile
+from abbench.engine import synth
+from abbench.engine.gguf import model_file as gguf_file
+from abbench.engine.gguf.model_file import ModelFile
 from abbench.errors import EXIT_NO_MEASUREMENT, CampaignFileError
 from abbench.records import read_journal
 from abbench.report import write_reports
@@ -291,7 +292,7 @@ def test_a_cell_no_memory_here_holds_is_named_at_dry_run(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A budget no cell fits: the cell's load and cache against what this machine has."""
-    from abbench.engine import memory
+    from abbench.engine.streaming import memory
 
     model = tmp_path / "small.gguf"
     synth.write_model(synth.preset("small"), model)

@@ -14,7 +14,8 @@ import pytest
 from conftest import run_main
 
 from abbench import __version__
-from abbench.engine import session, synth
+from abbench.engine import synth
+from abbench.engine.run import session
 
 
 def abbench(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""gemma4 (engine/arch/gemma4_args.py, gemma4.py): the header as llama.cpp reads it — the
+"""gemma4 (engine/arch/gemma4/args.py, gemma4.py): the header as llama.cpp reads it — the
 sliding layers and their own head size, V shared with K where a layer has no `attn_v`, a
 required key named when missing, what the engine does not compute refused by name — and
 the numpy model's parts: GELU bit for bit as ggml's, the window, the router's folded
@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from arch_helper import check_batched_prefill, check_the_window, numpy_engine
 
-from abbench.engine import ggml, synth
-from abbench.engine.arch import gemma4
-from abbench.engine.arch import gemma4_args as g
+from abbench.engine import synth
+from abbench.engine.arch.gemma4 import args as g
+from abbench.engine.arch.gemma4 import model as gemma4
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.kernels import ggml
+from abbench.engine.run.session import Engine
 from abbench.errors import ModelFileError
 
 
@@ -167,7 +168,7 @@ def test_the_graph_model_computes_what_the_numpy_model_computes(tiny_file: Path)
     rounding (measured 9.5e-5 of |logit| 7.5): the same arithmetic in other orders, and
     GELU's F16 rounding of inputs that differ in their last bit. That the graph is
     llama.cpp's to the bit is tests/test_llamacpp_gemma4.py's (quantized files)."""
-    from abbench.engine.arch.gemma4_graph import GraphModel
+    from abbench.engine.arch.gemma4.graph import GraphModel
 
     with Engine(EngineConfig(model=str(tiny_file), prompt="x", n_tokens=1, kernels="ggml"),
                 tiny_file) as engine:
@@ -184,8 +185,8 @@ def test_a_quantized_file_takes_the_graph_and_scales_each_expert(tmp_path: Path)
     GeluExperts' numpy ones on the same products."""
     from dataclasses import replace
 
-    from abbench.engine.arch.gemma4_graph import GraphModel
-    from abbench.engine.qcompute import QuantTeam
+    from abbench.engine.arch.gemma4.graph import GraphModel
+    from abbench.engine.kernels.qcompute import QuantTeam
 
     path = tmp_path / "gemma4-tiny-q8.gguf"
     synth.write_model(replace(synth.named("gemma4-tiny"), expert_type="Q8_0"), path)

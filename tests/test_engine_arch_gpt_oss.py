@@ -1,4 +1,4 @@
-"""gpt-oss (engine/arch/gpt_oss_args.py, gpt_oss.py): the header as llama.cpp reads it —
+"""gpt-oss (engine/arch/gpt_oss/args.py, gpt_oss.py): the header as llama.cpp reads it —
 the sliding-window pattern, the YaRN scalars in llama.cpp's float32 arithmetic, the
 sliding cache's size, a required key named when missing — and the numpy model's parts: its
 YaRN tables against ggml's rope, the window, the sinks, batched prefill against token by
@@ -19,13 +19,15 @@ import numpy as np
 import pytest
 from arch_helper import Without, check_batched_prefill, check_the_window, numpy_engine
 
-from abbench.engine import ggml, synth
-from abbench.engine.arch import gpt_oss, gpt_oss_graph
-from abbench.engine.arch import gpt_oss_args as g
+from abbench.engine import synth
+from abbench.engine.arch.gpt_oss import args as g
+from abbench.engine.arch.gpt_oss import graph as gpt_oss_graph
+from abbench.engine.arch.gpt_oss import model as gpt_oss
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.qcompute import weighted_sum
-from abbench.engine.session import PREFILL_BATCH, Engine
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.kernels import ggml
+from abbench.engine.kernels.qcompute import weighted_sum
+from abbench.engine.run.session import PREFILL_BATCH, Engine
 from abbench.errors import ModelFileError
 
 
@@ -129,7 +131,7 @@ def test_a_key_llama_cpp_requires_is_required_and_named(tiny_file: Path, key: st
         g.ModelArgs.from_file(Without(ModelFile(tiny_file), f"gpt-oss.{key}"))  # type: ignore[arg-type]
 
 
-# --- the numpy model (engine/arch/gpt_oss.py) -------------------------------------------
+# --- the numpy model (engine/arch/gpt_oss/model.py) -------------------------------------------
 
 def test_the_yarn_tables_are_ggmls_rope_to_float_rounding() -> None:
     """The numpy model's cos/sin (float64, then F32) rotate as ggml's rope_ext does with the
@@ -182,7 +184,7 @@ def test_batched_prefill_equals_token_by_token(tiny_file: Path) -> None:
     check_batched_prefill(tiny_file)
 
 
-# --- the graph model (engine/arch/gpt_oss_graph.py) -------------------------------------
+# --- the graph model (engine/arch/gpt_oss/graph.py) -------------------------------------
 # On MXFP4 experts the graph model is llama.cpp to the bit (tests/test_llamacpp.py) and the
 # numpy model is not: ggml quantizes the experts' input to Q8_0 blocks (0.3 % apart). So
 # the two are compared on the same files with F32 experts, where both compute in F32.
@@ -206,7 +208,7 @@ def _logits(path: Path, kernels: str, prompt: list[int], n: int,
                        ignore_eos=True, threads=1, resident=True, kernels=kernels,
                        repack=False, flash_attn=flash_attn)
     with Engine(cfg, path) as engine:
-        assert (type(engine.model).__module__ == "abbench.engine.arch.gpt_oss_graph") == (
+        assert (type(engine.model).__module__ == "abbench.engine.arch.gpt_oss.graph") == (
             kernels == "ggml")
         for start in range(0, len(prompt) - 1, PREFILL_BATCH):
             engine.model.prefill(prompt[start: min(start + PREFILL_BATCH, len(prompt) - 1)],

@@ -1,4 +1,4 @@
-"""qwen35moe (engine/arch/qwen35moe_args.py, qwen35moe.py): the header as llama.cpp reads it
+"""qwen35moe (engine/arch/qwen35moe/args.py, qwen35moe.py): the header as llama.cpp reads it
 — which layers are recurrent, the RoPE sections' pairs that turn, a required key named when
 missing — and the numpy model's parts: the delta rule against its formula, the recurrent
 state's reset at position 0 and its refusal to jump, batched prefill against token by
@@ -20,11 +20,11 @@ import pytest
 from arch_helper import Without
 
 from abbench.engine import synth
-from abbench.engine.arch import qwen35moe
-from abbench.engine.arch import qwen35moe_args as q
+from abbench.engine.arch.qwen35moe import args as q
+from abbench.engine.arch.qwen35moe import model as qwen35moe
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import Engine
 from abbench.errors import EngineError, ModelFileError
 
 PROMPT = ("The quick brown fox jumps over the lazy dog, and the dog sleeps in the sun all "
@@ -91,7 +91,7 @@ def test_a_key_llama_cpp_requires_is_required_and_named(tiny_file: Path, key: st
         q.ModelArgs.from_file(Without(ModelFile(tiny_file), f"qwen35moe.{key}"))  # type: ignore[arg-type]
 
 
-# --- the numpy model (engine/arch/qwen35moe.py) -----------------------------------------
+# --- the numpy model (engine/arch/qwen35moe/model.py) -----------------------------------------
 
 def test_the_first_token_writes_beta_v_k_and_reads_it_with_q(tiny_file: Path) -> None:
     """From a zero state one token's delta rule is S = beta v k^T, its output S q / sqrt(hd)
@@ -171,7 +171,7 @@ def test_model_synth_arch_qwen35moe_writes_the_preset(tmp_path: Path, tiny_file:
         {n: t.shape for n, t in named.tensors.items()}
 
 
-# -- the graph model (engine/arch/qwen35moe_graph.py: llama.cpp's graph, `--kernels ggml`)
+# -- the graph model (engine/arch/qwen35moe/graph.py: llama.cpp's graph, `--kernels ggml`)
 
 
 def test_the_graph_model_computes_what_the_numpy_model_computes(tiny_file: Path) -> None:
@@ -180,7 +180,7 @@ def test_the_graph_model_computes_what_the_numpy_model_computes(tiny_file: Path)
     ggml's exp, sigmoid and sums are not numpy's), and its state carries across passes."""
     with (engine_of(tiny_file, n_ctx=256) as ref,
           engine_of(tiny_file, n_ctx=256, kernels="ggml") as graph):
-        assert type(graph.model).__module__.endswith("qwen35moe_graph")
+        assert type(graph.model).__module__ == "abbench.engine.arch.qwen35moe.graph"
         seq = graph.prompt_ids + [7, 300, 11, 42, 5, 450, 64, 128]
         half = len(graph.prompt_ids) // 2
         out = []

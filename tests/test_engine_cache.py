@@ -8,8 +8,8 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from abbench.engine.cache import ExpertCache, Key
-from abbench.engine.streamer import BufferArena, ExpertBuffer, F32Kind
+from abbench.engine.streaming.cache import ExpertCache, Key
+from abbench.engine.streaming.streamer import BufferArena, ExpertBuffer, F32Kind
 
 FF, D = 4, 8
 NBYTES = 3 * FF * D * 4  # one expert's F32 buffer

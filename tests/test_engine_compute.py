@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from abbench.engine.compute import ComputeTeam, Job, matvec, split_rows, starved_seconds
-from abbench.engine.streamer import ExpertBuffer, ReadTicket
+from abbench.engine.kernels.compute import ComputeTeam, Job, matvec, split_rows, starved_seconds
+from abbench.engine.streaming.streamer import ExpertBuffer, ReadTicket
 from abbench.errors import EngineError
 
 FF, D = 16, 24

@@ -21,15 +21,15 @@ from test_engine_qcompute import FF as QFF
 from test_engine_qcompute import TOL, fill, layout_of
 from test_engine_qcompute import D as QD
 
-from abbench.engine import ggml, partner
-from abbench.engine.arch.gpt_oss import OaiExperts
-from abbench.engine.compute import SWIGLU, Job
-from abbench.engine.experts import ExpertRunner
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.predictor import RoutePredictor, top_k
-from abbench.engine.qcompute import QuantTeam
-from abbench.engine.slots import SlotPool
-from abbench.engine.streamer import expert_layout
+from abbench.engine.arch.gpt_oss.model import OaiExperts
+from abbench.engine.experts.predictor import RoutePredictor, top_k
+from abbench.engine.experts.runner import ExpertRunner
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.kernels import ggml, partner
+from abbench.engine.kernels.compute import SWIGLU, Job
+from abbench.engine.kernels.qcompute import QuantTeam
+from abbench.engine.streaming.slots import SlotPool
+from abbench.engine.streaming.streamer import expert_layout
 from abbench.errors import EngineError
 
 ALPHA, LIMIT = 1.702, 7.0  # gpt-oss's SWIGLU_OAI constants

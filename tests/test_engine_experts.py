@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from abbench.engine.experts import ExpertRunner
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.policies import Policies
-from abbench.engine.session import model_info
-from abbench.engine.streamer import SliceReader, expert_layout
+from abbench.engine.experts.policies import Policies
+from abbench.engine.experts.runner import ExpertRunner
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import model_info
+from abbench.engine.streaming.streamer import SliceReader, expert_layout
 from abbench.errors import EngineError
 
 

@@ -16,8 +16,8 @@ from test_engine_arch_gpt_oss import _logits
 
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import Engine
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""engine/ggml/: finding and checking ggml's library, its quantizer, graphs over our memory."""
+"""engine/kernels/ggml/: finding and checking ggml's library, its quantizer, graphs over our
+memory."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from abbench.engine import ggml
-from abbench.engine.ggml import abi, library
+from abbench.engine.kernels import ggml
+from abbench.engine.kernels.ggml import abi, library
 
 # One row bound per type: |dequantize(quantize(a)) - a| on unit normals, with margin.
 # MXFP4's codes are 0, 0.5, 1, 1.5, 2, 3, 4, 6 times a power of two: a value just under

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abbench.engine import synth
-from abbench.engine.gguf_file import SUPPORTED_TYPES, ModelFile, to_f32
+from abbench.engine.gguf.model_file import SUPPORTED_TYPES, ModelFile, to_f32
 from abbench.errors import ModelFileError
 
 # -- building bad files -----------------------------------------------------------------
@@ -261,7 +261,7 @@ def test_bad_model_file_cli(
 def test_bad_model_file_raises_model_file_error(case: str, bad_files: dict[str, Path]) -> None:
     """The same files in-process: the loading path raises `ModelFileError`, nothing else."""
     from abbench.engine.config import EngineConfig
-    from abbench.engine.session import Engine
+    from abbench.engine.run.session import Engine
 
     with pytest.raises(ModelFileError) as e:
         Engine(EngineConfig(model=str(bad_files[case]), n_tokens=1), bad_files[case]).close()

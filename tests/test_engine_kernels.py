@@ -12,10 +12,11 @@ import pytest
 from conftest import run_main
 from test_reference import forward, load
 
-from abbench.engine import ggml, synth
+from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine, model_info
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.kernels import ggml
+from abbench.engine.run.session import Engine, model_info
 
 MIB = 1 << 20
 N_POSITIONS = 12
@@ -225,7 +226,7 @@ def test_model_synth_cli_refuses_mixed_geometry_flags(tmp_path: Path,
 
 
 def test_a_real_shape_is_named_like_a_preset() -> None:
-    from abbench.engine.models import context_length, parse_synthetic
+    from abbench.engine.run.models import context_length, parse_synthetic
 
     spec = synth.named("qwen3-30b-a3b-4L-Q4_K_M", 3)
     assert (spec.n_layer, spec.n_expert, spec.d_model, spec.seed) == (4, 128, 2048, 3)

@@ -22,8 +22,10 @@ import pytest
 from conftest import run_main
 from gguf import GGMLQuantizationType
 
-from abbench.engine import experts, memory, synth
-from abbench.engine.memory import Room, model_memory, rooms
+from abbench.engine import synth
+from abbench.engine.experts.runner import runner as experts
+from abbench.engine.streaming import memory
+from abbench.engine.streaming.memory import Room, model_memory, rooms
 from abbench.engine.units import MIB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +99,8 @@ def test_a_synthetic_models_expert_bytes_from_its_definition_are_its_files(
     """The dry run's sizes (nothing built) against the file written: a mix (Q4_K_M: some
     layers' down projections in Q6_K) differs by layer, as the file does."""
     from abbench.campaign.model_check import expert_file_bytes
-    from abbench.engine.gguf_file import ModelFile
-    from abbench.engine.streamer import expert_layout
+    from abbench.engine.gguf.model_file import ModelFile
+    from abbench.engine.streaming.streamer import expert_layout
 
     spec = replace(synth.preset("small"), n_layer=9, n_expert=4, d_model=256,
                    expert_ff=256, expert_type=kind)

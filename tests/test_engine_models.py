@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from abbench.engine import models, synth
+from abbench.engine import synth
+from abbench.engine.run import models
 from abbench.errors import UsageError
 
 

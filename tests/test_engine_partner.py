@@ -17,14 +17,14 @@ import pytest
 from test_engine_compute import make_buffers
 from threadpoolctl import threadpool_limits
 
-from abbench.engine import partner
-from abbench.engine.compute import ComputeTeam, Job, matmul_t, matvec, rows_task, split_rows
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import ExpertRunner
-from abbench.engine.partner import SPIN_S, Partner
-from abbench.engine.policies import Policies
-from abbench.engine.session import Engine
-from abbench.engine.streamer import ExpertBuffer
+from abbench.engine.experts.policies import Policies
+from abbench.engine.experts.runner import ExpertRunner
+from abbench.engine.kernels import partner
+from abbench.engine.kernels.compute import ComputeTeam, Job, matmul_t, matvec, rows_task, split_rows
+from abbench.engine.kernels.partner import SPIN_S, Partner
+from abbench.engine.run.session import Engine
+from abbench.engine.streaming.streamer import ExpertBuffer
 from abbench.errors import EngineError
 
 FF, D, K = 32, 48, 6
@@ -227,7 +227,7 @@ def test_a_dead_child_is_an_engine_error(setup, asleep: bool) -> None:
 CHILD_OF_A_DEAD_PARENT = """
 import os, sys
 import numpy as np
-from abbench.engine.partner import Partner
+from abbench.engine.kernels.partner import Partner
 p = Partner([np.ones((768, 48), np.float32)], [], 48, 32, 4)
 print(p._pid, flush=True)
 os._exit(0)  # dies without closing the partner

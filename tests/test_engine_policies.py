@@ -24,9 +24,7 @@ from conftest import run_main
 
 from abbench.cli import main
 from abbench.engine.config import EngineConfig
-from abbench.engine.experts import ExpertRunner
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.policies import (
+from abbench.engine.experts.policies import (
     Policies,
     Speculation,
     cold_keep,
@@ -34,8 +32,10 @@ from abbench.engine.policies import (
     prev_token_prefetch,
     stale_gate_prefetch,
 )
-from abbench.engine.session import Engine, RunResult, model_info
-from abbench.engine.streamer import expert_layout
+from abbench.engine.experts.runner import ExpertRunner
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import Engine, RunResult, model_info
+from abbench.engine.streaming.streamer import expert_layout
 from abbench.engine.units import MIB
 from abbench.errors import ConfigError
 

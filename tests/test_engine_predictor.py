@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from abbench.engine.config import EngineConfig
-from abbench.engine.predictor import (
+from abbench.engine.experts.predictor import (
     MAX_SCORED_K,
     PredictLog,
     RoutePredictor,
@@ -30,7 +30,7 @@ from abbench.engine.predictor import (
     predict_lines_from_dict,
     top_k,
 )
-from abbench.engine.session import Engine, RunResult
+from abbench.engine.run.session import Engine, RunResult
 
 N_TOKENS = 12
 

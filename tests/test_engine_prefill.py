@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from abbench.engine import partner, session
 from abbench.engine.config import EngineConfig
-from abbench.engine.session import Engine, TokenRecord
+from abbench.engine.kernels import partner
+from abbench.engine.run import session
+from abbench.engine.run.session import Engine, TokenRecord
 
 TOLERANCE = 1e-5
 PROMPT = "The quick brown fox jumps over the lazy dog. Pack my box with five dozen jugs."

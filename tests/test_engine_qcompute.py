@@ -1,5 +1,6 @@
-"""engine/qcompute.py and slots.py: quantized experts on ggml from the cache's slots, against
-the numpy reference (the weights dequantized to F32, then the F32 engine's own SwiGLU)."""
+"""engine/kernels/qcompute.py and streaming/slots.py: quantized experts on ggml from the
+cache's slots, against the numpy reference (the weights dequantized to F32, then the F32
+engine's own SwiGLU)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from abbench.engine import ggml
-from abbench.engine.compute import Job, expert_down, expert_up
-from abbench.engine.qcompute import QuantTeam, routing, weighted_sum
-from abbench.engine.slots import ALIGN, Part, RawSlot, SlotLayout, SlotPool
-from abbench.engine.streamer import ExpertBuffer, ReadTicket, Slice
+from abbench.engine.kernels import ggml
+from abbench.engine.kernels.compute import Job, expert_down, expert_up
+from abbench.engine.kernels.qcompute import QuantTeam, routing, weighted_sum
+from abbench.engine.streaming.slots import ALIGN, Part, RawSlot, SlotLayout, SlotPool
+from abbench.engine.streaming.streamer import ExpertBuffer, ReadTicket, Slice
 
 D, FF = 256, 512
 # ggml quantizes the input per block (Q8_K / Q8_0): agreement to about a percent of the

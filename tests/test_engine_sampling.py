@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from abbench.engine.sampling import Sampler
+from abbench.engine.run.sampling import Sampler
 
 
 def softmax(z: np.ndarray) -> np.ndarray:

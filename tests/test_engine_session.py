@@ -7,7 +7,7 @@ from pathlib import Path
 
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.session import Engine, RunResult
+from abbench.engine.run.session import Engine, RunResult
 
 N_TOKENS = 96
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from abbench.engine.special_tokens import Attr, SpecialTokens, special_tokens
+from abbench.engine.text.special_tokens import Attr, SpecialTokens, special_tokens
 
 N, U, C, D, UNUSED, B = 1, 2, 3, 4, 5, 6  # gguf.TokenType
 HARMONY = ["<|endoftext|>", "<|start|>", "<|message|>", "<|channel|>", "<|end|>",

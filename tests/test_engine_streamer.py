@@ -17,9 +17,9 @@ from gguf import GGMLQuantizationType as T
 
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine
-from abbench.engine.streamer import (
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import Engine
+from abbench.engine.streaming.streamer import (
     ALIGN,
     HUGE_PAGE,
     BufferArena,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from abbench.engine import synth
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.synth_gemma4 import swa_layers
-from abbench.engine.synth_vocab import GEMMA4_SPECIAL, vocab_of
-from abbench.engine.tokenizer import Gemma4Tokenizer, tokenizer_for
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.synth.gemma4 import swa_layers
+from abbench.engine.synth.vocab import GEMMA4_SPECIAL, vocab_of
+from abbench.engine.text.tokenizer import Gemma4Tokenizer, tokenizer_for
 from abbench.errors import UsageError
 
 

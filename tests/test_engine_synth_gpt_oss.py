@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from abbench.engine import synth, synth_gpt_oss
+from abbench.engine import synth
+from abbench.engine.synth import gpt_oss as synth_gpt_oss
 from abbench.errors import UsageError
 
 TINY = synth.named("gpt-oss-tiny")
@@ -102,7 +103,7 @@ def test_every_tensor_with_its_shape_and_type(tiny_gpt_oss: Path) -> None:
 
 
 def test_the_experts_are_mxfp4_as_ggml_and_gguf_quantize_it(tiny_gpt_oss: Path) -> None:
-    from abbench.engine import ggml
+    from abbench.engine.kernels import ggml
 
     a = np.random.default_rng(7).standard_normal((8, 4, 64)).astype(np.float32) * 3
     assert np.array_equal(ggml.quantize(a, int(MXFP4)), gguf.quants.quantize(a, MXFP4))

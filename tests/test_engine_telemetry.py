@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from abbench.engine import telemetry
 from abbench.engine.config import EngineConfig
-from abbench.engine.session import Engine, RunResult
+from abbench.engine.run import telemetry
+from abbench.engine.run.session import Engine, RunResult
 from abbench.engine.units import MIB
 from abbench.records.cell_files import read_cell_files
 from abbench.records.summary import JSON_FORMAT

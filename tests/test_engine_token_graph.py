@@ -13,7 +13,7 @@ import pytest
 
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.session import Engine
+from abbench.engine.run.session import Engine
 
 TINY = [name for name in synth.PRESETS if name.endswith("tiny")]  # one per architecture
 COUNTED = ("experts_routed", "hits", "misses", "experts_dropped", "read_bytes")

@@ -16,8 +16,8 @@ from test_engine_gguf_file import rewrite_gguf
 from tokenizers import Regex, pre_tokenizers
 
 from abbench.engine import synth
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.tokenizer import (
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.text.tokenizer import (
     GPT4O_SPLIT,
     PRE_TOKENIZERS,
     SPACE,

@@ -1,4 +1,4 @@
-"""Turn-taking (`--turn-tokens N`, engine/turns.py): a run pauses after its prefill and
+"""Turn-taking (`--turn-tokens N`, engine/run/turns.py): a run pauses after its prefill and
 after every N decode tokens until its driver says `go`, out of every token's clock, with
 nothing in flight; each token carries its slice; `stop` or end of file ends it cleanly,
 with the normal outputs for the tokens done."""
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from abbench.engine.config import EngineConfig
-from abbench.engine.session import Engine, RunResult
-from abbench.engine.telemetry import csv_text, json_doc
-from abbench.engine.turns import TurnPipe, slice_of
+from abbench.engine.run.session import Engine, RunResult
+from abbench.engine.run.telemetry import csv_text, json_doc
+from abbench.engine.run.turns import TurnPipe, slice_of
 from abbench.errors import UsageError
 from abbench.records.bmoe_csv import parse_bmoe_csv
 from abbench.records.cell_doc import CONFIG, PER_TOKEN

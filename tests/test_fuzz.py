@@ -43,9 +43,9 @@ from abbench.campaign.plan import describe_plan, plan_campaign
 from abbench.campaign.schema import load_campaign
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine, model_info
-from abbench.engine.tokenizer import tokenizer_for
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import Engine, model_info
+from abbench.engine.text.tokenizer import tokenizer_for
 from abbench.errors import AbbenchError
 from abbench.importers import (
     import_folder,

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from abbench.engine.config import EngineConfig
-from abbench.engine.session import Engine, RunResult, TokenRecord
-from abbench.engine.telemetry import fingerprint
+from abbench.engine.run.session import Engine, RunResult, TokenRecord
+from abbench.engine.run.telemetry import fingerprint
 from abbench.engine.units import MIB
 
 # Dropping at top-2/top-4 warns (tested in test_policies); here it is expected.

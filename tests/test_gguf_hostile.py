@@ -32,9 +32,11 @@ from gguf.constants import GGML_QUANT_SIZES
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from abbench.engine import gguf_file, streamer, synth
-from abbench.engine.gguf_file import MAX_VOCAB, ModelFile
-from abbench.engine.models import check_context_memory
+from abbench.engine import synth
+from abbench.engine.gguf import model_file as gguf_file
+from abbench.engine.gguf.model_file import MAX_VOCAB, ModelFile
+from abbench.engine.run.models import check_context_memory
+from abbench.engine.streaming import streamer
 from abbench.errors import ConfigError, EngineError, ModelFileError
 
 MIB = 2**20

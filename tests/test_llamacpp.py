@@ -48,8 +48,8 @@ import pytest
 from llamacpp import LINGER_US, Unavailable, build, exit_linger
 
 from abbench.engine import synth
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.tokenizer import tokenizer_for
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.text.tokenizer import tokenizer_for
 
 pytestmark = pytest.mark.slow
 
@@ -257,7 +257,7 @@ def numpy_logits(model: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
     import llama_cpp.llama as high
 
     from abbench.engine.config import EngineConfig
-    from abbench.engine.session import Engine
+    from abbench.engine.run.session import Engine
 
     prompt = tokenizer_for(ModelFile(model)).encode(PROMPT)
     llm = high.Llama(model_path=str(model), n_ctx=256, n_threads=THREADS,
@@ -282,7 +282,7 @@ def _max_logit_difference(model: Path, n: int, flash: bool = False) -> float:
     import llama_cpp.llama as high
 
     from abbench.engine.config import EngineConfig
-    from abbench.engine.session import Engine
+    from abbench.engine.run.session import Engine
 
     def plain_weights() -> object:  # as llama-completion --no-repack
         params = llama_cpp.llama_model_default_params()

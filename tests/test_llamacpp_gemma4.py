@@ -39,8 +39,8 @@ from test_llamacpp import (
 )
 
 from abbench.engine import synth
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.tokenizer import tokenizer_for
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.text.tokenizer import tokenizer_for
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ checks the other architectures (its helpers and settings, imported):
   llama.cpp's: not to the bit, as numpy's exp/sigmoid and summation orders are not ggml's.
 - Quantized files (Q8_0 on both presets; Q4_K_M and Q6_K on the small one, whose widths
   are whole K-quant blocks; every matrix in the type or by the mix's rules), which
-  `--kernels auto` computes with the graph model (engine/arch/qwen35moe_graph.py:
+  `--kernels auto` computes with the graph model (engine/arch/qwen35moe/graph.py:
   llama.cpp's graph, ggml's ops): the text is llama-completion's and the logits at all 64
   positions are llama.cpp's to the bit, as tests/test_llamacpp.py checks qwen3moe's
   (`--no-repack` and the same passes on both sides). The graph model on the F32 presets
@@ -46,8 +46,8 @@ from test_llamacpp import (
 )
 
 from abbench.engine import synth
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.tokenizer import tokenizer_for
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.text.tokenizer import tokenizer_for
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import pytest
 
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.session import Engine, RunResult
+from abbench.engine.run.session import Engine, RunResult
 from abbench.engine.units import MIB
 from abbench.records.route_trace import HEADER, RouteTraceWriter
 

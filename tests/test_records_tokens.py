@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from abbench.engine.run_result import TokenRecord
+from abbench.engine.run.result import TokenRecord
 from abbench.records import tokens
 
 

@@ -32,10 +32,10 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from abbench.engine.config import EngineConfig
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.session import Engine
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import Engine
 from abbench.engine.synth import preset, write_model
-from abbench.engine.tokenizer import end_of_generation
+from abbench.engine.text.tokenizer import end_of_generation
 
 ARCH = "qwen3moe"
 N_POSITIONS = 20

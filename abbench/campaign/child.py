@@ -23,7 +23,7 @@ from abbench.campaign.llamacpp import LlamaCell, find_binary
 from abbench.campaign.recovery import note_child
 from abbench.campaign.remote import RemoteCell
 from abbench.engine.config import to_argv
-from abbench.engine.models import resolve_model
+from abbench.engine.run.models import resolve_model
 from abbench.errors import CellOutputError
 from abbench.records.cell_config import (
     BmoeConfig,

@@ -27,8 +27,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
-from abbench.engine.memory import KEYS, ModelMemory, check, of_model, size, way_out
-from abbench.engine.models import PREFIX, check_context_memory, parse_synthetic
+from abbench.engine.run.models import PREFIX, check_context_memory, parse_synthetic
+from abbench.engine.streaming.memory import KEYS, ModelMemory, check, of_model, size, way_out
 from abbench.engine.units import MIB
 from abbench.errors import ConfigError, ModelFileError
 
@@ -81,9 +81,9 @@ def _read(model: str) -> ModelFacts:
                           auto_kernels="ggml" if quant and spec.arch in GRAPHS else "numpy")
     # The model code only where a file is read (as engine.models.context_length does).
     from abbench.engine.arch import GRAPH_FOR_F32, GRAPHS, architecture
-    from abbench.engine.gguf_file import ModelFile
-    from abbench.engine.model_info import choose_kernels
-    from abbench.engine.streamer import expert_layout
+    from abbench.engine.gguf.model_file import ModelFile
+    from abbench.engine.run.model_info import choose_kernels
+    from abbench.engine.streaming.streamer import expert_layout
 
     try:
         mf = ModelFile(model)
@@ -109,7 +109,7 @@ def expert_file_bytes(spec: synth.SynthSpec) -> tuple[int, ...]:
     """One expert's bytes in each layer of a synthetic model's file (its three projections
     in the types `expert_type` gives them: a mix such as Q4_K_M gives some layers' down
     projections more bits), from the definition: nothing is built for a dry run."""
-    from abbench.engine.synth_tensors import tensor_type
+    from abbench.engine.synth.tensors import tensor_type
 
     d, ff = spec.d_model, spec.expert_ff
 

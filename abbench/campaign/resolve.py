@@ -37,8 +37,8 @@ from abbench.campaign.tables import (
     WorkloadTable,
     check_name,
 )
+from abbench.engine.architectures import PRESET_NAMES
 from abbench.engine.config import EngineConfig
-from abbench.engine.synth_spec import PRESET_NAMES
 from abbench.errors import AbbenchError, CampaignFileError, ConfigError, Key, render
 from abbench.records.schema import describe, did_you_mean, show
 

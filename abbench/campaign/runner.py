@@ -56,7 +56,7 @@ from abbench.campaign.sentinels import append_sentinel, resend_sentinels
 from abbench.campaign.sequential import LookFn, fits, fraction, interleaved_round, next_round
 from abbench.campaign.stage import stage_device
 from abbench.campaign.view import CampaignView
-from abbench.engine.models import prepare_models
+from abbench.engine.run.models import prepare_models
 from abbench.errors import EXIT_OK, AbbenchError, CellOutputError, Interrupted, WriteError
 from abbench.fsutil import fault
 from abbench.records import (

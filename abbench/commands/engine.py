@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from abbench.engine.config import EngineConfig, add_options, from_args
-from abbench.engine.models import resolve_model
-from abbench.engine.predictor import control_warning
-from abbench.engine.session import Engine
-from abbench.engine.telemetry import summarize, summary_lines, write_csv, write_json
+from abbench.engine.experts.predictor import control_warning
+from abbench.engine.run.models import resolve_model
+from abbench.engine.run.session import Engine
+from abbench.engine.run.telemetry import summarize, summary_lines, write_csv, write_json
 from abbench.errors import UsageError, WriteError
 from abbench.textsafe import shown
 

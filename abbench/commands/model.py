@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from abbench.engine import synth
-from abbench.engine.gguf_file import ModelFile
-from abbench.engine.gguf_header import show
-from abbench.engine.models import resolve_model
-from abbench.engine.session import model_info
+from abbench.engine.gguf.header import show
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.models import resolve_model
+from abbench.engine.run.session import model_info
 from abbench.errors import UsageError, WriteError
 from abbench.textsafe import shown
 

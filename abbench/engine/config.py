@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, get_type_hints
 
-from abbench.engine.synth_spec import PRESET_NAMES
+from abbench.engine.architectures import PRESET_NAMES
 from abbench.errors import ConfigError, Setting
 
 DEFAULT_PROMPT = "Explain how a mixture-of-experts model routes each token."

@@ -1,31 +1,27 @@
-"""Architecture lookup: a table keyed by GGUF `general.architecture`."""
+"""The architectures' code, found through the table (engine/architectures.py): a row's
+package `engine/arch/<package>/` has `args.py` (`ModelArgs`, the header read and checked),
+`model.py` (the numpy `Model`, its `expert_ffn` and `ARCH`) and `graph.py` (llama.cpp's
+graph of it, `GraphModel`, with the interface of `Model`), over `engine/arch/shared/`."""
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
-from abbench.engine.arch import (
-    gemma4,
-    gemma4_graph,
-    gpt_oss,
-    gpt_oss_graph,
-    qwen3moe,
-    qwen3moe_graph,
-    qwen35moe,
-    qwen35moe_graph,
-)
+from abbench.engine.architectures import TABLE
 from abbench.errors import ModelFileError
 
-ARCHITECTURES: dict[str, ModuleType] = {qwen3moe.ARCH: qwen3moe, gpt_oss.ARCH: gpt_oss,
-                                        qwen35moe.ARCH: qwen35moe, gemma4.ARCH: gemma4}
+
+def _part(package: str, part: str) -> ModuleType:
+    return importlib.import_module(f"{__name__}.{package}.{part}")
+
+
+ARCHITECTURES: dict[str, ModuleType] = {a.name: _part(a.package, "model") for a in TABLE}
 # The same architectures as llama.cpp's graphs, for files computed in their own types
-# (`--kernels ggml`): their `GraphModel` has the interface of the module's `Model`.
-GRAPHS: dict[str, ModuleType] = {qwen3moe.ARCH: qwen3moe_graph, gpt_oss.ARCH: gpt_oss_graph,
-                                  qwen35moe.ARCH: qwen35moe_graph, gemma4.ARCH: gemma4_graph}
-# Those whose graph model is `--kernels auto`'s choice for F32 experts too, where it decodes
-# faster than their numpy model (gemma4: 2.1x, docs/gemma4.md §6; qwen35moe: about 2x,
-# docs/qwen35moe.md §7).
-GRAPH_FOR_F32: frozenset[str] = frozenset({gemma4.ARCH, qwen35moe.ARCH})
+# (`--kernels ggml`)
+GRAPHS: dict[str, ModuleType] = {a.name: _part(a.package, "graph") for a in TABLE}
+# Those whose graph model is `--kernels auto`'s choice for F32 experts too
+GRAPH_FOR_F32: frozenset[str] = frozenset(a.name for a in TABLE if a.graph_for_f32)
 
 
 def architecture(name: str, path: object) -> ModuleType:

@@ -1,0 +1,34 @@
+"""What every numpy model (`<arch>.Model`) sets alike (its own module: it imports
+`compute`, which imports `common`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from abbench.engine.arch.shared.common import RoutingHook
+from abbench.engine.kernels.compute import MatMulT, MatVec, matmul_t, matvec, private_vectors
+
+if TYPE_CHECKING:
+    from abbench.engine.experts.runner import ExpertRunner
+    from abbench.engine.gguf.model_file import ModelFile
+
+
+class NumpyFace:
+    """What every numpy model (`<arch>.Model`) sets alike: its args, expert side and
+    experts a token takes, the RMS epsilon, the F32 token embedding (vocab, d), and what
+    the session may set on it."""
+
+    def _init_face(self, mf: ModelFile, args: Any, experts: ExpertRunner, pinned: bool,
+                   n_expert_used: int | None) -> None:
+        self.args, self.experts = args, experts
+        self.k = n_expert_used or args.expert_used_count
+        self.eps = args.layer_norm_rms_epsilon
+        self.token_embd = mf.read_dense("token_embd.weight", pinned)  # (vocab, d)
+        self.routing_hook: RoutingHook | None = None
+        self.matvec: MatVec = matvec  # the session may hand the large GEMVs to a partner
+        self.matmul_t: MatMulT = matmul_t  # and a prefill batch's dense GEMMs
+        # and give the GEMVs' inputs a place (`Partner.input`: its shared block)
+        self.vector: Callable[[int], np.ndarray] = private_vectors()
