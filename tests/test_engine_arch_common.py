@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from abbench.engine.arch.qwen3moe.model import head_scales
 from abbench.engine.arch.shared.common import rms_norm, rope_matrix, rope_rows
+from abbench.engine.arch.shared.plain_model import head_scales
 
 
 def test_rms_norm_into_a_buffer_is_the_same_bits() -> None:

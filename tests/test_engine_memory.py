@@ -23,7 +23,7 @@ from conftest import run_main
 from gguf import GGMLQuantizationType
 
 from abbench.engine import synth
-from abbench.engine.experts.runner import runner as experts
+from abbench.engine.experts import runner as experts
 from abbench.engine.streaming import memory
 from abbench.engine.streaming.memory import Room, model_memory, rooms
 from abbench.engine.units import MIB

@@ -66,15 +66,18 @@ class Weight:
 WEIGHT_SUM_MIN = 6.103515625e-5  # llama.cpp's clamp of the routing weights' sum
 
 
-def routing(probs: np.ndarray, order: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def routing(probs: np.ndarray, order: np.ndarray, k: int,
+            renormalise: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The top-k experts and their weights from a router's softmax over every expert
     (probs, (n_expert,)) and its ranking (order, highest first), as llama.cpp's
-    `build_moe_ffn` takes them: the k probabilities renormalised to sum 1 (their sum in
+    `build_moe_ffn` takes them: the k probabilities, `renormalise`d to sum 1 (their sum in
     double, rounded once to F32 as ggml's sum_rows does, clamped). A weight one rounding
     apart is a different sum, which the next quantized GEMV can turn into another token.
     → ids (k,), weights (k,)."""
     ids = order[:k].astype(np.int64)  # (k,)
     w = probs[ids]  # (k,)
+    if not renormalise:
+        return ids, w
     total = np.float32(max(float(np.add.reduce(w, dtype=np.float64)), WEIGHT_SUM_MIN))
     return ids, w / total
 
