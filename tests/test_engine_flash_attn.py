@@ -15,6 +15,7 @@ from conftest import run_main
 from test_engine_arch_gpt_oss import _logits
 
 from abbench.engine import synth
+from abbench.engine.architectures import TABLE, preset_name
 from abbench.engine.config import EngineConfig
 from abbench.engine.gguf.model_file import ModelFile
 from abbench.engine.run.session import Engine
@@ -68,7 +69,8 @@ def test_flash_attention_with_numpy_kernels_is_refused(
     assert "numpy" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name", ["gpt-oss-tiny", "gemma4-tiny"])
+@pytest.mark.parametrize("name", [preset_name(a.name, "tiny") for a in TABLE
+                                  if a.sliding_window])
 def test_decode_steps_the_f16_masks_as_a_refill_would_make_them(
         tmp_path: Path, name: str) -> None:
     """Decode moves each mask by three cells and its F16 twin with it (no copy of the

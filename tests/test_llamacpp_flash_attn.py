@@ -19,12 +19,15 @@ import pytest
 from test_llamacpp import decodes_as_llama_cpp, llama_bin
 
 from abbench.engine import synth
+from abbench.engine.architectures import TABLE, preset_name
 
 pytestmark = pytest.mark.slow
 
 __all__ = ["llama_bin"]  # the fixture, shared with tests/test_llamacpp.py
-PRESETS = ("gpt-oss-tiny", "gpt-oss-small", "qwen35moe-tiny", "qwen35moe-small",
-           "gemma4-tiny", "gemma4-small", "small")
+# every architecture's presets (their graph models, `--kernels ggml`), and the first row's
+# small one in Q8_0 as its graph computes quantized files
+PRESETS = [preset_name(a.name, size) for a in TABLE for size in ("tiny", "small")]
+PRESETS.append(preset_name(TABLE[0].name, "small") + "-Q8_0")
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +35,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("flash-attn")
     paths = {}
     for name in PRESETS:
-        spec = synth.named(name)
-        if name == "small":  # qwen3moe in a quantized type, as its graph computes it
+        spec = synth.named(name.removesuffix("-Q8_0"))
+        if name.endswith("-Q8_0"):
             spec = replace(spec, expert_type="Q8_0", dense_type="Q8_0")
         paths[name] = folder / f"{name}.gguf"
         synth.write_model(spec, paths[name], name=name)
@@ -43,5 +46,5 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("name", PRESETS)
 def test_flash_attention_decodes_as_llama_cpps_default(llama_bin: Path, name: str,
                                                         models: dict[str, Path]) -> None:
-    decodes_as_llama_cpp(llama_bin, models[name], f"{name} --flash-attn", drop_nul=True,
-                         flash=True)
+    decodes_as_llama_cpp(llama_bin, models[name], f"{name} --flash-attn", "--kernels",
+                         "ggml", drop_nul=True, flash=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.engine import synth
+from abbench.engine.architectures import TABLE
 from abbench.engine.gguf.header import show
 from abbench.engine.gguf.model_file import ModelFile
 from abbench.engine.run.models import resolve_model
@@ -24,8 +25,8 @@ UNREAD_SHOWN = 5  # unread metadata arrays named in `model info`'s text
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     model = sub.add_parser("model", help="write synthetic models, describe model files")
     msub = model.add_subparsers(dest="model_cmd", required=True, metavar="COMMAND")
-    sy = msub.add_parser("synth", help="write a synthetic MoE GGUF model (qwen3moe, gpt-oss, "
-                         "qwen35moe, gemma4)",
+    sy = msub.add_parser("synth", help="write a synthetic MoE GGUF model ("
+                         + ", ".join(synth.ARCHS) + ")",
                          description="Write a synthetic MoE model whose routing behaves like a "
                          "trained model's, in architecture --arch. Presets: " + ", ".join(
                              f"{k} ({v.arch}: {v.n_layer} layers, {v.n_expert} experts, "
@@ -33,16 +34,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                              for k, v in synth.PRESETS.items())
                          + " (--arch gpt-oss --preset tiny writes gpt-oss-tiny)")
     sy.add_argument("--arch", choices=list(synth.ARCHS),
-                    help="architecture: qwen3moe (the default); gpt-oss (sliding-window "
-                    "attention with sinks, YaRN RoPE, biases, MXFP4 experts, harmony "
-                    "vocabulary); qwen35moe (gated delta-net layers with gated full "
-                    "attention every 4th, a shared expert); gemma4 (sliding and full "
-                    "layers, a dense FFN beside the experts, softcapped logits); a --shape "
-                    "has its own")
+                    help="architecture: " + "; ".join(
+                        f"{a.name} ({a.summary}{', the default' if a is TABLE[0] else ''})"
+                        for a in TABLE) + "; a --shape has its own")
     sy.add_argument("--preset", choices=list(dict.fromkeys(
         k.removeprefix(f"{v.arch}-") for k, v in synth.PRESETS.items())),
-                    help="a synthetic geometry of --arch (default tiny; default exists for "
-                    "qwen3moe only)")
+                    help="a synthetic geometry of --arch (default tiny; each architecture's: "
+                    + "; ".join(f"{a.name}: {', '.join(a.presets)}" for a in TABLE) + ")")
     sy.add_argument("--shape", choices=list(synth.SHAPES),
                     help="a real model's geometry instead of a preset, at --layers layers")
     sy.add_argument("--layers", type=int, metavar="N",
@@ -88,7 +86,7 @@ def cmd_model_synth(a: argparse.Namespace) -> int:
             raise UsageError(f"`--shape {a.shape}` is {spec.arch}, not {a.arch}",
                              tip="leave `--arch` out with `--shape`")
     else:
-        arch = a.arch or "qwen3moe"
+        arch = a.arch or TABLE[0].name
         spec = synth.arch_preset(arch, a.preset or "tiny", a.seed)
         what = synth.preset_name(arch, a.preset or "tiny")
     if a.expert_type in synth.MIXES and a.dense_type is None:

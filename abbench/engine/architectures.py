@@ -28,6 +28,7 @@ PresetFields = Mapping[str, int | str]
 class Architecture:
     name: str  # GGUF `general.architecture`
     package: str  # engine/arch/<package>/ and engine/synth/<package>.py
+    summary: str  # what sets it apart, in a few words (`abbench model synth --help`)
     presets: Mapping[str, PresetFields] = field(default_factory=dict)
     # `--kernels auto` runs its ggml graph for F32 experts too, where the graph decodes
     # faster than the numpy model (measured: gemma4 2.1x, docs/gemma4.md §6; qwen35moe
@@ -49,7 +50,7 @@ _SMALL: PresetFields = dict(n_layer=8, n_expert=16, n_expert_used=4, d_model=256
 
 TABLE: tuple[Architecture, ...] = (
     # RMSNorm, GQA with per-head q/k norms, NeoX RoPE, softmax top-k renormalised, SwiGLU
-    Architecture("qwen3moe", "qwen3moe", presets={
+    Architecture("qwen3moe", "qwen3moe", "per-head q/k norms, renormalised top-k", presets={
         "tiny": _TINY,
         "small": _SMALL,
         # ~1.5 GiB: 16 layers x 64 experts of 1.5 MiB, top-8: a few hundred MiB of cache
@@ -59,7 +60,8 @@ TABLE: tuple[Architecture, ...] = (
     }),
     # SWA on even layers, YaRN, sinks, biases, MXFP4 experts: windows small enough that
     # the sliding window masks within a prompt and 64 tokens
-    Architecture("gpt-oss", "gpt_oss", sliding_window=True, presets={
+    Architecture("gpt-oss", "gpt_oss", "sliding-window attention with sinks, YaRN RoPE, "
+                 "biases, MXFP4 experts, harmony vocabulary", sliding_window=True, presets={
         "tiny": {**_TINY, "n_expert_used": 4, "expert_type": "MXFP4", "tokenizer": "gpt-4o",
                  "sliding_window": 16},
         "small": {**_SMALL, "n_head": 8, "expert_type": "MXFP4", "tokenizer": "gpt-4o",
@@ -67,13 +69,16 @@ TABLE: tuple[Architecture, ...] = (
     }),
     # gated delta-net layers, a gated full-attention layer every 4th, a shared expert:
     # linear heads n_head (values) / n_head_kv (keys) of head_dim
-    Architecture("qwen35moe", "qwen35moe", graph_for_f32=True, presets={
+    Architecture("qwen35moe", "qwen35moe", "gated delta-net layers with gated full "
+                 "attention every 4th, a shared expert", graph_for_f32=True, presets={
         "tiny": {**_TINY, "tokenizer": "qwen35"},
         "small": {**_SMALL, "tokenizer": "qwen35"},
     }),
     # sliding layers with full ones every third, a dense FFN beside the experts, final
     # logit softcapping: windows that mask within 64 tokens
-    Architecture("gemma4", "gemma4", graph_for_f32=True, sliding_window=True, presets={
+    Architecture("gemma4", "gemma4", "sliding and full layers, a dense FFN beside the "
+                 "experts, softcapped logits", graph_for_f32=True, sliding_window=True,
+                 presets={
         "tiny": {**_TINY, "tokenizer": "gemma4", "sliding_window": 16},
         "small": {**_SMALL, "tokenizer": "gemma4", "sliding_window": 32},
     }),
