@@ -82,6 +82,12 @@ TABLE: tuple[Architecture, ...] = (
         "tiny": {**_TINY, "tokenizer": "gemma4", "sliding_window": 16},
         "small": {**_SMALL, "tokenizer": "gemma4", "sliding_window": 32},
     }),
+    # qwen3moe's skeleton; as many k heads as q heads, n_head * head_dim = d_model (llama.cpp)
+    Architecture("olmoe", "olmoe", "q/k norms over each whole projection, top-k weights not "
+                 "renormalised", presets={
+                     "tiny": {**_TINY, "n_head_kv": 4},
+                     "small": {**_SMALL, "n_head_kv": 4},
+                 }),
 )
 
 BY_NAME: dict[str, Architecture] = {a.name: a for a in TABLE}
