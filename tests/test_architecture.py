@@ -400,3 +400,30 @@ def test_the_architectures_import_only_the_shared_skeleton() -> None:
         if other:
             bad["/".join(rel)] = sorted(other)
     assert bad == {}
+
+
+def _own_classes() -> set[str]:
+    return {n.name for p in PACKAGE.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, ast.ClassDef)}
+
+
+def split_classes(path: Path, own: set[str]) -> list[str]:
+    """Classes in a file built from two or more of the project's own classes: one class
+    whose parts are mixins in other places (their state declared again in each)."""
+    return [n.name for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.ClassDef)
+            and sum(isinstance(b, ast.Name) and b.id in own for b in n.bases) >= 2]
+
+
+def test_no_class_is_split_across_mixins() -> None:
+    own = _own_classes()
+    split = {p.relative_to(PACKAGE).as_posix(): found for p in PACKAGE.rglob("*.py")
+             if (found := split_classes(p, own))}
+    assert split == {}
+
+
+def test_the_split_class_check_finds_one(tmp_path: Path) -> None:
+    path = tmp_path / "runner.py"
+    path.write_text("class Runner(BatchPrefill, Speculation):\n    pass\n"
+                    "class Fine(Protocol):\n    pass\n")
+    assert split_classes(path, {"BatchPrefill", "Speculation", "Runner"}) == ["Runner"]

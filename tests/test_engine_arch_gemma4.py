@@ -229,7 +229,7 @@ def test_the_graph_models_ring_wraps_as_the_window_slides(tmp_path: Path) -> Non
         with Engine(cfg, path) as engine:
             model = engine.model
             if kernels == "ggml":
-                assert model.swa_size == 768 and model.kv_size == 1024
+                assert model.sliding.swa_size == 768 and model.kv_size == 1024
             model.prefill(seq[:700], 0)
             model.prefill(seq[700:800], 700)  # cells 700..767, then 0..31
             return np.array([model.forward(t, pos, 1)

@@ -246,22 +246,22 @@ def small_graph(f32_files: dict[str, Path]) -> Iterator[gpt_oss_graph.GraphModel
 def test_the_ring_holds_position_p_in_cell_p_mod_its_size_and_masks_beyond_the_window(
         f32_files: dict[str, Path]) -> None:
     with small_graph(f32_files) as model:
-        size, window = model.swa_size, model.args.sliding_window
+        size, window = model.sliding.swa_size, model.args.sliding_window
         assert (size, window, model.kv_size) == (768, 32, 1024)
         assert [c.cells for c in model.caches[:2]] == [768, 1024]  # layer 0 slides
         model._begin([1] * 3, 0)  # three tokens at 0..2: cells 0..2, the rest empty
-        assert list(model.swa_pos[:4]) == [0, 1, 2, -1]
-        swa = model.mask(True, 3, 256)
-        assert (swa == model.mask(False, 3, 256)).all()  # within the window: causal
+        assert list(model.sliding.swa_pos[:4]) == [0, 1, 2, -1]
+        swa = model.sliding.mask(True, 3, 256)
+        assert (swa == model.sliding.mask(False, 3, 256)).all()  # within the window: causal
         assert (swa[2, :3] == 0).all() and np.isneginf(swa[0, 1:]).all()
         model._begin([1] * 512, 3)  # as the engine's batches: 512 at most
         model._begin([1] * 285, 515)
         model._begin([1] * 2, 800)  # positions 800, 801 land in cells 32, 33
-        assert list(model.swa_pos[32:34]) == [800, 801]
-        mask = model.mask(True, 2, size)  # a wrapped ring attends over all its cells
+        assert list(model.sliding.swa_pos[32:34]) == [800, 801]
+        mask = model.sliding.mask(True, 2, size)  # a wrapped ring attends over all its cells
         seen = [np.flatnonzero(row == 0) for row in mask]  # cells each query sees
-        assert list(model.swa_pos[seen[1]]) == list(range(801 - window + 1, 802))
-        assert list(model.swa_pos[seen[0]]) == list(range(800 - window + 1, 801))
+        assert list(model.sliding.swa_pos[seen[1]]) == list(range(801 - window + 1, 802))
+        assert list(model.sliding.swa_pos[seen[0]]) == list(range(800 - window + 1, 801))
 
 
 def test_decode_steps_move_the_masks_as_filling_them_anew_would(
@@ -270,9 +270,9 @@ def test_decode_steps_move_the_masks_as_filling_them_anew_would(
         for pos in range(900):
             _, n_kv = model._begin([1], pos)
             if pos in (0, 31, 32, 255, 256, 700, 767, 768, 800, 899):
-                stepped = [model.mask(swa, 1, n_kv[swa]).copy() for swa in (False, True)]
-                model._fill_masks(np.array([pos], np.int32), n_kv)
-                assert all((model.mask(swa, 1, n_kv[swa]) == m).all()
+                stepped = [model.sliding.mask(swa, 1, n_kv[swa]).copy() for swa in (False, True)]
+                model.sliding._fill_masks(np.array([pos], np.int32), n_kv)
+                assert all((model.sliding.mask(swa, 1, n_kv[swa]) == m).all()
                            for swa, m in zip((False, True), stepped))
 
 

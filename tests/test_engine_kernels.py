@@ -102,9 +102,9 @@ def test_a_resident_ggml_run_takes_the_short_way_and_counts_as_the_general_one(
                        temp=0.0, ignore_eos=True, kernels="ggml", resident=True,
                        repack=False, threads=1)
     with Engine(cfg, q4km_model) as engine:
-        assert engine.runner._direct is not None
+        assert engine.runner.direct is not None
         short = engine.run()
-        engine.runner._direct = None
+        engine.runner.direct = None
         general = engine.run()
     assert short.output_ids == general.output_ids
     counted = ("experts_routed", "hits", "misses")

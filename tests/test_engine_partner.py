@@ -118,14 +118,14 @@ def test_resident_layers_skip_the_lookups_but_count_and_trace_as_they_would(
     the lookups' path gives. So does stale-gate retention without reads (P4's setting),
     which over a complete cache only counts its predictions."""
     lookups = []  # the decode passes' lookups (a prefill pass always looks its experts up)
-    load = ExpertRunner._load
+    load = ExpertRunner.load
 
     def counted_load(self: ExpertRunner, layer: int, experts: list[int]):
         if self.phase == 1:
             lookups.append((layer, experts))
         return load(self, layer, experts)
 
-    monkeypatch.setattr(ExpertRunner, "_load", counted_load)
+    monkeypatch.setattr(ExpertRunner, "load", counted_load)
     runs = []
     for direct in (True, False):
         trace = tmp_path / f"{direct}.route.csv"
@@ -135,9 +135,9 @@ def test_resident_layers_skip_the_lookups_but_count_and_trace_as_they_would(
         lookups.clear()
         with Engine(cfg, tiny_model) as engine:
             assert isinstance(engine.runner.team, Partner)
-            assert engine.runner._direct is not None
+            assert engine.runner.direct is not None
             if not direct:
-                engine.runner._direct = None
+                engine.runner.direct = None
             result = engine.run()
             counters = engine.runner.cache.counters
         assert bool(lookups) != direct  # the path under test was the one taken

@@ -33,6 +33,7 @@ from abbench.engine.experts.policies import (
     stale_gate_prefetch,
 )
 from abbench.engine.experts.runner import ExpertRunner
+from abbench.engine.experts.speculation import Speculator
 from abbench.engine.gguf.model_file import ModelFile
 from abbench.engine.run.session import Engine, RunResult, model_info
 from abbench.engine.streaming.streamer import expert_layout
@@ -479,15 +480,16 @@ def _lru_after_each_load(path: Path, deferred: bool, monkeypatch: pytest.MonkeyP
     retention-only run, with the refresh deferred to the next layer's lookups (the
     engine's way) or made at once (the policy's answer applied where it is given)."""
     if not deferred:
-        def at_once(self: ExpertRunner, layer: int, in_use: object) -> None:
-            pred = self.predictor.pred_ids[layer + 1] if layer + 1 < len(self.layout) else None
+        def at_once(self: Speculator, layer: int, in_use: object) -> None:
+            host = self.host
+            pred = self.predictor.pred_ids[layer + 1] if layer + 1 < len(host.layout) else None
             if pred is not None:
-                plan = stale_gate_prefetch(layer + 1, pred, None, self.cache.entries, 0, None)
-                self.tok.retained += self.cache.retain(plan.retain)
+                plan = stale_gate_prefetch(layer + 1, pred, None, host.cache.entries, 0, None)
+                host.tok.retained += host.cache.retain(plan.retain)
 
-        monkeypatch.setattr(ExpertRunner, "_speculate", at_once)
+        monkeypatch.setattr(Speculator, "speculate", at_once)
     states: list[tuple[object, ...]] = []
-    load = ExpertRunner._load
+    load = ExpertRunner.load
 
     def recording(self: ExpertRunner, layer: int, experts: list[int]) -> object:
         out = load(self, layer, experts)
@@ -496,7 +498,7 @@ def _lru_after_each_load(path: Path, deferred: bool, monkeypatch: pytest.MonkeyP
                        self.tok.retained))
         return out
 
-    monkeypatch.setattr(ExpertRunner, "_load", recording)
+    monkeypatch.setattr(ExpertRunner, "load", recording)
     cfg = EngineConfig(model=str(path), prompt="Retain me", n_tokens=12, seed=3,
                        cache_mib=0.3, predict_prefetch=True, predict_spec_max=0)
     with Engine(cfg, path) as engine:

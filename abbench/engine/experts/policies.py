@@ -121,7 +121,7 @@ def stale_gate_prefetch(layer: int, pred_ids: np.ndarray, pred_weights: np.ndarr
     """
     keys = [(layer, e) for e in pred_ids.tolist()]
     if spec_max == 0:  # retention only (the P4 setting): no read to weigh (the runner
-        # applies this answer at the next layer's lookups: `ExpertRunner._speculate`)
+        # applies this answer at the next layer's lookups: `Speculator.speculate`)
         return Speculation([], [key for key in keys if key in resident])
     read: list[Key] = []
     retain: list[Key] = []

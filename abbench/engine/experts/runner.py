@@ -12,7 +12,7 @@ The architecture's sparse MoE block routes, then calls the two steps here with t
    for `--prefetch K`, `policies.stale_gate_prefetch` for `--predict-prefetch`, which also
    names the predicted residents to refresh so they are not evicted before use — with
    no speculative reads, `--predict-spec-max 0`, that refresh waits for the next layer's
-   lookups, see `_speculate`); the layer's route-trace rows are written; then the
+   lookups, see `speculation.py`); the layer's route-trace rows are written; then the
    experts run on the compute team — with `--overlap`, resident ones while the reads
    run and each missing one as it lands; with every expert resident, on the caller and
    a partner process (`partner.py`). There a decode layer takes its buffers straight
@@ -41,12 +41,10 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from abbench.engine.experts.in_graph import InGraph
 from abbench.engine.experts.policies import Policies, cold_keep, kept_weights
 from abbench.engine.experts.prefill import BatchPrefill
 from abbench.engine.experts.selection import (
@@ -57,15 +55,14 @@ from abbench.engine.experts.selection import (
     TokenCounters,
     by_expert_id,
 )
-from abbench.engine.experts.speculation import Speculation
+from abbench.engine.experts.speculation import Speculator
 from abbench.engine.gguf.model_file import ModelFile
 from abbench.engine.kernels import partner
 from abbench.engine.kernels.compute import SWIGLU, ComputeTeam, Job
 from abbench.engine.kernels.qcompute import QuantTeam
-from abbench.engine.streaming.cache import ExpertCache, Key, buffer_kinds
+from abbench.engine.streaming.cache import ExpertCache, buffer_kinds
 from abbench.engine.streaming.streamer import (
     LayerExperts,
-    ReadTicket,
     SliceReader,
 )
 from abbench.engine.units import MIB
@@ -80,11 +77,11 @@ if TYPE_CHECKING:
 __all__ = ["Direct", "ExpertRunner", "Load", "Miss", "Selection", "TokenCounters"]
 
 
-class ExpertRunner(BatchPrefill, Speculation, InGraph):
-    """The experts of every layer: one cache, one set of reader lanes, one compute team.
-
-    Parts are kept in their own modules (`prefill.py`, `speculation.py`, `in_graph.py`);
-    this holds the state and a decode layer's steps."""
+class ExpertRunner:
+    """The experts of every layer: one cache, one set of reader lanes, one compute team,
+    and a decode layer's steps. Its parts have their own state and modules: `spec`, the
+    speculation behind a layer's reads (`speculation.py`), and `batch`, the prefill path
+    (`prefill.py`); a token's one graph asks its questions in `in_graph.py`."""
 
     def __init__(
         self,
@@ -110,7 +107,6 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         self.overlap = overlap
         self.resident = resident
         self.threads = max(1, threads)
-        self._pool: ThreadPoolExecutor | None = None  # prefill's expert GEMMs, made on use
         self.policies = policies or Policies()
         self.n_expert = layout[0].gate.shape[0] if layout else 0
         ff = max((le.ff for le in layout), default=1)
@@ -124,16 +120,12 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         self.out = np.zeros((max_k, d), np.float32)  # (k, d) expert outputs, routing order
         self.tok = TokenCounters()
         self.load_read_bytes = 0
-        self.predictor: RoutePredictor | None = None  # set by the session for predictions
         self.trace: RouteTraceWriter | None = None
         self.phase = 1
         self.step = 0
-        self._prev_routing: list[list[int]] = [[] for _ in layout]  # previous token's
-        self._routing: list[list[int]] = [[] for _ in layout]  # this token's
-        self._pending: list[tuple[Key, ReadTicket]] = []  # speculative reads in flight
-        # Retention only: the layer and experts predicted for it, refreshed at its lookups.
-        self._retain_at: tuple[int, list[int]] | None = None
-        self._direct: Direct | None = None  # with a partner: see start_partner
+        self.spec = Speculator(self)
+        self.batch = BatchPrefill(self)
+        self.direct: Direct | None = None  # with a partner: see start_partner
         if self.policies.drop_frac is not None and max_k <= 4:
             warnings.warn(
                 f"--drop-cold-experts with top-{max_k}: the threshold F/k is {1 / max_k:.2f}"
@@ -175,10 +167,10 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         work to a partner process instead of the thread team (see `partner.py`);
         `matrices` are the dense ones the model multiplies through `team.matvec`, and
         `max_rows` the most tokens a prefill pass gives it. The ggml team (no partner)
-        takes the same short way to a complete cache's buffers (`_direct`)."""
+        takes the same short way to a complete cache's buffers (`direct`)."""
         if self.resident and isinstance(self.team, QuantTeam):
             # the ggml team runs a complete cache's experts by their buffers alone, too
-            self._direct = (self.team, by_expert_id(self.cache, len(self.layout), self.n_expert))
+            self.direct = (self.team, by_expert_id(self.cache, len(self.layout), self.n_expert))
             return False
         if not (self.resident and isinstance(self.team, ComputeTeam) and self.team.threads > 1
                 and partner.supported()):
@@ -191,8 +183,32 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         self.team = team
         # A complete cache never changes: each layer's buffers by expert id, for
         # `_call_resident`, are the very buffers the partner knows.
-        self._direct = (team, by_expert_id(self.cache, len(self.layout), self.n_expert))
+        self.direct = (team, by_expert_id(self.cache, len(self.layout), self.n_expert))
         return True
+
+    @property
+    def predictor(self) -> RoutePredictor | None:
+        """The stale-gate predictor the session installs (speculation's)."""
+        return self.spec.predictor
+
+    @predictor.setter
+    def predictor(self, predictor: RoutePredictor | None) -> None:
+        self.spec.predictor = predictor
+
+    def prefill(self, layer: int, x: np.ndarray, ids: np.ndarray,
+                weights: np.ndarray) -> np.ndarray:
+        """A batch of prompt tokens through `layer`'s experts (`prefill.py`): x (n, d),
+        ids and weights (n, k) → (n, d)."""
+        return self.batch.prefill(layer, x, ids, weights)
+
+    def settle(self) -> None:
+        """Speculative reads in flight are settled before any lookup (real reads win)."""
+        if self.spec.pending:
+            self.spec.settle()
+
+    def finish(self) -> None:
+        """Settle what speculation is still in flight (end of run)."""
+        self.spec.finish()
 
     @property
     def policies(self) -> Policies:
@@ -230,11 +246,7 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
 
     def begin_pass(self, phase: int, step: int) -> None:
         """Called before each forward pass (the previous pass's routing becomes "previous")."""
-        if self._retain_at is not None:  # a pass ended before the layer it was for
-            self._retain(*self._retain_at)
-        if phase == 1 and any(self._routing):
-            self._prev_routing = self._routing
-            self._routing = [[] for _ in self.layout]
+        self.spec.begin_pass(phase)
         self.phase, self.step = phase, step
         self.tok.reset()
 
@@ -251,21 +263,21 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         selection's objects and checks — on the caller's path of every layer, where they
         measured 1.0-1.8% of a token (token-alternating, default preset, two runs).
         """
-        direct = self._direct
+        direct, spec = self.direct, self.spec
         if (direct is None or not self._short or phase != 1 or self.trace is not None
-                or self._pending or self._retain_at is not None):
+                or spec.pending or spec.retain_at is not None):
             chosen = self.select(layer, ids, weights, phase)
             return chosen.weights, self(layer, x, chosen, phase)
         t0 = time.perf_counter()
         routed = ids.tolist()
         k = len(routed)
-        self._routing[layer] = routed
+        spec.routing[layer] = routed
         tok = self.tok
         tok.experts_routed += k
         tok.hits += k
         self.cache.counters.hits += k
         if self._retains:
-            self._speculate(layer, None)
+            spec.speculate(layer, None)
         table = direct[1][layer]
         bufs = [table[e] for e in routed]
         tok.mgmt_s += time.perf_counter() - t0
@@ -279,12 +291,11 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         the lanes, and the drop rule must see what is resident after it.
         """
         t0 = time.perf_counter()
-        if self._pending:
-            self._settle()
+        self.settle()
         routed = ids.tolist()
         self.tok.experts_routed += len(routed)
         if phase == 1:
-            self._routing[layer] = routed  # the next token's --prefetch reads these
+            self.spec.routing[layer] = routed  # the next token's --prefetch reads these
         chosen = Selection(routed, weights, None, routed, weights)
         frac = self.policies.drop_frac_in(phase)
         if frac is not None:
@@ -301,18 +312,18 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
     def __call__(self, layer: int, x: np.ndarray, chosen: Selection, phase: int) -> np.ndarray:
         """x: (d,) → (k', d) the chosen experts' outputs in routing order, valid until the
         next call: their lookups and reads, speculation behind them, then the FFNs."""
-        direct = self._direct
+        direct, spec = self.direct, self.spec
         speculates = phase == 1 and self.policies.speculates
-        if (direct is not None and self._retain_at is None and not self._pending
+        if (direct is not None and spec.retain_at is None and not spec.pending
                 and not (speculates and not self.policies.reads_nothing)):
-            if speculates:  # retention alone: over a complete cache, a count (`_speculate`)
-                self._speculate(layer, None)
+            if speculates:  # retention alone: over a complete cache, a count (`speculate`)
+                spec.speculate(layer, None)
             return self._call_resident(direct, layer, x, chosen, phase)
         t0 = time.perf_counter()
         evictions_before = self.cache.counters.evictions
-        load = self._load(layer, chosen.experts)
+        load = self.load(layer, chosen.experts)
         if phase == 1 and self.policies.speculates:  # decode only: the bets are on decode
-            self._speculate(layer, load.batch)
+            spec.speculate(layer, load.batch)
         self.tok.evictions += self.cache.counters.evictions - evictions_before
         if self.trace is not None:
             self._trace_layer(self.trace, phase, layer, chosen, load.residency)
@@ -337,18 +348,12 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         self.tok.mgmt_s += time.perf_counter() - t0
         return team.run_resident(bufs, x, chosen.experts, layer)  # (k', d)
 
-    def _load(self, layer: int, experts: list[int]) -> Load:
+    def load(self, layer: int, experts: list[int]) -> Load:
         """One lookup per expert (a hit refreshes recency); every miss's read is issued at
         once on the reader lanes, into a buffer the cache admits (or scratch)."""
         le = self.layout[layer]
         cache = self.cache
-        retain_at = self._retain_at
-        if retain_at is not None:
-            if retain_at[0] == layer:
-                self._retain(layer, [e for e in retain_at[1] if e not in experts])
-            else:  # not the layer it was for (never in a decode pass): all of it, now
-                self._retain(*retain_at)
-                retain_at = None
+        predicted = self.spec.at_lookups(layer, experts)  # a deferred retention, done
         useful_before = cache.counters.spec_useful
         load = Load([], [], [], [], None)
         speculative = cache.speculative
@@ -366,8 +371,7 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
             load.missing.append((slot, e, buf, cached))
             load.tickets.append(self.reader.submit(le.slices(e, self.raw), buf))  # starts now
             load.residency.append(0)
-        if retain_at is not None:  # and those looked up: they were resident if they hit
-            predicted = retain_at[1]
+        if predicted is not None:  # and those looked up: they were resident if they hit
             self.tok.retained += sum(1 for e, r in zip(experts, load.residency)
                                      if r and e in predicted)
         self.tok.hits += len(load.resident)
@@ -382,9 +386,9 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         tickets = load.tickets if self.overlap else [None] * len(load.tickets)
         jobs = load.resident + [Job(slot, buf, t, e)
                                 for (slot, e, buf, _), t in zip(load.missing, tickets)]
-        self._compute(layer, load, lambda: self.team.run(jobs, x, self.out, layer))
+        self.compute(layer, load, lambda: self.team.run(jobs, x, self.out, layer))
 
-    def _compute(self, layer: int, load: Load, compute: Callable[[], float]) -> None:
+    def compute(self, layer: int, load: Load, compute: Callable[[], float]) -> None:
         """Run one layer's `compute` (it returns its stall seconds) over `load`: without
         `--overlap` every read is waited for first, as stall; on a failure the layer is
         abandoned; then the reads are accounted."""
@@ -441,5 +445,4 @@ class ExpertRunner(BatchPrefill, Speculation, InGraph):
         self.finish()
         self.reader.close()
         self.team.close()
-        if self._pool is not None:
-            self._pool.shutdown()
+        self.batch.close()

@@ -72,18 +72,19 @@ class LogitsGraph:
         self.logits = ctx.array(logits, (rows,), np.float32)
 
 
-class GraphModel(GraphFace, SlidingMasks):
+class GraphModel(GraphFace):
     """The whole decoder on ggml graphs; the interface of `gemma4.Model`."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
                  team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None,
                  flash_attn: bool = False) -> None:
         self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used, flash_attn)
-        self._init_masks(pad(min(pad(n_ctx), args.sliding_window + N_UBATCH)))
+        self.sliding = SlidingMasks(pad(min(pad(n_ctx), args.sliding_window + N_UBATCH)),
+                                    args.sliding_window, self._half, self._half_masks)
         self.embd_scale = np.sqrt(np.float32(args.embedding_length))  # sqrtf(n_embd)
         self.weights = [LayerWeights(mf, args, i, team, pinned)
                         for i in range(args.block_count)]
-        self.caches = [LayerCache.new(swa, self.swa_size if swa else self.kv_size,
+        self.caches = [LayerCache.new(swa, self.sliding.swa_size if swa else self.kv_size,
                                       args.kv_heads[i] * args.head_dim(i), flash_attn)
                        for i, swa in enumerate(args.swa_layers)]
         self.rope_freqs = (np.zeros(1, np.float32) if all(args.swa_layers) else
@@ -133,11 +134,11 @@ class GraphModel(GraphFace, SlidingMasks):
         t, end = len(tokens), pos + len(tokens)
         if end > self.kv_size:
             raise ValueError(f"position {end} past the context ({self.kv_size})")
-        n_kv = (attended(end, self.kv_size), attended(end, self.swa_size))
+        n_kv = (attended(end, self.kv_size), attended(end, self.sliding.swa_size))
         h, positions = self.inputs(t)
         np.multiply(self.token_embd[tokens], self.embd_scale, out=h)  # (t, d) ggml_scale
         positions[...] = np.arange(pos, end, dtype=np.int32)
-        self._place(positions, n_kv)
+        self.sliding.place(positions, n_kv)
         return n_kv
 
     def _graph(self, layer: int, t: int, n_kv: tuple[int, int], pos: int,

@@ -100,7 +100,7 @@ class LayerGraph:
         pos_buf = model.inputs(t)[1]
         h = ending(ctx, model, prev, t, moe)  # (d, t)
         positions = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
-        mask = model.mask_tensor(ctx, model.mask(cache.swa, t, n_kv))  # (n_kv, t)
+        mask = model.mask_tensor(ctx, model.sliding.mask(cache.swa, t, n_kv))  # (n_kv, t)
         x = self.rms(h, w.norm["attn_norm"])  # (d, t)
         rope = model.rope(layer)
         factors = None if cache.swa else self.vector(model.rope_freqs)

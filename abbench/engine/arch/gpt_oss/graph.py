@@ -105,7 +105,7 @@ class LayerGraph:
         pos_buf = model.inputs(t)[1]
         h = stream if stream is not None else self._stream(model, residual, t)  # (d, t)
         positions = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
-        mask = model.mask_tensor(ctx, model.mask(cache.swa, t, n_kv))  # (n_kv, t)
+        mask = model.mask_tensor(ctx, model.sliding.mask(cache.swa, t, n_kv))  # (n_kv, t)
         x = rms(h, w.attn_norm)  # (d, t)
         rope = a.rope(cache.swa)
         q = ctx.rope_ext(op("reshape_3d", linear(w.wq, w.bq, x), hd, nq, t), positions,
@@ -171,17 +171,19 @@ class LayerGraph:
         return order, weights
 
 
-class GraphModel(GraphFace, SlidingMasks):
+class GraphModel(GraphFace):
     """The whole decoder on ggml graphs; the interface of `gpt_oss.Model`."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner,
                  team: QuantTeam, pinned: bool, n_ctx: int, n_expert_used: int | None = None,
                  flash_attn: bool = False) -> None:
         self._init_face(mf, args, experts, team, pinned, n_ctx, n_expert_used, flash_attn)
-        self._init_masks(args.swa_cells(n_ctx))  # a sliding layer's ring (llama.cpp's -ub 512)
+        # a sliding layer's ring (llama.cpp's -ub 512) and the masks
+        self.sliding = SlidingMasks(args.swa_cells(n_ctx), args.sliding_window, self._half,
+                                    self._half_masks)
         rows = args.head_count_kv * args.key_length
         self.weights = [LayerWeights(mf, i, team, pinned) for i in range(args.block_count)]
-        self.caches = [LayerCache.new(swa, self.swa_size if swa else self.kv_size, rows,
+        self.caches = [LayerCache.new(swa, self.sliding.swa_size if swa else self.kv_size, rows,
                                       flash_attn) for swa in args.swa_layers]
         # a decode layer's experts' outputs and weights, which the next layer's graph sums
         self.moe_y = np.zeros((self.k, args.embedding_length), np.float32)  # (k, d)
@@ -209,11 +211,11 @@ class GraphModel(GraphFace, SlidingMasks):
         t, end = len(tokens), pos + len(tokens)
         if end > self.kv_size:
             raise ValueError(f"position {end} past the context ({self.kv_size})")
-        n_kv = (attended(end, self.kv_size), attended(end, self.swa_size))
+        n_kv = (attended(end, self.kv_size), attended(end, self.sliding.swa_size))
         h, positions = self.inputs(t)
         h[...] = self.token_embd[tokens]  # (t, d)
         positions[...] = np.arange(pos, end, dtype=np.int32)
-        self._place(positions, n_kv)
+        self.sliding.place(positions, n_kv)
         return h, n_kv
 
     def _graph(self, layer: int, t: int, n_kv: tuple[int, int], pos: int) -> LayerGraph:

@@ -17,6 +17,7 @@ import numpy as np
 
 from abbench.engine.arch.shared.common import KV_PAD, RoutingHook, embedding, pad
 from abbench.engine.arch.shared.token_graph import TokenGraph, weighted_experts
+from abbench.engine.experts.in_graph import in_graph, layer_stack
 from abbench.engine.kernels import ggml
 
 if TYPE_CHECKING:
@@ -251,10 +252,10 @@ class GraphFace:
         that layer's experts run), the expert side's `in_graph`, and every layer's
         experts in consecutive slots. None: a graph per layer."""
         if not self.one_graph or self.routing_hook is not None \
-                or not self.experts.in_graph(phase):
+                or not in_graph(self.experts, phase):
             return None
         if self._stacks is None:
-            self._stacks = [self.experts.layer_stack(i) for i in range(len(self.weights))]
+            self._stacks = [layer_stack(self.experts, i) for i in range(len(self.weights))]
         stacks = self._stacks
         return None if any(s is None for s in stacks) else stacks  # type: ignore[return-value]
 
@@ -286,16 +287,16 @@ class GraphFace:
 
 class SlidingMasks:
     """The masks of a model with full caches and sliding layers' rings of `swa_size`
-    cells (gpt-oss, gemma4): a buffer per cache kind, pass size and attended length,
-    filled per pass (`_place`)."""
+    cells (gpt-oss, gemma4; the model's `sliding`): a buffer per cache kind, pass size and
+    attended length, filled per pass (`place`), and their F16 twins (flash attention) in
+    the model's `half` (`GraphFace.mask_tensor`), refreshed by its `refresh_half`."""
 
-    args: Any
-    # GraphFace's F16 twins of the masks (flash attention), and their refresh
-    _half: dict[int, tuple[np.ndarray, np.ndarray]]
-    _half_masks: Callable[[int], None]
-
-    def _init_masks(self, swa_size: int) -> None:
+    def __init__(self, swa_size: int, window: int,
+                 half: dict[int, tuple[np.ndarray, np.ndarray]],
+                 refresh_half: Callable[[int], None]) -> None:
         self.swa_size = swa_size
+        self.window = window  # a key p0 is hidden from p1 once p1 - p0 >= window
+        self._half, self._refresh_half = half, refresh_half
         # the position each ring cell holds (-1: empty), one for every sliding layer
         self.swa_pos = np.full(swa_size, -1, np.int64)  # (swa_size,)
         self._masks: dict[tuple[bool, int, int], np.ndarray] = {}
@@ -304,10 +305,10 @@ class SlidingMasks:
 
     def mask(self, swa: bool, t: int, n_kv: int) -> np.ndarray:
         """(t, n_kv) a cache's mask buffer (0 where a token sees a cell, else -inf), filled
-        per pass by `_place`."""
+        per pass by `place`."""
         return self._masks.setdefault((swa, t, n_kv), np.zeros((t, n_kv), np.float32))
 
-    def _place(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
+    def place(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
         """A pass at `positions` (t,) into the ring's cells, and both caches' masks for
         it (attending over n_kv (full, sliding) cells) with their F16 twins: stepped from
         the decode step before, or filled and the twins copied from them."""
@@ -320,7 +321,7 @@ class SlidingMasks:
             self._step_masks(pos, n_kv)
         else:
             self._fill_masks(positions, n_kv)
-            self._half_masks(t)
+            self._refresh_half(t)
         self._decoded = (pos, n_kv) if t == 1 else None
 
     def _fill_masks(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
@@ -332,7 +333,7 @@ class SlidingMasks:
         full = self.mask(False, t, n_kv[0])
         full[...] = np.where(np.arange(n_kv[0])[None, :] <= p1, 0.0, -np.inf)
         p0 = self.swa_pos[None, : n_kv[1]]  # (1, n_kv_swa)
-        hidden = (p0 < 0) | (p0 > p1) | (p1 - p0 >= self.args.sliding_window)
+        hidden = (p0 < 0) | (p0 > p1) | (p1 - p0 >= self.window)
         self.mask(True, t, n_kv[1])[...] = np.where(hidden, -np.inf, 0.0)
 
     def _step_masks(self, pos: int, n_kv: tuple[int, int]) -> None:
@@ -342,8 +343,8 @@ class SlidingMasks:
         attention) take the same cells: 0 and -inf are exact in F16."""
         full, ring = self.mask(False, 1, n_kv[0]), self.mask(True, 1, n_kv[1])
         cells = [(full, pos, 0.0), (ring, pos % self.swa_size, 0.0)]
-        if pos >= self.args.sliding_window:
-            cells.append((ring, (pos - self.args.sliding_window) % self.swa_size, -np.inf))
+        if pos >= self.window:
+            cells.append((ring, (pos - self.window) % self.swa_size, -np.inf))
         for mask, cell, value in cells:
             mask[0, cell] = value
             twin = self._half.get(id(mask))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from abbench.engine.experts.in_graph import count_in_graph
 from abbench.engine.kernels import ggml
 from abbench.errors import EngineError
 
@@ -125,5 +126,5 @@ class TokenGraph:
         for layer in self.layers:
             layer.set_position(pos)
         self.graph.compute()
-        experts.count_in_graph(np.array(self.routed).tolist())  # one copy, one conversion
+        count_in_graph(experts, np.array(self.routed).tolist())  # one copy, one conversion
         return self.logits.copy()
