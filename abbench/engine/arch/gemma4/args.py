@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from abbench.engine.arch.shared.common import check_header, expert_stacks, header_numbers, pad
+from abbench.engine.arch.shared.args import CoreArgs, Header
+from abbench.engine.arch.shared.common import check_header, expert_stacks, pad
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -34,33 +35,21 @@ UNSUPPORTED = (("attn_qkv.weight", "fused q/k/v"), ("ffn_gate_up_exps.weight",
 
 
 @dataclass(frozen=True)
-class ModelArgs:
-    """Field names follow the GGUF keys (`gemma4.<key>`); `*_swa` are the sliding layers'."""
+class ModelArgs(CoreArgs):
+    """Field names follow the GGUF keys (`gemma4.<key>`); `*_swa` are the sliding layers';
+    `head_count_kv` is the largest of `kv_heads`."""
 
-    block_count: int
-    embedding_length: int
     feed_forward_length: int  # the dense FFN's
-    head_count: int
-    head_count_kv: int  # the largest of `kv_heads`
     kv_heads: tuple[int, ...]  # per layer (`attention.head_count_kv`, a number or a list)
-    key_length: int
-    value_length: int
     key_length_swa: int
     value_length_swa: int
     rope_dimension_count: int
     rope_dimension_count_swa: int
-    layer_norm_rms_epsilon: float
-    rope_freq_base: float
     rope_freq_base_swa: float
     rope_freq_scale: float  # 1 / rope.scaling.factor (linear), else 1
     sliding_window: int
     swa_layers: tuple[bool, ...]  # per layer: attends over a sliding window
     final_logit_softcapping: float  # 0: none
-    expert_count: int
-    expert_used_count: int
-    expert_feed_forward_length: int
-    context_length: int
-    vocab_size: int
     v_layers: tuple[bool, ...]  # per layer: has `attn_v` (else V is K's projection)
     own_output: bool  # `output.weight` (else the embedding, tied)
     output_scales: bool  # `layer_output_scale` on every layer
@@ -70,36 +59,26 @@ class ModelArgs:
     def from_file(cls, mf: ModelFile) -> ModelArgs:
         """Read and check the header against the tensors: a file whose numbers disagree
         with its tensors fails here, naming the key, not later in a reshape."""
-        p = mf.architecture + "."
-        num = header_numbers(mf)
-        d, n_head = num("embedding_length", int), num("attention.head_count", int)
-        if n_head < 1:
-            raise ModelFileError(f"{mf.path}: `{p}attention.head_count` must be >= 1")
-        n_layer, ctx = num("block_count", int), num("context_length", int)
-        hd = num("attention.key_length", int, d // n_head)
+        header = Header.of(mf)
+        num, p, hd = header.num, header.prefix, header.head_dim
+        n_layer = num("block_count", int)
+        kv = _per_layer(mf, p + "attention.head_count_kv", n_layer, header.n_head)
         hd_swa = num("attention.key_length_swa", int, hd)
-        base = num("rope.freq_base", float, 10000.0)
-        kv = _per_layer(mf, p + "attention.head_count_kv", n_layer, n_head)
         has = mf.tensors.__contains__
         args = cls(
-            block_count=n_layer, embedding_length=d,
-            feed_forward_length=num("feed_forward_length", int), head_count=n_head,
-            head_count_kv=max(kv), kv_heads=kv, key_length=hd,
-            value_length=num("attention.value_length", int, hd), key_length_swa=hd_swa,
+            **header.core(mf, rms_eps=None, rope_base=10000.0, context=None,
+                          head_count_kv=max(kv)),
+            feed_forward_length=num("feed_forward_length", int), kv_heads=kv,
+            key_length_swa=hd_swa,
             value_length_swa=num("attention.value_length_swa", int, hd_swa),
             rope_dimension_count=num("rope.dimension_count", int, hd),
             rope_dimension_count_swa=num("rope.dimension_count_swa", int,
                                          num("rope.dimension_count", int, hd)),
-            layer_norm_rms_epsilon=num("attention.layer_norm_rms_epsilon", float),
-            rope_freq_base=base, rope_freq_base_swa=num("rope.freq_base_swa", float, 10000.0),
+            rope_freq_base_swa=num("rope.freq_base_swa", float, 10000.0),
             rope_freq_scale=_freq_scale(mf, p),
             sliding_window=num("attention.sliding_window", int),
             swa_layers=_swa_pattern(mf, p, n_layer),
             final_logit_softcapping=num("final_logit_softcapping", float, 30.0),
-            expert_count=num("expert_count", int),
-            expert_used_count=num("expert_used_count", int),
-            expert_feed_forward_length=num("expert_feed_forward_length", int),
-            context_length=ctx, vocab_size=mf.tensor("token_embd.weight").shape[0],
             v_layers=tuple(has(f"blk.{i}.attn_v.weight") for i in range(n_layer)),
             own_output=has("output.weight"),
             output_scales=has("blk.0.layer_output_scale.weight"),

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from abbench.engine.arch.shared.common import check_header, header_numbers, pad
+from abbench.engine.arch.shared.args import CoreArgs, Header
+from abbench.engine.arch.shared.common import check_header, pad
 from abbench.engine.kernels.ggml import ROPE_NEOX, Rope
 from abbench.engine.kernels.ggml.libm import logf
 from abbench.errors import ModelFileError
@@ -43,17 +44,9 @@ def yarn_attn_factor(freq_scale: float, attn_factor: float) -> float:
 
 
 @dataclass(frozen=True)
-class ModelArgs:
+class ModelArgs(CoreArgs):
     """Field names follow the GGUF keys (`gpt-oss.<key>`)."""
 
-    block_count: int
-    embedding_length: int
-    head_count: int
-    head_count_kv: int
-    key_length: int
-    value_length: int
-    layer_norm_rms_epsilon: float
-    rope_freq_base: float
     rope_freq_base_swa: float
     rope_scaling_type: str
     rope_scaling_factor: float  # 0: none
@@ -61,31 +54,17 @@ class ModelArgs:
     rope_scaling_attn_factor: float
     sliding_window: int
     swa_layers: tuple[bool, ...]  # per layer: attends over a sliding window
-    expert_count: int
-    expert_used_count: int
-    expert_feed_forward_length: int
-    context_length: int
-    vocab_size: int
 
     @classmethod
     def from_file(cls, mf: ModelFile) -> ModelArgs:
         """Read and check the header against the tensors: a file whose numbers disagree
         with its tensors fails here, naming the key, not later in a reshape."""
-        p = mf.architecture + "."
-        num = header_numbers(mf)
-
-        d, n_head = num("embedding_length", int), num("attention.head_count", int)
-        if n_head < 1:
-            raise ModelFileError(f"{mf.path}: `{p}attention.head_count` must be >= 1")
-        head_dim = num("attention.key_length", int, d // n_head)
-        n_layer, ctx = num("block_count", int), num("context_length", int)
-        base = num("rope.freq_base", float, 10000.0)
+        header = Header.of(mf)
+        num, p = header.num, header.prefix
+        core = header.core(mf, rms_eps=None, rope_base=10000.0, context=None)
+        n_layer, ctx, base = core["block_count"], core["context_length"], core["rope_freq_base"]
         args = cls(
-            block_count=n_layer, embedding_length=d, head_count=n_head,
-            head_count_kv=num("attention.head_count_kv", int, n_head),
-            key_length=head_dim, value_length=num("attention.value_length", int, head_dim),
-            layer_norm_rms_epsilon=num("attention.layer_norm_rms_epsilon", float),
-            rope_freq_base=base, rope_freq_base_swa=num("rope.freq_base_swa", float, base),
+            **core, rope_freq_base_swa=num("rope.freq_base_swa", float, base),
             rope_scaling_type=str(mf.get(p + "rope.scaling.type", "linear")),
             rope_scaling_factor=num("rope.scaling.factor", float, 0.0),
             rope_scaling_original_context_length=num(
@@ -93,10 +72,6 @@ class ModelArgs:
             rope_scaling_attn_factor=num("rope.scaling.attn_factor", float, 1.0),
             sliding_window=num("attention.sliding_window", int),
             swa_layers=_swa_pattern(mf, p, n_layer),
-            expert_count=num("expert_count", int),
-            expert_used_count=num("expert_used_count", int),
-            expert_feed_forward_length=num("expert_feed_forward_length", int),
-            context_length=ctx, vocab_size=mf.tensor("token_embd.weight").shape[0],
         )
         args._check(mf, p)
         return args

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from abbench.engine.arch.shared.common import check_header, expert_stacks, header_numbers
+from abbench.engine.arch.shared.args import CoreArgs, Header
+from abbench.engine.arch.shared.common import check_header, expert_stacks
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -25,22 +26,11 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class ModelArgs:
+class ModelArgs(CoreArgs):
     """Field names follow the GGUF keys (`qwen35moe.<key>`)."""
 
-    block_count: int
-    embedding_length: int
-    head_count: int
-    head_count_kv: int
-    key_length: int
-    value_length: int
-    layer_norm_rms_epsilon: float
-    rope_freq_base: float
     rope_dimension_count: int
     rope_dimension_sections: tuple[int, ...]  # 4 sizes: text's 4th position is 0
-    expert_count: int
-    expert_used_count: int
-    expert_feed_forward_length: int
     expert_shared_feed_forward_length: int
     ssm_conv_kernel: int
     ssm_inner_size: int
@@ -48,32 +38,19 @@ class ModelArgs:
     ssm_time_step_rank: int  # value heads of a linear-attention layer
     ssm_group_count: int  # key heads of a linear-attention layer
     recurrent_layers: tuple[bool, ...]  # per layer: a gated delta-net layer
-    context_length: int
-    vocab_size: int
 
     @classmethod
     def from_file(cls, mf: ModelFile) -> ModelArgs:
-        p = mf.architecture + "."
-        num = header_numbers(mf)
-        d, n_head = num("embedding_length", int), num("attention.head_count", int)
-        if n_head < 1:
-            raise ModelFileError(f"{mf.path}: `{p}attention.head_count` must be >= 1")
-        head_dim = num("attention.key_length", int, d // n_head)
-        n_layer = num("block_count", int)
+        header = Header.of(mf)
+        num, p = header.num, header.prefix
+        core = header.core(mf, rms_eps=None, rope_base=10000.0, context=4096)
+        n_layer = core["block_count"]
         sections = mf.array(p + "rope.dimension_sections")
         if sections is None:  # llama.cpp refuses the file
             mf.require(p + "rope.dimension_sections")
         args = cls(
-            block_count=n_layer, embedding_length=d, head_count=n_head,
-            head_count_kv=num("attention.head_count_kv", int, n_head),
-            key_length=head_dim, value_length=num("attention.value_length", int, head_dim),
-            layer_norm_rms_epsilon=num("attention.layer_norm_rms_epsilon", float),
-            rope_freq_base=num("rope.freq_base", float, 10000.0),
-            rope_dimension_count=num("rope.dimension_count", int, head_dim),
+            **core, rope_dimension_count=num("rope.dimension_count", int, header.head_dim),
             rope_dimension_sections=_sections(mf, p, sections),
-            expert_count=num("expert_count", int),
-            expert_used_count=num("expert_used_count", int),
-            expert_feed_forward_length=num("expert_feed_forward_length", int),
             expert_shared_feed_forward_length=num(
                 "expert_shared_feed_forward_length", int, num("feed_forward_length", int, 0)),
             ssm_conv_kernel=num("ssm.conv_kernel", int),
@@ -82,8 +59,6 @@ class ModelArgs:
             ssm_time_step_rank=num("ssm.time_step_rank", int),
             ssm_group_count=num("ssm.group_count", int),
             recurrent_layers=_recurrent(mf, p, n_layer, num("full_attention_interval", int, 4)),
-            context_length=num("context_length", int, 4096),
-            vocab_size=mf.tensor("token_embd.weight").shape[0],
         )
         args._check(mf, p)
         return args

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from abbench.engine.arch.shared.common import check_header, expert_stacks, header_numbers
+from abbench.engine.arch.shared.args import CoreArgs, Header
+from abbench.engine.arch.shared.common import check_header, expert_stacks
 from abbench.errors import ModelFileError
 
 if TYPE_CHECKING:
@@ -33,52 +34,18 @@ class Plain:
 
 
 @dataclass(frozen=True)
-class PlainArgs:
+class PlainArgs(CoreArgs):
     """Field names follow the GGUF keys (`ARCH.<key>`)."""
 
     PLAIN: ClassVar[Plain] = Plain()
-
-    block_count: int
-    embedding_length: int
-    head_count: int
-    head_count_kv: int
-    key_length: int
-    value_length: int
-    layer_norm_rms_epsilon: float
-    rope_freq_base: float
-    expert_count: int
-    expert_used_count: int
-    expert_feed_forward_length: int
-    context_length: int
-    vocab_size: int
 
     @classmethod
     def from_file(cls, mf: ModelFile) -> PlainArgs:
         """Read and check the header against the tensors: a file whose numbers disagree
         with its tensors fails here, naming the key, not later in a reshape."""
-        p = mf.architecture + "."
-        num = header_numbers(mf)
-        embd = mf.tensor("token_embd.weight")
-        d = num("embedding_length", int)
-        n_head = num("attention.head_count", int)
-        if n_head < 1:
-            raise ModelFileError(f"{mf.path}: `{p}attention.head_count` must be >= 1")
-        head_dim = num("attention.key_length", int, d // n_head)
-        args = cls(
-            block_count=num("block_count", int),
-            embedding_length=d,
-            head_count=n_head,
-            head_count_kv=num("attention.head_count_kv", int, n_head),
-            key_length=head_dim,
-            value_length=num("attention.value_length", int, head_dim),
-            layer_norm_rms_epsilon=num("attention.layer_norm_rms_epsilon", float, 1e-6),
-            rope_freq_base=num("rope.freq_base", float, 1_000_000.0),
-            expert_count=num("expert_count", int),
-            expert_used_count=num("expert_used_count", int),
-            expert_feed_forward_length=num(cls.PLAIN.expert_ff_key, int),
-            context_length=num("context_length", int, 4096),
-            vocab_size=embd.shape[0],
-        )
+        header = Header.of(mf)
+        args = cls(**header.core(mf, rms_eps=1e-6, rope_base=1_000_000.0, context=4096,
+                                 expert_ff_key=cls.PLAIN.expert_ff_key))
         args._check(mf)
         return args
 
