@@ -29,14 +29,13 @@ llama-completion and llama-tokenize print token by token, as abbench does.
 
 from __future__ import annotations
 
-import heapq
 import re
 from dataclasses import dataclass
 
 from gguf import TokenType
 
 from abbench.engine.gguf.model_file import ModelFile
-from abbench.engine.text.bpe_merge import merge_ranks, merge_word
+from abbench.engine.text.bpe_merge import merge_ranks, merge_symbols, merge_word
 from abbench.engine.text.special_tokens import HIDDEN, ROLES, SPECIAL, Attr, special_tokens
 from abbench.errors import ModelFileError, UsageError
 
@@ -244,38 +243,16 @@ class SpmTokenizer(Tokenizer):
 
     def _spm(self, text: str) -> list[int]:
         """One plain piece (spaces already "▁"): characters merged by best-scoring pair."""
-        sym = list(text)  # the current symbols; "" where merged into its left neighbour
-        nxt = list(range(1, len(sym))) + [-1]
-        prv = list(range(-1, len(sym) - 1))
-        heap: list[tuple[float, int, int, int]] = []  # (-score, left, right, length)
+        ids, scores = self._ids, self.vocab.scores
 
-        def pair(left: int, right: int) -> None:
-            if left < 0 or right < 0:
-                return
-            merged = sym[left] + sym[right]
-            i = self._ids.get(merged)
-            if i is not None:
-                heapq.heappush(heap, (-self.vocab.scores[i], left, right, len(merged)))
+        def priority(left: str, right: str) -> float | None:
+            i = ids.get(left + right)
+            return None if i is None else -scores[i]  # the best-scoring piece first
 
-        for i in range(len(sym) - 1):
-            pair(i, i + 1)
-        while heap:
-            _, left, right, length = heapq.heappop(heap)
-            if not sym[left] or not sym[right] or len(sym[left]) + len(sym[right]) != length:
-                continue  # one side has been merged since: a stale pair
-            sym[left] += sym[right]
-            sym[right] = ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prv[nxt[right]] = left
-            pair(prv[left], left)
-            pair(left, nxt[left])
         out: list[int] = []
-        i = 0 if sym else -1
-        while i >= 0:
-            token = self._ids.get(sym[i])
-            out += [token] if token is not None else self._bytes(sym[i])
-            i = nxt[i]
+        for piece in merge_symbols(text, priority):
+            token = ids.get(piece)
+            out += [token] if token is not None else self._bytes(piece)
         return out
 
     def _bytes(self, piece: str) -> list[int]:
