@@ -27,15 +27,9 @@ from collections.abc import Iterator
 import gguf
 import numpy as np
 
+from abbench.engine.synth import tensors
 from abbench.engine.synth.spec import SynthSpec
-from abbench.engine.synth.tensors import (
-    Make,
-    Planned,
-    experts_of,
-    layer_update_scale,
-    ones,
-    projection,
-)
+from abbench.engine.synth.tensors import Make, Planned
 
 ROPE_FREQ_BASE = 1_000_000.0  # full layers
 ROPE_FREQ_BASE_SWA = 10_000.0
@@ -89,50 +83,51 @@ def layer_tensors(spec: SynthSpec, rng: np.random.Generator, layer: int,
     d, dense = spec.d_model, spec.dense_type
     swa = swa_layers(spec.n_layer)[layer]
     hd = spec.head_dim * (1 if swa else FULL_HEAD)
-    closing = layer_update_scale(spec, layer) * np.sqrt(d)  # the closing norms' weight
+    closing = tensors.layer_update_scale(spec, layer) * np.sqrt(d)  # the closing norms' weight
     if layer == 0:
         half = spec.head_dim * FULL_HEAD // 2
         rotated = int(half * ROPE_ROTATED_FULL)
         yield "rope_freqs.weight", (half,), "F32", lambda: np.array(
             [1.0] * rotated + [1e30] * (half - rotated), np.float32)
-    yield b + "attn_norm.weight", (d,), "F32", ones(d)
+    yield b + "attn_norm.weight", (d,), "F32", tensors.ones(d)
     q_rows, kv_rows = spec.n_head * hd, spec.n_head_kv * hd
-    yield b + "attn_q.weight", (q_rows, d), dense, projection(rng, q_rows, d, over=np.sqrt(d))
-    yield b + "attn_k.weight", (kv_rows, d), dense, projection(rng, kv_rows, d,
-                                                              over=np.sqrt(d))
+    yield b + "attn_q.weight", (q_rows, d), dense, tensors.projection(rng, q_rows, d,
+                                                                      over=np.sqrt(d))
+    yield b + "attn_k.weight", (kv_rows, d), dense, tensors.projection(rng, kv_rows, d,
+                                                                       over=np.sqrt(d))
     if swa:  # a full layer's V is its K (the real model's attention_k_eq_v)
-        yield b + "attn_v.weight", (kv_rows, d), dense, projection(rng, kv_rows, d,
-                                                                  over=np.sqrt(d))
-    yield b + "attn_output.weight", (d, q_rows), dense, projection(rng, d, q_rows,
-                                                                  over=np.sqrt(q_rows))
+        yield b + "attn_v.weight", (kv_rows, d), dense, tensors.projection(rng, kv_rows, d,
+                                                                           over=np.sqrt(d))
+    yield b + "attn_output.weight", (d, q_rows), dense, tensors.projection(rng, d, q_rows,
+                                                                           over=np.sqrt(q_rows))
     yield b + "attn_q_norm.weight", (hd,), "F32", _const(hd, hd ** -0.5)
-    yield b + "attn_k_norm.weight", (hd,), "F32", ones(hd)
+    yield b + "attn_k_norm.weight", (hd,), "F32", tensors.ones(hd)
     yield b + "post_attention_norm.weight", (d,), "F32", _const(d, closing)
     yield b + "layer_output_scale.weight", (1,), "F32", _const(1, OUT_SCALE)
     yield from _dense_ffn(spec, rng, b, closing)
     yield b + "ffn_gate_inp.weight", (spec.n_expert, d), "F32", router
     yield b + "ffn_gate_inp.scale", (d,), "F32", _const(d, np.sqrt(d))
     for norm in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
-        yield b + norm + ".weight", (d,), "F32", ones(d)
+        yield b + norm + ".weight", (d,), "F32", tensors.ones(d)
     yield from _expert_tensors(spec, rng, b)
 
 
 def _dense_ffn(spec: SynthSpec, rng: np.random.Generator, b: str,
                closing: float) -> Iterator[Planned]:
     d, ff, dense = spec.d_model, spec.expert_ff * DENSE_FF, spec.dense_type
-    yield b + "ffn_norm.weight", (d,), "F32", ones(d)
-    yield b + "ffn_gate.weight", (ff, d), dense, projection(rng, ff, d, over=np.sqrt(d))
-    yield b + "ffn_up.weight", (ff, d), dense, projection(rng, ff, d, over=np.sqrt(d))
-    yield b + "ffn_down.weight", (d, ff), dense, projection(rng, d, ff, over=np.sqrt(ff))
+    yield b + "ffn_norm.weight", (d,), "F32", tensors.ones(d)
+    yield b + "ffn_gate.weight", (ff, d), dense, tensors.projection(rng, ff, d, over=np.sqrt(d))
+    yield b + "ffn_up.weight", (ff, d), dense, tensors.projection(rng, ff, d, over=np.sqrt(d))
+    yield b + "ffn_down.weight", (d, ff), dense, tensors.projection(rng, d, ff, over=np.sqrt(ff))
     yield b + "post_ffw_norm.weight", (d,), "F32", _const(d, closing)
 
 
 def _expert_tensors(spec: SynthSpec, rng: np.random.Generator, b: str) -> Iterator[Planned]:
     d, ff, e, experts = spec.d_model, spec.expert_ff, spec.n_expert, spec.expert_type
     for proj in ("gate", "up"):
-        yield b + f"ffn_{proj}_exps.weight", (e, ff, d), experts, experts_of(
+        yield b + f"ffn_{proj}_exps.weight", (e, ff, d), experts, tensors.experts_of(
             rng, e, ff, d, 1.0 / np.sqrt(d))
-    yield b + "ffn_down_exps.weight", (e, d, ff), experts, experts_of(
+    yield b + "ffn_down_exps.weight", (e, d, ff), experts, tensors.experts_of(
         rng, e, d, ff, 1.0 / np.sqrt(ff))
     yield b + "ffn_down_exps.scale", (e,), "F32", lambda: np.exp(
         rng.uniform(-EXPERT_SCALE_SPREAD, EXPERT_SCALE_SPREAD, e)).astype(np.float32)

@@ -24,16 +24,9 @@ from collections.abc import Iterator
 import gguf
 import numpy as np
 
+from abbench.engine.synth import tensors
 from abbench.engine.synth.spec import SynthSpec
-from abbench.engine.synth.tensors import (
-    Make,
-    Planned,
-    experts_of,
-    layer_update_scale,
-    ones,
-    projection,
-    transformer_keys,
-)
+from abbench.engine.synth.tensors import Make, Planned
 
 ROPE_FREQ_BASE = 150000.0
 YARN_FACTOR = 32.0  # rope.scaling.factor: llama.cpp's freq_scale is its inverse
@@ -50,7 +43,7 @@ SWIGLU_OAI_RMS = 4.66  # rms of swiglu_oai(gate, up) at PRE_ACTIVATION
 
 def add_keys(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
     """The `gpt-oss.*` hyperparameters (w's architecture is gpt-oss)."""
-    transformer_keys(w, spec, ROPE_FREQ_BASE, RMS_EPS)
+    tensors.transformer_keys(w, spec, ROPE_FREQ_BASE, RMS_EPS)
     w.add_sliding_window(spec.sliding_window)
     w.add_expert_count(spec.n_expert)
     w.add_expert_used_count(spec.n_expert_used)
@@ -64,15 +57,16 @@ def layer_tensors(spec: SynthSpec, rng: np.random.Generator, layer: int,
     """Layer `layer`'s 19 tensors in file order (a `synth_tensors.LayerTensors`)."""
     b = f"blk.{layer}."
     d, dense = spec.d_model, spec.dense_type
-    upd = layer_update_scale(spec, layer)
+    upd = tensors.layer_update_scale(spec, layer)
     q_rows, kv_rows = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-    yield b + "attn_norm.weight", (d,), "F32", ones(d)
-    yield b + "post_attention_norm.weight", (d,), "F32", ones(d)
+    yield b + "attn_norm.weight", (d,), "F32", tensors.ones(d)
+    yield b + "post_attention_norm.weight", (d,), "F32", tensors.ones(d)
     for name, rows in (("attn_q", q_rows), ("attn_k", kv_rows), ("attn_v", kv_rows)):
-        yield b + name + ".weight", (rows, d), dense, projection(rng, rows, d, over=np.sqrt(d))
+        yield b + name + ".weight", (rows, d), dense, tensors.projection(rng, rows, d,
+                                                                         over=np.sqrt(d))
         yield b + name + ".bias", (rows,), "F32", _normal(rng, (rows,), BIAS_SHARE)
     # Attention outputs have unit-scale components: the update is `upd` of the stream.
-    yield b + "attn_output.weight", (d, q_rows), dense, projection(
+    yield b + "attn_output.weight", (d, q_rows), dense, tensors.projection(
         rng, d, q_rows, upd / np.sqrt(q_rows))
     yield b + "attn_output.bias", (d,), "F32", _normal(rng, (d,), upd * BIAS_SHARE)
     yield b + "attn_sinks.weight", (spec.n_head,), "F32", _normal(rng, (spec.n_head,),
@@ -87,10 +81,10 @@ def _expert_tensors(spec: SynthSpec, rng: np.random.Generator, b: str,
                     upd: float) -> Iterator[Planned]:
     d, ff, e, experts = spec.d_model, spec.expert_ff, spec.n_expert, spec.expert_type
     for proj in ("gate", "up"):
-        yield b + f"ffn_{proj}_exps.weight", (e, ff, d), experts, experts_of(
+        yield b + f"ffn_{proj}_exps.weight", (e, ff, d), experts, tensors.experts_of(
             rng, e, ff, d, PRE_ACTIVATION / np.sqrt(d))
         yield b + f"ffn_{proj}_exps.bias", (e, ff), "F32", _normal(rng, (e, ff), EXPERT_BIAS)
-    yield b + "ffn_down_exps.weight", (e, d, ff), experts, experts_of(
+    yield b + "ffn_down_exps.weight", (e, d, ff), experts, tensors.experts_of(
         rng, e, d, ff, upd / (SWIGLU_OAI_RMS * np.sqrt(ff)))
     yield b + "ffn_down_exps.bias", (e, d), "F32", _normal(rng, (e, d), upd * BIAS_SHARE)
 

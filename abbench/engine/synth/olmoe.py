@@ -14,15 +14,7 @@ import gguf
 import numpy as np
 
 from abbench.engine.synth.spec import SynthSpec
-from abbench.engine.synth.tensors import (
-    Make,
-    Planned,
-    attention_tensors,
-    layer_update_scale,
-    ones,
-    swiglu_experts,
-    transformer_keys,
-)
+from abbench.engine.synth.tensors import Make, Planned, moe_keys, plain_layer
 from abbench.errors import UsageError
 
 NORM_SPREAD = 0.1  # the q/k norm weights: 1 + this * a unit normal
@@ -34,24 +26,14 @@ def add_keys(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
         raise UsageError("olmoe needs n_head_kv = n_head and n_head * head_dim = d_model "
                          f"(got {spec.n_head_kv}, {spec.n_head} x {spec.head_dim}, "
                          f"{spec.d_model}): llama.cpp loads nothing else")
-    transformer_keys(w, spec, rope_freq_base=10000.0, rms_eps=1e-5)
-    w.add_expert_count(spec.n_expert)
-    w.add_expert_used_count(spec.n_expert_used)
+    moe_keys(w, spec, rope_freq_base=10000.0, rms_eps=1e-5)
 
 
 def layer_tensors(spec: SynthSpec, rng: np.random.Generator, layer: int,
                   router: Make) -> Iterator[Planned]:
-    b = f"blk.{layer}."
-    d = spec.d_model
     q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-    upd = layer_update_scale(spec, layer)
-    yield b + "attn_norm.weight", (d,), "F32", ones(d)
-    yield b + "ffn_norm.weight", (d,), "F32", ones(d)
-    yield b + "attn_q_norm.weight", (q,), "F32", _around_one(rng, q)
-    yield b + "attn_k_norm.weight", (kv,), "F32", _around_one(rng, kv)
-    yield from attention_tensors(spec, rng, b, upd)
-    yield b + "ffn_gate_inp.weight", (spec.n_expert, d), "F32", router
-    yield from swiglu_experts(spec, rng, b, upd)
+    return plain_layer(spec, rng, layer, router, (q, _around_one(rng, q)),
+                       (kv, _around_one(rng, kv)))
 
 
 def _around_one(rng: np.random.Generator, n: int) -> Make:

@@ -30,11 +30,12 @@ from abbench.engine.synth.spec import SynthSpec
 from abbench.engine.synth.tensors import (
     Make,
     Planned,
+    attention_tensors,
     experts_of,
     layer_update_scale,
+    moe_keys,
     ones,
     projection,
-    transformer_keys,
 )
 
 ROPE_FREQ_BASE = 10_000_000.0  # Qwen3.5's (unverified: from memory of the released config)
@@ -72,9 +73,7 @@ def is_recurrent(layer: int) -> bool:
 def add_keys(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
     """The `qwen35moe.*` hyperparameters (w's architecture is qwen35moe)."""
     g = geometry(spec)
-    transformer_keys(w, spec, ROPE_FREQ_BASE, RMS_EPS)
-    w.add_expert_count(spec.n_expert)
-    w.add_expert_used_count(spec.n_expert_used)
+    moe_keys(w, spec, ROPE_FREQ_BASE, RMS_EPS)
     w.add_expert_shared_feed_forward_length(spec.expert_ff)
     n_rot = rope_dims(spec)
     w.add_rope_dimension_count(n_rot)
@@ -125,17 +124,8 @@ def _delta_net_tensors(spec: SynthSpec, rng: np.random.Generator, b: str,
 
 def _gated_attention_tensors(spec: SynthSpec, rng: np.random.Generator, b: str,
                              upd: float) -> Iterator[Planned]:
-    d, hd, dense = spec.d_model, spec.head_dim, spec.dense_type
-    q_rows, kv_rows = spec.n_head * hd, spec.n_head_kv * hd
-    # per head: hd query rows, then hd rows of its output gate
-    yield b + "attn_q.weight", (2 * q_rows, d), dense, projection(rng, 2 * q_rows, d,
-                                                                 over=np.sqrt(d))
-    yield b + "attn_k.weight", (kv_rows, d), dense, projection(rng, kv_rows, d,
-                                                              over=np.sqrt(d))
-    yield b + "attn_v.weight", (kv_rows, d), dense, projection(rng, kv_rows, d,
-                                                              over=np.sqrt(d))
-    yield b + "attn_output.weight", (d, q_rows), dense, projection(
-        rng, d, q_rows, upd / np.sqrt(q_rows))
+    hd = spec.head_dim
+    yield from attention_tensors(spec, rng, b, upd, gated=True)
     yield b + "attn_q_norm.weight", (hd,), "F32", ones(hd)
     yield b + "attn_k_norm.weight", (hd,), "F32", ones(hd)
 

@@ -162,12 +162,15 @@ def router_of(spec: SynthSpec, rng: np.random.Generator, common: np.ndarray) -> 
     return router
 
 
-def attention_tensors(spec: SynthSpec, rng: np.random.Generator, b: str,
-                      upd: float) -> Iterator[Planned]:
-    """q, k, v and output projections, no biases, the output sized to `upd`."""
+def attention_tensors(spec: SynthSpec, rng: np.random.Generator, b: str, upd: float,
+                      gated: bool = False) -> Iterator[Planned]:
+    """q, k, v and output projections, no biases, the output sized to `upd`; `gated`: the
+    q projection makes each head's output gate too (its hd query rows, then hd rows of
+    gate: qwen35moe's full attention)."""
     d, dense = spec.d_model, spec.dense_type
     q_rows, kv_rows = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-    yield b + "attn_q.weight", (q_rows, d), dense, projection(rng, q_rows, d, over=np.sqrt(d))
+    q_out = 2 * q_rows if gated else q_rows
+    yield b + "attn_q.weight", (q_out, d), dense, projection(rng, q_out, d, over=np.sqrt(d))
     yield b + "attn_k.weight", (kv_rows, d), dense, projection(rng, kv_rows, d,
                                                               over=np.sqrt(d))
     yield b + "attn_v.weight", (kv_rows, d), dense, projection(rng, kv_rows, d,
@@ -228,3 +231,27 @@ def transformer_keys(w: gguf.GGUFWriter, spec: SynthSpec, rope_freq_base: float,
     w.add_value_length(hd)
     w.add_rope_freq_base(rope_freq_base)
     w.add_layer_norm_rms_eps(rms_eps)
+
+
+def moe_keys(w: gguf.GGUFWriter, spec: SynthSpec, rope_freq_base: float,
+             rms_eps: float) -> None:
+    """`transformer_keys`, then the experts' count and top-k."""
+    transformer_keys(w, spec, rope_freq_base, rms_eps)
+    w.add_expert_count(spec.n_expert)
+    w.add_expert_used_count(spec.n_expert_used)
+
+
+def plain_layer(spec: SynthSpec, rng: np.random.Generator, layer: int, router: Make,
+                q_norm: tuple[int, Make], k_norm: tuple[int, Make]) -> Iterator[Planned]:
+    """A layer of the plain skeleton (qwen3moe's) in file order: its norms, the q and k
+    norms given (their sizes and values), the attention, the router, SwiGLU experts."""
+    b = f"blk.{layer}."
+    d = spec.d_model
+    upd = layer_update_scale(spec, layer)
+    yield b + "attn_norm.weight", (d,), "F32", ones(d)
+    yield b + "ffn_norm.weight", (d,), "F32", ones(d)
+    yield b + "attn_q_norm.weight", (q_norm[0],), "F32", q_norm[1]
+    yield b + "attn_k_norm.weight", (k_norm[0],), "F32", k_norm[1]
+    yield from attention_tensors(spec, rng, b, upd)
+    yield b + "ffn_gate_inp.weight", (spec.n_expert, d), "F32", router
+    yield from swiglu_experts(spec, rng, b, upd)
