@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from abbench import __version__
-from abbench.commands import COMMANDS
+from abbench.commands import COMMANDS, load
 from abbench.errors import EXIT_BAD, EXIT_INTERRUPTED, AbbenchError
 from abbench.textsafe import shown
 
@@ -32,7 +32,11 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or where `argv` names one, of that one alone (its
+    module is the only one imported: `commands.load`)."""
+    first = next((a for a in (argv or ()) if not a.startswith("-")), None)
+    names = [first] if first in COMMANDS else list(COMMANDS)
     p = _Parser(
         prog="abbench",
         description="Thermally controlled A/B benchmarking of an MoE expert-streaming engine.",
@@ -40,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"abbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
-    for command in COMMANDS:  # the dispatch table: each mounts its own parser
-        command.add_parser(sub)
+    for name in names:  # the dispatch table: each mounts its own parser
+        load(name).add_parser(sub)
     return p
 
 
@@ -51,7 +55,8 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     warnings.showwarning = _show_warning
     try:
