@@ -91,6 +91,7 @@ class GraphModel(GraphFace):
                            np.ascontiguousarray(mf.read_dense("rope_freqs.weight", True),
                                                 dtype=np.float32))  # (n_rot/2,)
         self._moe: dict[int, np.ndarray] = {}
+        self._decode_output: LogitsGraph | None = None  # the last decode pass's output graph
         # a decode layer's experts' outputs (k, d) and weights (k,), which the next graph
         # sums (rows past the experts kept: zeros)
         self.moe_y = np.zeros((self.k, args.embedding_length), np.float32)
@@ -162,6 +163,28 @@ class GraphModel(GraphFace):
             g.set_position(pos)
         return built
 
+    def _begin_token(self, token: int, pos: int) -> tuple[int, int]:
+        return self._begin([token], pos)
+
+    def _layer_graphs(self, pos: int, n_kv: tuple[int, int]) -> list[LayerGraph]:
+        graphs, self._decode_output = self._decode_graphs(pos, n_kv)
+        return graphs
+
+    def _logits(self) -> np.ndarray:
+        assert self._decode_output is not None  # set by the pass's `_layer_graphs`
+        self._decode_output.graph.compute()
+        return self._decode_output.logits.copy()
+
+    def _routed(self, g: LayerGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        # the router's own input (`unit`) is what the hook sees; the experts take x
+        return g.x[0], g.unit[0], g.order[0, : self.k].astype(np.int64), g.weights[0].copy()
+
+    def _finish_layer(self, layer: int, g: LayerGraph, kept: np.ndarray, y: np.ndarray) -> None:
+        n = len(kept)  # (k',) (k', d): the next graph sums them
+        self.moe_y[:n], self.moe_w[:n] = y[:n], kept
+        if n < self.k:
+            self.moe_y[n:], self.moe_w[n:] = 0.0, 0.0
+
     def _token_graph(self, pos: int, n_kv: tuple[int, int],
                      stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
         """A decode token as one graph (each layer's, its experts', the output's), built
@@ -172,28 +195,6 @@ class GraphModel(GraphFace):
             lambda i, prev, moe: LayerGraph(self, i, 1, n_kv[self.caches[i].swa], pos, prev,
                                             True, moe),
             lambda last, moe: LogitsGraph(self, last, moe)))
-
-    def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
-        """One token through every layer → the next-token logits (vocab,)."""
-        hook, k, moe_y, moe_w = self.routing_hook, self.k, self.moe_y, self.moe_w
-        n_kv = self._begin([token], pos)
-        stacks = self._token_stacks(phase)
-        if stacks is not None:
-            return self._token_graph(pos, n_kv, stacks).run(pos, self.experts)
-        graphs, output = self._decode_graphs(pos, n_kv)
-        for layer, g in enumerate(graphs):
-            g.graph.compute()
-            ids = g.order[0, :k].astype(np.int64)  # (k,)
-            weights = g.weights[0].copy()  # (k,)
-            if hook is not None:
-                hook(layer, g.unit[0], ids, weights, phase)
-            kept, y = self.experts.run_routed(layer, g.x[0], ids, weights, phase)
-            n = len(kept)  # (k',) (k', d): the next graph sums them
-            moe_y[:n], moe_w[:n] = y[:n], kept
-            if n < k:
-                moe_y[n:], moe_w[n:] = 0.0, 0.0
-        output.graph.compute()
-        return output.logits.copy()
 
     def prefill(self, tokens: list[int], pos: int) -> None:
         """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the

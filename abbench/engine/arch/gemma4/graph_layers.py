@@ -30,6 +30,7 @@ from abbench.engine.arch.shared.graph import (
     cache_attention,
     expert_sum,
 )
+from abbench.engine.arch.shared.pieces import Pieces
 from abbench.engine.arch.shared.token_graph import ExpertNodes
 from abbench.engine.kernels import ggml
 from abbench.engine.kernels.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight
@@ -96,30 +97,31 @@ class LayerGraph:
         scratch = 4 * t * (20 * d + 6 * (nq + 2 * nkv) * hd + 3 * n_kv * nq
                            + 3 * a.feed_forward_length + 4 * n_expert)
         ctx = self.ctx = ggml.Context(model.team.g, 192, 512, scratch + (1 << 16))
+        self.p = Pieces(ctx, model.team.repacker, self.eps)  # leaves and norms
         op = ctx.op
         pos_buf = model.inputs(t)[1]
         h = ending(ctx, model, prev, t, moe)  # (d, t)
         positions = ctx.tensor(ggml.I32, (t,), pos_buf.ctypes.data)
         mask = model.mask_tensor(ctx, model.sliding.mask(cache.swa, t, n_kv))  # (n_kv, t)
-        x = self.rms(h, w.norm["attn_norm"])  # (d, t)
+        x = self.p.rms(h, w.norm["attn_norm"])  # (d, t)
         rope = model.rope(layer)
-        factors = None if cache.swa else self.vector(model.rope_freqs)
-        q = op("reshape_3d", op("mul_mat", self.matrix(w.wq), x), hd, nq, t)  # (hd, nq, t)
-        q = ctx.rope_ext(self.rms(q, w.q_norm), positions, rope, factors)
-        k_proj = op("mul_mat", self.matrix(w.wk), x)  # (nkv*hd, t)
+        factors = None if cache.swa else self.p.vector(model.rope_freqs)
+        q = op("reshape_3d", op("mul_mat", self.p.matrix(w.wq), x), hd, nq, t)  # (hd, nq, t)
+        q = ctx.rope_ext(self.p.rms(q, w.q_norm), positions, rope, factors)
+        k_proj = op("mul_mat", self.p.matrix(w.wk), x)  # (nkv*hd, t)
         # a layer without `attn_v` takes K's projection (before K's norm) as V
-        v_proj = k_proj if w.wv is None else op("mul_mat", self.matrix(w.wv), x)
-        k = ctx.rope_ext(self.rms(op("reshape_3d", k_proj, hd, nkv, t), w.k_norm),
+        v_proj = k_proj if w.wv is None else op("mul_mat", self.p.matrix(w.wv), x)
+        k = ctx.rope_ext(self.p.rms(op("reshape_3d", k_proj, hd, nkv, t), w.k_norm),
                          positions, rope, factors)  # (hd, nkv, t)
         v = op("rms_norm", op("reshape_3d", v_proj, hd, nkv, t), self.eps)  # (hd, nkv, t)
         self.writes = RingWrites(ctx, cache, op("reshape_2d", k, nkv * hd, t),
                                  op("reshape_2d", v, nkv * hd, t), t, pos)
         # build_attn_mha with kq_scale 1
         heads = cache_attention(ctx, cache, q, mask, n_kv, (hd, nq, t), 1.0)  # (nq*hd, t)
-        attn = self.rms(op("mul_mat", self.matrix(w.wo), heads), w.norm["post_attention_norm"])
+        attn = self.p.rms(op("mul_mat", self.p.matrix(w.wo), heads), w.norm["post_attention_norm"])
         attn_out = ctx.add(attn, h)  # (d, t)
         mlp = self._dense_ffn(attn_out)  # (d, t)
-        xe = self.rms(attn_out, w.norm["pre_ffw_norm_2"])  # (d, t) the experts' input
+        xe = self.p.rms(attn_out, w.norm["pre_ffw_norm_2"])  # (d, t) the experts' input
         unit, order, weights = self._router(attn_out, model.k, t)
         if moe is None:
             self.graph = ctx.graph([*self.writes.copies, mlp, xe, weights],
@@ -144,24 +146,15 @@ class LayerGraph:
 
     # -- the graph's pieces ---------------------------------------------------------------
 
-    def matrix(self, m: Weight) -> int:
-        return m.tensor(self.ctx, self.model.team.repacker)
-
-    def vector(self, v: np.ndarray) -> int:
-        return self.ctx.tensor(ggml.F32, (v.shape[0],), v.ctypes.data)
-
-    def rms(self, x: int, weight: np.ndarray) -> int:  # build_norm(LLM_NORM_RMS)
-        return self.ctx.op("mul", self.ctx.op("rms_norm", x, self.eps), self.vector(weight))
-
     def _dense_ffn(self, attn_out: int) -> int:
         """build_ffn(LLM_FFN_GELU, LLM_FFN_PAR) on the FFN-normed `attn_out`, then its norm
         (`post_ffw_norm_1`) → (d, t)."""
         op, w = self.ctx.op, self.w
-        xf = self.rms(attn_out, w.norm["ffn_norm"])  # (d, t)
-        up = op("mul_mat", self.matrix(w.up), xf)  # (ff, t)
-        gate = op("mul_mat", self.matrix(w.gate), xf)  # (ff, t)
-        out = op("mul_mat", self.matrix(w.down), op("geglu_split", gate, up))  # (d, t)
-        return self.rms(out, w.norm["post_ffw_norm_1"])
+        xf = self.p.rms(attn_out, w.norm["ffn_norm"])  # (d, t)
+        up = op("mul_mat", self.p.matrix(w.up), xf)  # (ff, t)
+        gate = op("mul_mat", self.p.matrix(w.gate), xf)  # (ff, t)
+        out = op("mul_mat", self.p.matrix(w.down), op("geglu_split", gate, up))  # (d, t)
+        return self.p.rms(out, w.norm["post_ffw_norm_1"])
 
     def _router(self, attn_out: int, k: int, t: int) -> tuple[int, int, int]:
         """gemma4.cpp's router input (`attn_out` RMS-normed without a weight, times
@@ -174,8 +167,8 @@ class LayerGraph:
         a = self.model.args
         unit = op("rms_norm", attn_out, self.eps)  # (d, t)
         inv_sqrt_d = float(np.float32(1) / np.sqrt(np.float32(a.embedding_length)))
-        r = op("mul", op("scale", unit, inv_sqrt_d), self.vector(w.router_scale))
-        probs = op("soft_max", op("mul_mat", self.matrix(w.router), r))  # (n_expert, t)
+        r = op("mul", op("scale", unit, inv_sqrt_d), self.p.vector(w.router_scale))
+        probs = op("soft_max", op("mul_mat", self.p.matrix(w.router), r))  # (n_expert, t)
         order = ctx.argsort_desc(probs)  # (n_expert, t) I32
         top = op("view_2d", order, k, t, a.expert_count * 4, 0)  # (k, t) argsort_top_k
         chosen = op("reshape_2d", ctx.get_rows(

@@ -293,13 +293,9 @@ class Model(NumpyFace):
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
                  n_ctx: int, n_expert_used: int | None = None) -> None:
-        self._init_face(mf, args, experts, pinned, n_expert_used)
+        self._init_model(mf, args, experts, pinned, n_expert_used,
+                         lambda i: DecoderLayer(mf, args, i, n_ctx, experts, self.k))
         self.embd_scale = np.sqrt(np.float32(args.embedding_length))
-        self.layers = [DecoderLayer(mf, args, i, n_ctx, experts, self.k)
-                       for i in range(args.block_count)]
-        self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
-        self.output = (mf.read_dense("output.weight", pinned) if args.own_output
-                       else self.token_embd)  # (vocab, d)
         self.softcap = args.final_logit_softcapping
         factors = None if all(args.swa_layers) else mf.read_dense("rope_freqs.weight", True)
         # (n_ctx, n_rot/2) each: the sliding layers' (their own base, no scaling or

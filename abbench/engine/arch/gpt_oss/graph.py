@@ -36,6 +36,7 @@ from abbench.engine.arch.shared.graph import (
     cache_attention,
     expert_sum,
 )
+from abbench.engine.arch.shared.pieces import Pieces
 from abbench.engine.arch.shared.token_graph import ExpertNodes, TokenGraph, token_graph
 from abbench.engine.kernels import ggml
 from abbench.engine.kernels.qcompute import QuantTeam, Weight, weighted_sum
@@ -88,16 +89,10 @@ class LayerGraph:
         scratch = 4 * t * (8 * d + 4 * (nq + 2 * nkv) * hd + 3 * n_kv * nq + 6 * n_expert
                            + 2 * model.k * d)
         ctx = self.ctx = ggml.Context(model.team.g, 160, 256, scratch + (1 << 16))
-        op, f32 = ctx.op, ggml.F32
+        op = ctx.op
 
-        def matrix(m: Weight) -> int:
-            return m.tensor(ctx, model.team.repacker)
-
-        def vector(v: np.ndarray) -> int:
-            return ctx.tensor(f32, (v.shape[0],), v.ctypes.data)
-
-        def rms(x: int, weight: np.ndarray) -> int:  # build_norm(LLM_NORM_RMS)
-            return op("mul", op("rms_norm", x, a.layer_norm_rms_epsilon), vector(weight))
+        pieces = Pieces(ctx, model.team.repacker, a.layer_norm_rms_epsilon)
+        matrix, vector, rms = pieces.matrix, pieces.vector, pieces.rms
 
         def linear(m: Weight, bias: np.ndarray, x: int) -> int:  # build_qkv, wo: bias after
             return ctx.add(op("mul_mat", matrix(m), x), vector(bias))
@@ -236,6 +231,20 @@ class GraphModel(GraphFace):
             g.set_position(pos)
         return graphs
 
+    def _routed(self, g: LayerGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        x = g.x[0]  # (d,)
+        return x, x, g.order[0, : self.k].astype(np.int64), g.weights[0].copy()
+
+    def _finish_layer(self, layer: int, g: LayerGraph, kept: np.ndarray, y: np.ndarray) -> None:
+        n = len(kept)
+        if layer + 1 < len(self.weights):  # the next layer's graph finishes this one
+            self.moe_y[:n], self.moe_w[:n] = y[:n], kept
+            if n < self.k:
+                self.moe_y[n:], self.moe_w[n:] = 0.0, 0.0
+        else:
+            h = self.inputs(1)[0]  # (1, d): the stream
+            np.add(weighted_sum(kept, y[:n]), g.ffn_inp[0], out=h[0])  # (d,)
+
     def _token_graph(self, pos: int, n_kv: tuple[int, int],
                      stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
         """A decode token as one graph (each layer's, its experts', the output's), built
@@ -245,33 +254,6 @@ class GraphModel(GraphFace):
             lambda i, _, end: LayerGraph(self, i, 1, n_kv[self.caches[i].swa], pos,
                                          stream=end),
             lambda _, end: OutputGraph(self, *self._output, stream=end)))
-
-    def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
-        """One token through every layer → the next-token logits (vocab,)."""
-        hook, k = self.routing_hook, self.k
-        h, n_kv = self._begin([token], pos)
-        stacks = self._token_stacks(phase)
-        if stacks is not None:
-            return self._token_graph(pos, n_kv, stacks).run(pos, self.experts)
-        for layer, g in enumerate(self._decode_graphs(pos, n_kv)):
-            g.graph.compute()
-            ids = g.order[0, :k].astype(np.int64)  # (k,)
-            weights = g.weights[0].copy()  # (k,)
-            x = g.x[0]  # (d,)
-            if hook is not None:
-                hook(layer, x, ids, weights, phase)
-            kept, y = self.experts.run_routed(layer, x, ids, weights, phase)  # (k',), (k', d)
-            n = len(kept)
-            if layer + 1 < len(self.weights):  # the next layer's graph finishes this one
-                self.moe_y[:n], self.moe_w[:n] = y[:n], kept
-                if n < k:
-                    self.moe_y[n:], self.moe_w[n:] = 0.0, 0.0
-            else:
-                np.add(weighted_sum(kept, y[:n]), g.ffn_inp[0], out=h[0])  # (d,)
-        if self._output_graph is None:
-            self._output_graph = OutputGraph(self, *self._output)
-        self._output_graph.graph.compute()
-        return self._output_graph.logits.copy()
 
     def prefill(self, tokens: list[int], pos: int) -> None:
         """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the

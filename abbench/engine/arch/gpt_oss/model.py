@@ -245,11 +245,8 @@ class Model(NumpyFace):
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
                  n_ctx: int, n_expert_used: int | None = None) -> None:
-        self._init_face(mf, args, experts, pinned, n_expert_used)
-        self.layers = [DecoderLayer(mf, args, i, n_ctx, experts, self.k)
-                       for i in range(args.block_count)]
-        self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
-        self.output = mf.read_dense("output.weight", pinned)  # (vocab, d)
+        self._init_model(mf, args, experts, pinned, n_expert_used,
+                         lambda i: DecoderLayer(mf, args, i, n_ctx, experts, self.k))
         # (n_ctx, hd/2) each, for the full layers and the sliding ones (their own base)
         self.tables = {swa: yarn_tables(args.rope(swa), n_ctx) for swa in (False, True)}
         self.fused = False  # a stale-gate predictor asked for the next layer's ranking

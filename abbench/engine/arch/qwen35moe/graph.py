@@ -117,34 +117,23 @@ class GraphModel(GraphFace):
             g.set_position(pos)
         return graphs
 
-    def _token_graph(self, n_kv: int, stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
+    def _routed(self, g: LayerGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        x, top, w = g.first[:3]  # the pass's one token
+        return x, x, top.astype(np.int64), w.copy()  # (d,), (d,), (k,), (k,)
+
+    def _finish_layer(self, layer: int, g: LayerGraph, kept: np.ndarray, y: np.ndarray) -> None:
+        h = self.inputs(1)[0]  # (1, d): the stream
+        moe = weighted_sum(kept, y[: len(kept)])  # (d,)
+        moe += g.first[3]  # the shared expert's output
+        np.add(moe, g.first[4], out=h[0])  # + ffn_inp
+
+    def _token_graph(self, pos: int, n_kv: int,
+                     stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
         """A decode token as one graph (each layer's, its experts', the output's), built
         once per attended length."""
         return self._token_graphs.get(n_kv, lambda: token_graph(
             self, stacks, lambda i, _, end: LayerGraph(self, i, 1, n_kv, self.k, stream=end),
             lambda _, end: OutputGraph(self, *self._output, stream=end)))
-
-    def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
-        """One token through every layer → the next-token logits (vocab,)."""
-        hook = self.routing_hook
-        h, n_kv = self._begin([token], pos)
-        stacks = self._token_stacks(phase)
-        if stacks is not None:
-            return self._token_graph(n_kv, stacks).run(pos, self.experts)
-        for layer, g in enumerate(self._decode_graphs(pos, n_kv)):
-            g.graph.compute()
-            x, top, w, shared, ffn_inp = g.first  # the pass's one token
-            ids, weights = top.astype(np.int64), w.copy()  # (k,), (k,)
-            if hook is not None:
-                hook(layer, x, ids, weights, phase)
-            kept, y = self.experts.run_routed(layer, x, ids, weights, phase)  # (k',), (k', d)
-            moe = weighted_sum(kept, y[: len(kept)])  # (d,)
-            moe += shared
-            np.add(moe, ffn_inp, out=h[0])  # (d,)
-        if self._output_graph is None:
-            self._output_graph = OutputGraph(self, *self._output)
-        self._output_graph.graph.compute()
-        return self._output_graph.logits.copy()
 
     def prefill(self, tokens: list[int], pos: int) -> None:
         """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the

@@ -29,6 +29,7 @@ from abbench.engine.arch.shared.graph import (
     RingWrites,
     cache_attention,
 )
+from abbench.engine.arch.shared.pieces import Pieces
 from abbench.engine.arch.shared.token_graph import ExpertNodes
 from abbench.engine.kernels import ggml
 from abbench.engine.kernels.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight
@@ -151,17 +152,18 @@ class LayerGraph:
         a = model.args
         w = self.w = model.weights[layer]
         ctx = self.ctx = ggml.Context(model.team.g, 192, 256, scratch_bytes(a, t, n_kv))
+        self.p = Pieces(ctx, model.team.repacker, a.layer_norm_rms_epsilon)  # leaves and norms
         self.model, self.t = model, t
         self.writes: list[int] = []  # the state copies and KV writes the graph must run
         self.ring: RingWrites | None = None  # a full layer's KV writes, moved per pass
         h_buf, _ = model.inputs(t)
         h = (ctx.tensor(ggml.F32, (a.embedding_length, t), h_buf.ctypes.data)
              if stream is None else stream)
-        x = self.rms(h, w.attn_norm)  # (d, t)
+        x = self.p.rms(h, w.attn_norm)  # (d, t)
         mixer = (self._delta_net(w.mixer, x) if isinstance(w.mixer, DeltaNetWeights)
                  else self._attention(w.mixer, x, n_kv))  # (d, t)
         ffn_inp = ctx.op("add", mixer, h)  # (d, t)
-        xf = self.rms(ffn_inp, w.post_norm)  # (d, t)
+        xf = self.p.rms(ffn_inp, w.post_norm)  # (d, t)
         top, weights = self._router(w, xf, k)  # (k, t) I32, (k, t)
         shared = self._shared(w, xf)  # (d, t)
         if stream is None:
@@ -187,39 +189,27 @@ class LayerGraph:
         ctx, shared, ffn_inp = experts.ctx, self.nodes[3], self.nodes[4]
         return ctx.add(ctx.add(experts.sum, shared), ffn_inp)
 
-    def matrix(self, m: Weight) -> int:
-        return m.tensor(self.ctx, self.model.team.repacker)
-
-    def vector(self, v: np.ndarray) -> int:
-        """An F32 array as a tensor of its numpy shape (ggml's extents reversed)."""
-        return self.ctx.tensor(ggml.F32, v.shape[::-1], v.ctypes.data)
-
-    def rms(self, x: int, weight: np.ndarray) -> int:  # build_norm(LLM_NORM_RMS)
-        op = self.ctx.op
-        return op("mul", op("rms_norm", x, self.model.args.layer_norm_rms_epsilon),
-                  self.vector(weight))
-
     def _delta_net(self, w: DeltaNetWeights, x: int) -> int:
         """build_layer_attn_linear: x (d, t) → (d, t); the conv and delta states move on."""
         a, t, op = self.model.args, self.t, self.ctx.op
         s, hk, hv = a.ssm_state_size, a.ssm_group_count, a.ssm_time_step_rank
         channels, k1 = w.conv_state.shape  # C, K-1
-        qkv = op("mul_mat", self.matrix(w.wqkv), x)  # (C, t)
-        z = op("mul_mat", self.matrix(w.wz), x)  # (Hv*S, t)
-        beta = op("sigmoid", op("reshape_4d", op("mul_mat", self.matrix(w.wbeta), x),
+        qkv = op("mul_mat", self.p.matrix(w.wqkv), x)  # (C, t)
+        z = op("mul_mat", self.p.matrix(w.wz), x)  # (Hv*S, t)
+        beta = op("sigmoid", op("reshape_4d", op("mul_mat", self.p.matrix(w.wbeta), x),
                                 1, hv, t, 1))  # (1, Hv, t, 1)
-        alpha = op("mul_mat", self.matrix(w.walpha), x)  # (Hv, t)
-        gate = op("mul", op("softplus", op("add", alpha, self.vector(w.dt))),
-                  self.vector(w.a))  # (Hv, t)
+        alpha = op("mul_mat", self.p.matrix(w.walpha), x)  # (Hv, t)
+        gate = op("mul", op("softplus", op("add", alpha, self.p.vector(w.dt))),
+                  self.p.vector(w.a))  # (Hv, t)
         gate = op("reshape_4d", gate, 1, hv, t, 1)
         # the conv's input: the state's K-1 earlier inputs, then this pass's
-        conv_state = self.vector(w.conv_state)  # (K-1, C)
+        conv_state = self.p.vector(w.conv_state)  # (K-1, C)
         conv_in = op("concat", op("reshape_3d", conv_state, k1, channels, 1),
                      op("transpose", op("reshape_3d", qkv, channels, t, 1)), 0)  # (K-1+t, C, 1)
         last = op("view_3d", conv_in, k1, channels, 1, (k1 + t) * 4, (k1 + t) * channels * 4,
                   t * 4)  # (K-1, C, 1): the pass's last K-1 inputs
         self.writes.append(op("cpy", last, op("reshape_3d", conv_state, k1, channels, 1)))
-        conv = op("silu", op("ssm_conv", conv_in, self.vector(w.conv_w)))  # (C, t, 1)
+        conv = op("silu", op("ssm_conv", conv_in, self.p.vector(w.conv_w)))  # (C, t, 1)
         row = channels * 4
 
         def heads(n: int, offset: int) -> int:  # (S, n, t, 1) a view of conv's channels
@@ -238,9 +228,9 @@ class LayerGraph:
                        s * hv * t * 4)  # (S, S, Hv, 1)
         self.writes.append(op("cpy", new_state, state))
         z4 = op("reshape_4d", z, s, hv, t, 1)
-        y = op("mul", self.rms(o, w.norm), op("silu", z4))  # (S, Hv, t, 1)
+        y = op("mul", self.p.rms(o, w.norm), op("silu", z4))  # (S, Hv, t, 1)
         y = op("reshape_3d", y, s * hv, t, 1)
-        return op("reshape_2d", op("mul_mat", self.matrix(w.wo), y),
+        return op("reshape_2d", op("mul_mat", self.p.matrix(w.wo), y),
                   a.embedding_length, t)  # (d, t)
 
     def _attention(self, w: AttentionWeights, x: int, n_kv: int) -> int:
@@ -249,9 +239,9 @@ class LayerGraph:
         m, ctx, t = self.model, self.ctx, self.t
         a, op = m.args, ctx.op
         hd, nq, nkv = a.key_length, a.head_count, a.head_count_kv
-        q_full = op("mul_mat", self.matrix(w.wq), x)  # (2*hd*nq, t): per head q, then gate
-        k = op("reshape_3d", op("mul_mat", self.matrix(w.wk), x), hd, nkv, t)
-        v = op("mul_mat", self.matrix(w.wv), x)  # (nkv*hd, t)
+        q_full = op("mul_mat", self.p.matrix(w.wq), x)  # (2*hd*nq, t): per head q, then gate
+        k = op("reshape_3d", op("mul_mat", self.p.matrix(w.wk), x), hd, nkv, t)
+        v = op("mul_mat", self.p.matrix(w.wv), x)  # (nkv*hd, t)
         q = op("view_3d", q_full, hd, nq, t, hd * 2 * 4, hd * 2 * nq * 4, 0)  # (hd, nq, t)
         gate = op("cont_2d", op("view_3d", q_full, hd, nq, t, hd * 2 * 4, hd * 2 * nq * 4,
                                 hd * 4), hd * nq, t)  # (nq*hd, t)
@@ -259,8 +249,8 @@ class LayerGraph:
         sections = ggml.rope_sections(a.rope_dimension_sections)
         rope = (a.rope_dimension_count, sections, ROPE_IMROPE, a.context_length,
                 a.rope_freq_base, *ROPE_PLAIN)
-        q = op("rope_multi", self.rms(q, w.q_norm), pos, None, *rope)  # (hd, nq, t)
-        k = op("rope_multi", self.rms(k, w.k_norm), pos, None, *rope)  # (hd, nkv, t)
+        q = op("rope_multi", self.p.rms(q, w.q_norm), pos, None, *rope)  # (hd, nq, t)
+        k = op("rope_multi", self.p.rms(k, w.k_norm), pos, None, *rope)  # (hd, nkv, t)
         # the pass's keys and values into the cache, moved to its position per pass
         self.ring = RingWrites(ctx, w.cache, op("reshape_2d", k, nkv * hd, t), v, t, 0)
         self.writes += self.ring.copies
@@ -268,7 +258,7 @@ class LayerGraph:
         heads = cache_attention(ctx, w.cache, q, mask, n_kv, (hd, nq, t),
                                 1.0 / math.sqrt(hd))  # (nq*hd, t)
         gated = op("mul", heads, op("sigmoid", gate))  # (nq*hd, t)
-        return op("mul_mat", self.matrix(w.wo), gated)  # (d, t)
+        return op("mul_mat", self.p.matrix(w.wo), gated)  # (d, t)
 
     def _router(self, w: LayerWeights, xf: int, k: int) -> tuple[int, int]:
         """build_moe_ffn's routing (softmax gating, weights renormalised): the softmax over
@@ -276,7 +266,7 @@ class LayerGraph:
         over their sum clamped below → the ids (k, t) I32 and the weights (k, t)."""
         ctx, op = self.ctx, self.ctx.op
         e, t = w.router.shape[0], self.t
-        probs = op("soft_max", op("mul_mat", self.vector(w.router), xf))  # (E, t)
+        probs = op("soft_max", op("mul_mat", self.p.vector(w.router), xf))  # (E, t)
         top = ctx.top_k(probs, k)  # (k, t)
         weights = op("reshape_2d", ctx.get_rows(op("reshape_3d", probs, 1, e, t), top), k, t)
         total = op("clamp", op("sum_rows", weights), WEIGHT_SUM_MIN, math.inf)  # (1, t)
@@ -285,10 +275,10 @@ class LayerGraph:
     def _shared(self, w: LayerWeights, xf: int) -> int:
         """build_ffn (SwiGLU) of the shared expert, times sigmoid(its gate row · xf)."""
         op = self.ctx.op
-        up = op("mul_mat", self.matrix(w.sh_up), xf)  # (Fs, t)
-        act = op("swiglu_split", op("mul_mat", self.matrix(w.sh_gate), xf), up)  # (Fs, t)
-        out = op("mul_mat", self.matrix(w.sh_down), act)  # (d, t)
-        gate = op("sigmoid", op("mul_mat", self.vector(w.sh_inp), xf))  # (1, t)
+        up = op("mul_mat", self.p.matrix(w.sh_up), xf)  # (Fs, t)
+        act = op("swiglu_split", op("mul_mat", self.p.matrix(w.sh_gate), xf), up)  # (Fs, t)
+        out = op("mul_mat", self.p.matrix(w.sh_down), act)  # (d, t)
+        gate = op("sigmoid", op("mul_mat", self.p.vector(w.sh_inp), xf))  # (1, t)
         return op("mul", out, gate)  # (d, t)
 
     def set_position(self, pos: int) -> None:

@@ -219,12 +219,8 @@ class Model(NumpyFace):
 
     def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
                  n_ctx: int, n_expert_used: int | None = None) -> None:
-        self._init_face(mf, args, experts, pinned, n_expert_used)
-        self.layers = [DecoderLayer(mf, args, i, n_ctx, experts, self.k)
-                       for i in range(args.block_count)]
-        self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
-        name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
-        self.output = mf.read_dense(name, pinned)  # (vocab, d)
+        self._init_model(mf, args, experts, pinned, n_expert_used,
+                         lambda i: DecoderLayer(mf, args, i, n_ctx, experts, self.k))
         # (T, n_rot/2): text positions are equal on the first three RoPE axes and 0 on the
         # fourth, so the sections' rotation is NeoX's over the first n_rot dimensions with
         # the fourth axis's pairs left still

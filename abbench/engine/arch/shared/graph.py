@@ -200,6 +200,8 @@ class GraphFace:
 
     args: Any
     weights: list[Any]
+    _output: tuple[np.ndarray, Weight]  # the output norm and matrix
+    _output_graph: OutputGraph | None  # built on the first decode pass's end
 
     def _init_face(self, mf: ModelFile, args: Any, experts: ExpertRunner, team: QuantTeam,
                    pinned: bool, n_ctx: int, n_expert_used: int | None,
@@ -283,6 +285,64 @@ class GraphFace:
             self._inputs[t] = (np.zeros((t, self.args.embedding_length), np.float32),
                                np.zeros(t, np.int32))
         return self._inputs[t]
+
+    # -- a decode token: the skeleton every graph model runs ------------------------------
+
+    def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
+        """One token through every layer → the next-token logits (vocab,): as one graph
+        where the pass may (`_token_stacks`), else each layer's graph, its routing shown
+        to the hook and its experts run on the expert side, then the layer finished (the
+        architecture's `_routed` and `_finish_layer`)."""
+        hook = self.routing_hook
+        n_kv = self._begin_token(token, pos)
+        stacks = self._token_stacks(phase)
+        if stacks is not None:
+            return self._token_graph(pos, n_kv, stacks).run(pos, self.experts)
+        for layer, g in enumerate(self._layer_graphs(pos, n_kv)):
+            g.graph.compute()
+            x, seen, ids, weights = self._routed(g)  # (d,), what the hook sees, (k,), (k,)
+            if hook is not None:
+                hook(layer, seen, ids, weights, phase)
+            kept, y = self.experts.run_routed(layer, x, ids, weights, phase)  # (k',), (k', d)
+            self._finish_layer(layer, g, kept, y)
+        return self._logits()
+
+    def _begin_token(self, token: int, pos: int) -> Any:
+        """A decode pass's inputs filled (`_begin`) → its attended cells."""
+        return self._begin([token], pos)[1]
+
+    def _layer_graphs(self, pos: int, n_kv: Any) -> list[Any]:
+        return self._decode_graphs(pos, n_kv)  # type: ignore[no-any-return]
+
+    def _logits(self) -> np.ndarray:
+        """The output graph after the last layer → a copy of its logits (vocab,)."""
+        if self._output_graph is None:
+            self._output_graph = OutputGraph(self, *self._output)
+        self._output_graph.graph.compute()
+        return self._output_graph.logits.copy()
+
+    def _begin(self, tokens: list[int], pos: int) -> Any:
+        """A pass's inputs filled → (the stream (t, d), its attended cells)."""
+        raise NotImplementedError
+
+    def _decode_graphs(self, pos: int, n_kv: Any) -> Any:
+        """The layers' graphs of a decode pass at `pos` over `n_kv` cells."""
+        raise NotImplementedError
+
+    def _token_graph(self, pos: int, n_kv: Any,
+                     stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
+        """A decode token as one graph (each layer's, its experts', the output's)."""
+        raise NotImplementedError
+
+    def _routed(self, g: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A decode layer's graph computed → the experts' input (d,), what the routing hook
+        sees of it, and the routing: ids (k,) and weights (k,)."""
+        raise NotImplementedError
+
+    def _finish_layer(self, layer: int, g: Any, kept: np.ndarray, y: np.ndarray) -> None:
+        """The layer's experts' weights (k',) and outputs (k', d) → the layer ended (into
+        the stream, or for the next layer's graph to sum)."""
+        raise NotImplementedError
 
 
 class SlidingMasks:

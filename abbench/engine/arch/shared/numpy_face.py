@@ -32,3 +32,14 @@ class NumpyFace:
         self.matmul_t: MatMulT = matmul_t  # and a prefill batch's dense GEMMs
         # and give the GEMVs' inputs a place (`Partner.input`: its shared block)
         self.vector: Callable[[int], np.ndarray] = private_vectors()
+
+    def _init_model(self, mf: ModelFile, args: Any, experts: ExpertRunner, pinned: bool,
+                    n_expert_used: int | None, layer: Callable[[int], Any]) -> None:
+        """`_init_face`, then every layer (`layer(i)`, which may read `self.k`), the output
+        norm and the output matrix (vocab, d): the file's own, or the token embedding where
+        the file ties them."""
+        self._init_face(mf, args, experts, pinned, n_expert_used)
+        self.layers = [layer(i) for i in range(args.block_count)]
+        self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
+        self.output = (mf.read_dense("output.weight", pinned) if "output.weight" in mf.tensors
+                       else self.token_embd)  # (vocab, d)

@@ -37,6 +37,7 @@ from abbench.engine.arch.shared.graph import (
     cache_attention,
     causal_mask,
 )
+from abbench.engine.arch.shared.pieces import Pieces
 from abbench.engine.arch.shared.plain_args import PlainArgs
 from abbench.engine.arch.shared.token_graph import ExpertNodes, TokenGraph, token_graph
 from abbench.engine.kernels import ggml
@@ -86,14 +87,8 @@ class LayerGraph:
         op, f32 = ctx.op, ggml.F32
         cache = model.caches[layer]
 
-        def matrix(m: Weight) -> int:
-            return m.tensor(ctx, model.team.repacker)
-
-        def vector(v: np.ndarray) -> int:
-            return ctx.tensor(f32, (v.shape[0],), v.ctypes.data)
-
-        def rms(x: int, weight: np.ndarray) -> int:  # build_norm(LLM_NORM_RMS)
-            return op("mul", op("rms_norm", x, a.layer_norm_rms_epsilon), vector(weight))
+        pieces = Pieces(ctx, model.team.repacker, a.layer_norm_rms_epsilon)
+        matrix, rms = pieces.matrix, pieces.rms
 
         h_buf, pos_buf = model.inputs(t)
         h = ctx.tensor(f32, (d, t), h_buf.ctypes.data) if stream is None else stream
@@ -211,33 +206,22 @@ class PlainGraphModel(GraphFace):
             g.set_position(pos)
         return graphs
 
-    def _token_graph(self, n_kv: int, stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
+    def _routed(self, g: LayerGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        ids, weights = routing(g.probs[0], g.order[0], self.k, self.args.PLAIN.renormalise)
+        return g.x[0], g.x[0], ids, weights  # (d,), (d,), (k,), (k,)
+
+    def _finish_layer(self, layer: int, g: LayerGraph, kept: np.ndarray, y: np.ndarray) -> None:
+        h = self.inputs(1)[0]  # (1, d): the stream
+        np.add(weighted_sum(kept, y[: len(kept)]), g.ffn_inp[0], out=h[0])  # (d,)
+
+    def _token_graph(self, pos: int, n_kv: int,
+                     stacks: list[tuple[SlotPool, int]]) -> TokenGraph:
         """A decode token as one graph (each layer's, its experts', the output's), built
         once per attended length."""
         return self._token_graphs.get(n_kv, lambda: token_graph(
             self, stacks,
             lambda i, _, end: LayerGraph(self, self.weights[i], i, 1, n_kv, end, True),
             lambda _, end: OutputGraph(self, *self._output, stream=end)))
-
-    def forward(self, token: int, pos: int, phase: int) -> np.ndarray:
-        """One token through every layer → the next-token logits (vocab,)."""
-        hook = self.routing_hook
-        h, n_kv = self._begin([token], pos)
-        stacks = self._token_stacks(phase)
-        if stacks is not None:
-            return self._token_graph(n_kv, stacks).run(pos, self.experts)
-        for layer, g in enumerate(self._decode_graphs(pos, n_kv)):
-            g.graph.compute()
-            ids, weights = routing(g.probs[0], g.order[0], self.k, self.args.PLAIN.renormalise)
-            x = g.x[0]  # (d,)
-            if hook is not None:
-                hook(layer, x, ids, weights, phase)
-            kept, y = self.experts.run_routed(layer, x, ids, weights, phase)  # (k',), (k', d)
-            np.add(weighted_sum(kept, y[: len(kept)]), g.ffn_inp[0], out=h[0])  # (d,)
-        if self._output_graph is None:
-            self._output_graph = OutputGraph(self, *self._output)
-        self._output_graph.graph.compute()
-        return self._output_graph.logits.copy()
 
     def prefill(self, tokens: list[int], pos: int) -> None:
         """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the

@@ -209,14 +209,10 @@ class PlainModel(NumpyFace):
         n_ctx: int,
         n_expert_used: int | None = None,
     ) -> None:
-        self._init_face(mf, args, experts, pinned, n_expert_used)
         # The pinned matrices the GEMVs stream, in huge pages (`arena_copy`).
         self.arena = BufferArena() if pinned else None
-        self.layers = [DecoderLayer(mf, args, i, self.arena, n_ctx, experts, self.k)
-                       for i in range(args.block_count)]
-        self.output_norm = mf.read_dense("output_norm.weight", True)  # (d,)
-        name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
-        self.output = mf.read_dense(name, pinned)  # (vocab, d)
+        self._init_model(mf, args, experts, pinned, n_expert_used,
+                         lambda i: DecoderLayer(mf, args, i, self.arena, n_ctx, experts, self.k))
         if self.arena is not None:
             self.output = arena_copy(self.arena, self.output)
         self.cos, self.sin = rope_tables(args.key_length, n_ctx, args.rope_freq_base)  # (T, hd/2)
