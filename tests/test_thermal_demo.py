@@ -225,6 +225,7 @@ def _story(kind: str, src: Path, check: Callable[[dict[str, Any]], None], model:
                 f"simulated seconds the story needs ({', '.join(missed)})")
 
 
+@pytest.mark.slow  # a probe campaign and the story: about 60 s alone; the slow run covers it
 def test_fixed_spacing_tells_the_seed_story(small_model: Path, fixed_phone: Path,
                                             tmp_path: Path) -> None:
     _story("fixed", FIXED, _fixed_story, small_model, fixed_phone, tmp_path)
