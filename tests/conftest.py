@@ -52,8 +52,17 @@ def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     alone = request.node.get_closest_marker("alone") is not None
-    with open(Path(tempfile.gettempdir()) / f"abbench-tests-{run}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    folder = Path(tempfile.gettempdir())
+    with open(folder / f"abbench-tests-{run}.lock", "a") as lock, \
+            open(folder / f"abbench-tests-{run}.gate", "a") as gate:
+        # Every module passes the gate to take the lock, and an `alone` one holds the gate
+        # while it waits: modules that come after it wait behind it, instead of taking the
+        # shared lock over and over while the `alone` one starves (flock favours no one).
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
         yield
 
 
