@@ -109,8 +109,8 @@ def test_an_imported_cells_document_from_before_reads_typed() -> None:
     assert got.fingerprint == \
         "sha256:f6f8b54ae352b017d449b1ca1da27f98b5b3d782edaae357ac5daec045fd2914"
     assert got.threads is None  # `resolved` is {}: neither preamble nor command line said
-    assert got.metrics["peak_rss_kb"] == 5949324.0
-    assert got.metrics["cpu_temp_max_mC"] == 74100.0 and len(got.metrics) == 9
+    assert got.metrics.peak_rss_kb == 5949324.0
+    assert got.metrics.cpu_temp_max_mC == 74100.0 and len(got.metrics) == 9
 
 
 def test_llama_cells_documents_from_before_read_typed(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -45,6 +45,10 @@ from abbench.records import (
 )
 from abbench.records.slices import read_slices
 
+# Where a cell's speed came from: its per-token columns (`records.cell_files`
+# `ColumnSource`), or its summary's tok/s where they fall short.
+SpeedSource = Literal["per_token", "tokens.csv", "summary", "none"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class CellStats:
@@ -59,7 +63,7 @@ class CellStats:
     sentinel_of: int | None = None
     error: str | None = None
     fingerprint: str | None = None
-    source: str = "none"  # "per_token" | "tokens.csv" | "summary" | "none"
+    source: SpeedSource = "none"
     tokens: int = 0  # decode tokens recorded
     steady_tokens: int = 0  # after the warm-up
     tokens_per_s: Interval | None = None  # steady window; NaN-free only with per-token data
@@ -162,7 +166,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     fp = record.fingerprint or files.fingerprint
     if record.status != "ok":
         notes.append(f"cell {record.status}" + (f": {record.error}" if record.error else ""))
-    peak_kb = files.metrics.get("peak_rss_kb")
+    peak_kb = files.metrics.peak_rss_kb
     return CellStats(
         index=record.index, name=record.name, label=record.label, status=record.status,
         sentinel_of=planned.sentinel_of, error=record.error, fingerprint=fp, source=source,
@@ -188,8 +192,8 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
 
 
 def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
-          summary: RunSummary, source: str, notes: list[str]
-          ) -> tuple[Interval | None, str, np.ndarray | None]:
+          summary: RunSummary, source: SpeedSource, notes: list[str]
+          ) -> tuple[Interval | None, SpeedSource, np.ndarray | None]:
     """The steady window's tokens/s with its interval (and its bootstrap draws); without
     per-token times the summary's figure (warm-up included, no interval). Says why in
     `notes` when either falls short; gives the source the rate came from."""

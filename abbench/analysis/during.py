@@ -14,6 +14,7 @@ import numpy as np
 
 from abbench.analysis.readings import CapsState, Reading, around, is_during, metrics_after
 from abbench.records import CellRecord, Sample, keys
+from abbench.records.metrics_file import Pressure
 
 
 @dataclass(frozen=True)
@@ -144,12 +145,12 @@ def sensor_gaps(record: CellRecord, samples: list[Sample]) -> dict[str, int]:
     return {k: n for k, n in gaps.items() if n}
 
 
-def with_metrics(during: DeviceDuring, metrics: dict[str, float]) -> DeviceDuring:
+def with_metrics(during: DeviceDuring, metrics: Pressure) -> DeviceDuring:
     """What an imported run's `.metrics` recorded over the run — the free-RAM floor, the
     CPU and battery temperatures before and at their maximum (a reading during it without a
-    time) — joined to what the entry state and samples show; its `*_after_*` keys are a
-    reading after it."""
-    floor = metrics.get("mem_avail_floor_kb")
+    time) — joined to what the entry state and samples show; its `*_after_*` readings are
+    a reading after it."""
+    floor = metrics.mem_avail_floor_kb
     changes: dict[str, Any] = {}
     if (after := metrics_after(metrics)) is not None:
         changes["around"] = (*during.around, after)
@@ -157,11 +158,10 @@ def with_metrics(during: DeviceDuring, metrics: dict[str, float]) -> DeviceDurin
         seen = during.mem_available_floor_mib
         changes["mem_available_floor_mib"] = min(floor / 1024, seen) if seen is not None \
             else floor / 1024
-    for field_name, before, top, div in (("cpu_temp_c", "cpu_temp_before_mC",
-                                          "cpu_temp_max_mC", 1000),
-                                         ("battery_temp_c", "batt_temp_before_dC",
-                                          "batt_temp_max_dC", 10)):
-        values = [v / div for v in (metrics.get(before), metrics.get(top)) if v is not None]
+    for field_name, before, top, div in (
+            ("cpu_temp_c", metrics.cpu_temp_before_mC, metrics.cpu_temp_max_mC, 1000),
+            ("battery_temp_c", metrics.batt_temp_before_dC, metrics.batt_temp_max_dC, 10)):
+        values = [v / div for v in (before, top) if v is not None]
         if values:
             seen = getattr(during, field_name)
             values += list(seen) if seen is not None else []

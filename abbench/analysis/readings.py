@@ -20,13 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from abbench.records import CellRecord, EntryState, Sample, keys
+from abbench.records.metrics_file import Pressure
 
 CapsState = tuple[tuple[str, int], ...]  # sorted (policy, cap_khz)
 
-# `.metrics` keys read after the run: (key, Reading field, divisor to its unit)
-METRICS_AFTER = (("cpu_temp_after_mC", "cpu_temp_c", 1000.0),
-                 ("batt_temp_after_dC", "battery_temp_c", 10.0),
-                 ("mem_avail_after_kb", "mem_available_mib", 1024.0))
 LATER = (keys.AFTER, keys.EXIT)
 
 
@@ -107,10 +104,13 @@ def around(record: CellRecord, samples: list[Sample]) -> tuple[Reading, ...]:
     return (entry, *sorted(before, key=lambda r: r.t_wall or 0.0), *later)
 
 
-def metrics_after(metrics: dict[str, float]) -> Reading | None:
-    """The `.metrics` `*_after_*` keys as one after-reading (no time), None without any."""
-    values = {name: metrics[key] / div for key, name, div in METRICS_AFTER
-              if metrics.get(key) is not None}
+def metrics_after(metrics: Pressure) -> Reading | None:
+    """The `.metrics` `*_after_*` readings as one after-reading (no time), None without
+    any."""
+    values = {name: v / div for name, v, div in (
+        ("cpu_temp_c", metrics.cpu_temp_after_mC, 1000.0),
+        ("battery_temp_c", metrics.batt_temp_after_dC, 10.0),
+        ("mem_available_mib", metrics.mem_avail_after_kb, 1024.0)) if v is not None}
     return Reading(keys.AFTER, None, **values) if values else None
 
 

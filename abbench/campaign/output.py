@@ -55,27 +55,42 @@ class CellResult:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class CellOutput:
+    """What a cell's output says, read once: its summary (non-finite numbers as None), its
+    work fingerprint, and its tok/s where that is a usable throughput, else why not (as
+    the output spelled it, before the summary made a non-finite number None)."""
+
+    summary: RunSummary
+    fingerprint: str | None
+    tokens_per_s: float | None
+    unusable: str | None
+
+    @classmethod
+    def of(cls, doc: dict[str, Any], fingerprint: str | None) -> CellOutput:
+        speed, unusable = usable_throughput(doc)
+        return cls(RunSummary.from_json(doc), fingerprint, speed, unusable)
+
+
 def read_result(cfg: LaunchedConfig, out: Path, device: Device,
                 there: str | None = None) -> CellResult:
     """Read and judge the output of a cell whose process exited with status 0 (`there`:
     its folder on an adb/ssh device, where a relative output path starts)."""
     try:
-        summary, fingerprint = read_cell_output(cfg, out, device, there)
+        got = read_cell_output(cfg, out, device, there)
     except AbbenchError as e:
         return CellResult(error=e.message)
     except Exception as e:  # noqa: BLE001 — garbage output must not end the campaign
         return CellResult(error=f"its output could not be read ({type(e).__name__}: {e})")
-    speed, unusable = usable_throughput(summary)
-    error = f"it reported no usable throughput ({unusable})" if unusable else None
-    return CellResult(summary=RunSummary.from_json(summary), fingerprint=fingerprint,
-                      tokens_per_s=speed, error=error)
+    error = f"it reported no usable throughput ({got.unusable})" if got.unusable else None
+    return CellResult(summary=got.summary, fingerprint=got.fingerprint,
+                      tokens_per_s=got.tokens_per_s, error=error)
 
 
-def read_cell_output(
-    cfg: LaunchedConfig, out: Path, device: Device, there: str | None = None
-) -> tuple[dict[str, Any], str | None]:
+def read_cell_output(cfg: LaunchedConfig, out: Path, device: Device,
+                     there: str | None = None) -> CellOutput:
     if isinstance(cfg, EmbeddedConfig):
-        return read_engine_json(out / "summary.json")
+        return CellOutput.of(*read_engine_json(out / "summary.json"))
     if isinstance(cfg, LlamaConfig):
         return _llama(cfg.tool, out)
     if isinstance(cfg, BmoeConfig):
@@ -87,35 +102,36 @@ def read_cell_output(
         summary = read_generation(text)
         if summary is None:
             raise CellOutputError("no `generation:` line in the command's stdout")
-        return summary, None
+        return CellOutput.of(summary, None)
     if there is not None and not where.startswith("/"):
         where = f"{there}/{where}"
     text = _fetch(where, device)
     if kind == "json":
         (out / "summary.json").write_text(text, encoding="utf-8")
-        return read_engine_json(out / "summary.json")
+        return CellOutput.of(*read_engine_json(out / "summary.json"))
     (out / "tokens.csv").write_text(text, encoding="utf-8")
     return summarize_bmoe_csv(text, where)
 
 
-def _llama(tool: str, out: Path) -> tuple[dict[str, Any], str | None]:
+def _llama(tool: str, out: Path) -> CellOutput:
     """A llama.cpp cell's summary and fingerprint, kept as its summary.json."""
     stdout = (out / "stdout.txt").read_bytes()
     doc: dict[str, Any]
     if tool == "llama-bench":
         summary, columns, fingerprint = bench_summary(parse_bench_jsonl(
             stdout.decode("utf-8", errors="replace")))
-        doc = llama_bench_doc(RunSummary.from_json(summary), columns, fingerprint)
+        got = CellOutput.of(summary, fingerprint)
+        doc = llama_bench_doc(got.summary, columns, fingerprint)
     else:
         stderr = (out / "stderr.txt").read_text(encoding="utf-8", errors="replace")
         summary, fingerprint, note = completion_summary(stdout, stderr)
-        doc = llama_completion_doc(RunSummary.from_json(summary), fingerprint,
-                                   [note] if note else [])
+        got = CellOutput.of(summary, fingerprint)
+        doc = llama_completion_doc(got.summary, fingerprint, [note] if note else [])
     (out / "summary.json").write_text(json.dumps(finite(doc)) + "\n", encoding="utf-8")
-    return summary, fingerprint
+    return got
 
 
-def _bmoe(cfg: BmoeConfig, out: Path) -> tuple[dict[str, Any], str | None]:
+def _bmoe(cfg: BmoeConfig, out: Path) -> CellOutput:
     """A bmoe cell's summary and fingerprint from the CSV it wrote (kept as tokens.csv),
     its preamble checked against the cell's options, and its `.metrics` as the pressure
     readings; all kept in its summary.json."""
@@ -128,8 +144,7 @@ def _bmoe(cfg: BmoeConfig, out: Path) -> tuple[dict[str, Any], str | None]:
             if (out / "stderr.txt").is_file() else []
         raise CellOutputError(f"bmoe-cli wrote no CSV ({bmoe.CSV}): it exits 0 when it cannot "
                               "open it" + (f" ({said[-1]})" if said else "")) from None
-    run, summary = _bmoe_run(text, bmoe.CSV)
-    fingerprint = work_fingerprint(run)
+    run, got = _bmoe_run(text, bmoe.CSV)
     csv.replace(out / "tokens.csv")  # the cell's per-token columns, as the engine wrote them
     cell = bmoe.BmoeCell(model=cfg.model, tokens=cfg.tokens, prompt=cfg.prompt,
                          bin_dir=cfg.bin_dir, options=cfg.options)
@@ -150,9 +165,9 @@ def _bmoe(cfg: BmoeConfig, out: Path) -> tuple[dict[str, Any], str | None]:
     except ForeignRunError as e:
         metrics = {}
         notes.append(f"{bmoe.METRICS} could not be read: {e.message}")
-    doc = bmoe_doc(RunSummary.from_json(summary), fingerprint, run.preamble, metrics, notes)
+    doc = bmoe_doc(got.summary, got.fingerprint, run.preamble, metrics, notes)
     (out / "summary.json").write_text(json.dumps(finite(doc)) + "\n", encoding="utf-8")
-    return summary, fingerprint
+    return got
 
 
 def clear_output(cfg: LaunchedConfig, out: Path, device: Device) -> str | None:
@@ -182,20 +197,19 @@ def _fetch(path: str, device: Device) -> str:
     return done.stdout
 
 
-def summarize_bmoe_csv(text: str, name: str) -> tuple[dict[str, Any], str | None]:
+def summarize_bmoe_csv(text: str, name: str) -> CellOutput:
     """tok/s from a bmoe_metrics CSV (its `# summary` line, else the rows' wall times) and
     the work it reports."""
-    run, summary = _bmoe_run(text, name)
-    return summary, work_fingerprint(run)
+    return _bmoe_run(text, name)[1]
 
 
-def _bmoe_run(text: str, name: str) -> tuple[BmoeRun, dict[str, Any]]:
-    """A bmoe_metrics CSV read, and its summary; CellOutputError where it gives no tok/s."""
+def _bmoe_run(text: str, name: str) -> tuple[BmoeRun, CellOutput]:
+    """A bmoe_metrics CSV read, and what it says; CellOutputError where it gives no tok/s."""
     try:
         run = parse_bmoe_csv(text, name)
     except ForeignRunError as e:
         raise CellOutputError(f"not a bmoe_metrics CSV: {e.message}") from None
-    summary = run_summary(run)
-    if RunSummary.from_json(summary).tok_per_s is None:  # a `# summary` tok/s is a number
+    got = CellOutput.of(run_summary(run), work_fingerprint(run))
+    if got.summary.tok_per_s is None:  # a `# summary` tok/s is a number
         raise CellOutputError(f"{name}: no token rows and no `# summary` line")
-    return run, summary
+    return run, got

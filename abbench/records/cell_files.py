@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -24,12 +24,18 @@ from abbench.records.cell_doc import (
     SAMPLES,
     SUMMARY,
 )
+from abbench.records.metrics_file import Pressure
 from abbench.records.schema import LIMIT, is_number
 from abbench.records.summary import RunSummary
 from abbench.records.tokens import PER_TOKEN_COLUMNS, STEP, TURN_COLUMNS, WALL_MS
 
 SUMMARY_JSON = "summary.json"
 TOKENS_CSV = "tokens.csv"
+
+
+# Where a cell's per-token columns came from: summary.json's `per_token`, its tokens.csv,
+# or nowhere.
+ColumnSource = Literal["per_token", "tokens.csv", "none"]
 
 
 @dataclass(frozen=True)
@@ -39,14 +45,14 @@ class CellFiles:
 
     columns: dict[str, list[float]] = field(default_factory=dict)  # records.tokens names;
     # each a list of floats, NaN where the cell wrote null or nothing (not measured)
-    source: str = "none"  # where the columns came from: "per_token" | "tokens.csv" | "none"
+    source: ColumnSource = "none"  # where the columns came from
     summary: RunSummary = field(default_factory=RunSummary)  # summary.json's `summary`
     fingerprint: str | None = None
     threads: int | None = None  # the compute threads `resolved` names
     notes: tuple[str, ...] = ()  # what the cell's output reader noted (llama-completion)
     repetitions: bool = False  # each column value is one repetition (llama-bench), not a token
-    metrics: dict[str, float] = field(default_factory=dict)  # an import's `.metrics`, the
-    # finite numbers only
+    # the pressure readings: an import's `.metrics`, a bmoe cell's wrapper's (finite only)
+    metrics: Pressure = field(default_factory=Pressure)
 
 
 def read_cell_files(cell_dir: Path) -> CellFiles:
@@ -73,7 +79,7 @@ def read_cell_files(cell_dir: Path) -> CellFiles:
         threads=threads if isinstance(threads, int) else None,
         notes=tuple(n for n in notes if isinstance(n, str)) if isinstance(notes, list) else (),
         repetitions=doc.get(SAMPLES) == REPETITIONS,
-        metrics={k: f for k, v in _object(doc, METRICS).items() if (f := _finite(v)) is not None},
+        metrics=Pressure.of({k: _finite(v) for k, v in _object(doc, METRICS).items()}),
     )
 
 

@@ -18,6 +18,9 @@ per-token CSV instead (the route-trace folder's) is for `bmoe_csv`, see
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from abbench.errors import ForeignRunError
@@ -41,3 +44,37 @@ def parse_metrics(text: str, source: str | Path = "<text>") -> dict[str, float |
 
 def read_metrics(path: Path) -> dict[str, float | None]:
     return parse_metrics(read_text(path), path)
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """A `.metrics` file's readings, each named and in the unit its key names (kB,
+    milli- or deci-degrees Celsius), as bench-run.sh writes them (its lines 39-49); None:
+    not recorded. Keys no field names are kept in `extra`."""
+
+    # named as the files spell the keys (mC: milli-degrees, dC: deci-degrees Celsius)
+    peak_rss_kb: float | None = None
+    mem_avail_before_kb: float | None = None
+    mem_avail_floor_kb: float | None = None
+    mem_avail_after_kb: float | None = None
+    cpu_temp_before_mC: float | None = None
+    cpu_temp_max_mC: float | None = None
+    cpu_temp_after_mC: float | None = None
+    batt_temp_before_dC: float | None = None
+    batt_temp_max_dC: float | None = None
+    batt_temp_after_dC: float | None = None
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, values: Mapping[str, float | None]) -> Pressure:
+        """The readings of a parsed file (`parse_metrics`) or of a summary.json's
+        `metrics` (None where a value is not a number)."""
+        named = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in values.items() if k in named},
+                   extra={k: v for k, v in values.items() if k not in named and v is not None})
+
+    def __len__(self) -> int:
+        """How many readings are recorded."""
+        return sum(getattr(self, f.name) is not None for f in dataclasses.fields(self)
+                   if f.name != "extra") + len(self.extra)
+
