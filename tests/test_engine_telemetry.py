@@ -19,6 +19,7 @@ from abbench.engine.run import telemetry
 from abbench.engine.run.session import Engine, RunResult
 from abbench.engine.units import MIB
 from abbench.records.cell_files import read_cell_files
+from abbench.records.metrics_file import Pressure
 from abbench.records.summary import JSON_FORMAT
 from abbench.records.tokens import PER_TOKEN_COLUMNS, PREFILL_COLUMNS
 
@@ -237,7 +238,7 @@ def test_the_json_written_reads_back_as_the_cells_files(result: RunResult,
     assert got.columns["read_bytes"] == [float(r.read_bytes) for r in result.decode]
     assert got.summary == s and got.fingerprint == telemetry.fingerprint(result)
     assert got.threads == result.threads == 2
-    assert (got.notes, got.repetitions, got.metrics) == ((), False, {})
+    assert (got.notes, got.repetitions, got.metrics) == ((), False, Pressure())
 
 
 def test_json_turns_non_finite_numbers_into_null(result: RunResult) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.records.cell_files import CellFiles, read_cell_files
+from abbench.records.metrics_file import Pressure
 from abbench.records.summary import RunSummary
 from abbench.records.tokens import PER_TOKEN_COLUMNS
 
@@ -77,7 +78,8 @@ def test_sections_of_the_wrong_type_read_as_absent(tmp_path: Path) -> None:
     doc = {"resolved": {"threads": "2"}, "notes": ["kept", 3, None],
            "metrics": {"a_kb": 1, "b": True, "c": "x", "d": 2.5, "huge": 10**400}}
     got = read_cell_files(_cell(tmp_path / "b", json.dumps(doc)))
-    assert (got.threads, got.notes, got.metrics) == (None, ("kept",), {"a_kb": 1.0, "d": 2.5})
+    assert (got.threads, got.notes, got.metrics) == (None, ("kept",),
+                                                Pressure(extra={"a_kb": 1.0, "d": 2.5}))
 
 
 def test_a_cell_with_no_files_has_no_columns(tmp_path: Path) -> None:
@@ -99,7 +101,7 @@ def test_an_engine_cells_document_from_before_reads_typed() -> None:
     assert got.summary == RunSummary.from_json(doc["summary"]) and got.summary.tokens == 24
     assert got.fingerprint == doc["fingerprint"] and got.fingerprint.startswith("sha256:")
     assert got.threads == 2
-    assert (got.notes, got.repetitions, got.metrics) == ((), False, {})
+    assert (got.notes, got.repetitions, got.metrics) == ((), False, Pressure())
 
 
 def test_an_imported_cells_document_from_before_reads_typed() -> None:
