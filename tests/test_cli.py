@@ -78,6 +78,25 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 # -- synthetic model names -----------------------------------------------------------------
 
 
+LOADED = ("import sys; from abbench.cli import build_parser; build_parser(sys.argv[1:]); "
+          "print(' '.join(sorted(m for m in sys.modules if m.startswith('abbench.commands.'))))")
+
+
+def test_a_command_loads_only_its_own_module() -> None:
+    """`abbench engine run`, every campaign cell's child process, imports no other
+    command's module (the report's plots, Ray): 0.4 s of start instead of 1.2 s."""
+    def loaded(*argv: str) -> list[str]:
+        p = subprocess.run([sys.executable, "-c", LOADED, *argv], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.split()
+
+    assert loaded("engine", "run", "-m", "x.gguf") == ["abbench.commands.engine"]
+    assert {f"abbench.commands.{m}" for m in (
+        "calibrate", "campaign", "engine", "fleet", "imports", "model", "replay", "report",
+        "sensors", "sentinels", "sim")} <= set(loaded("--version"))  # `--help` lists all
+
+
 def test_unknown_synthetic_preset_real_process(empty_cache: Path) -> None:
     p = abbench("engine", "run", "-m", "synthetic:NOPE", "-n", "2")
     assert p.returncode == 2

@@ -1,6 +1,6 @@
 """A GGUF model file, opened for streaming: metadata, a tensor index, dense reads by offset.
 
-The header is walked by `gguf_header` (with the `gguf` package's constants; its reader
+The header is walked by `gguf/header.py` (with the `gguf` package's constants; its reader
 materialises every metadata array, so it is not used here) in memory bounded by what the
 engine keeps. This module adds what a streaming engine needs on top: absolute file offsets
 and byte sizes of every tensor, metadata arrays decoded when asked for and only up to what

@@ -16,7 +16,7 @@ holds per expert). A graph is built once for its shapes and run again with new i
 tensors point at buffers owned here, which each call fills (x, ids, expert ids) and reads
 (y). The routing weights and the weighted sum of the experts' outputs are finished in
 numpy in llama.cpp's arithmetic (`routing`, `weighted_sum`). The dense part of a layer is
-llama.cpp's graph too (`arch/qwen3moe_graph.py`), built from `QuantTeam.matrix`.
+llama.cpp's graph too (`arch/shared/plain_graph.py`), built from `QuantTeam.matrix`.
 
 `QuantTeam` has the compute team's interface (`run`, `input`, `close`, ...), so the
 expert runner uses it as it uses `ComputeTeam`; ggml's own threads split each GEMV

@@ -7,10 +7,10 @@ feeds the prompt's last token, and time to first token is prefill plus step 1. T
 covers each pass and sampling; counters of what the expert side did are collected per pass.
 How a token is computed: docs/engine.md#how-a-token-is-computed.
 
-Beside it: what a run resolves before loading (`run_settings.py`), what a model file is
+Beside it: what a run resolves before loading (`settings.py`), what a model file is
 (`model_info.py`), how a pass is measured (`measure.py`), the route trace (`tracing.py`),
 taking turns with another run (`turns.py`) and the records a run returns
-(`run_result.py`).
+(`result.py`).
 """
 
 from __future__ import annotations

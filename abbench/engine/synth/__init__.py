@@ -101,8 +101,8 @@ from abbench.engine.synth.vocab import (
 from abbench.errors import UsageError
 from abbench.fsutil import file_mode, whole_file_target
 
-# The face of the synthetic models: the spec (synth_spec.py), vocabulary (synth_vocab.py)
-# and tensors (synth_tensors.py) are read through this module's names.
+# The face of the synthetic models: the spec (spec.py), vocabulary (vocab.py)
+# and tensors (tensors.py) are read through this module's names.
 __all__ = [
     "ALIGNMENT", "ARCHS", "ARCH_WRITERS", "BOS_ID", "BPE_CORPUS", "BPE_SPECIAL",
     "BPE_VOCAB_SIZE", "EOS_ID", "FILE_TYPES", "FORMAT_VERSION", "GPT4O_BOS_ID",

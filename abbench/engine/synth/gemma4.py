@@ -1,6 +1,6 @@
 """A synthetic `gemma4` model (Gemma 4 MoE, as gemma-4-26B-A4B): the `gemma4.*` keys
 llama.cpp reads for it and one layer's tensors, generated as qwen3moe's are
-(`synth_tensors.py`: the same routing knobs and rng discipline) plus what Gemma 4 has
+(`tensors.py`: the same routing knobs and rng discipline) plus what Gemma 4 has
 beside them. What llama.cpp computes for it: docs/gemma4.md.
 
 What llama.cpp requires (src/models/gemma4.cpp L3-36): the sliding-window pattern as a
@@ -77,7 +77,7 @@ def add_keys(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
 
 def layer_tensors(spec: SynthSpec, rng: np.random.Generator, layer: int,
                   router: Make) -> Iterator[Planned]:
-    """Layer `layer`'s tensors in file order (a `synth_tensors.LayerTensors`); layer 0's
+    """Layer `layer`'s tensors in file order (a `tensors.LayerTensors`); layer 0's
     also the global `rope_freqs` the full layers share."""
     b = f"blk.{layer}."
     d, dense = spec.d_model, spec.dense_type

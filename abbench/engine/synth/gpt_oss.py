@@ -1,5 +1,5 @@
 """A synthetic `gpt-oss` model: the `gpt-oss.*` keys llama.cpp reads for it and one
-layer's tensors, generated as qwen3moe's are (`synth_tensors.py`: the same routing knobs
+layer's tensors, generated as qwen3moe's are (`tensors.py`: the same routing knobs
 and rng discipline) plus what gpt-oss has beside them.
 
 What llama.cpp requires (src/models/openai-moe.cpp): the RMS epsilon, the experts' feed
@@ -54,7 +54,7 @@ def add_keys(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
 
 def layer_tensors(spec: SynthSpec, rng: np.random.Generator, layer: int,
                   router: Make) -> Iterator[Planned]:
-    """Layer `layer`'s 19 tensors in file order (a `synth_tensors.LayerTensors`)."""
+    """Layer `layer`'s 19 tensors in file order (a `tensors.LayerTensors`)."""
     b = f"blk.{layer}."
     d, dense = spec.d_model, spec.dense_type
     upd = tensors.layer_update_scale(spec, layer)

@@ -1,5 +1,5 @@
 """A synthetic `qwen35moe` model (Qwen3.5/3.6 MoE): the `qwen35moe.*` keys llama.cpp reads
-for it and one layer's tensors, generated as qwen3moe's are (`synth_tensors.py`: the same
+for it and one layer's tensors, generated as qwen3moe's are (`tensors.py`: the same
 routing knobs and rng discipline) plus what the hybrid stack has beside them.
 
 What llama.cpp requires (src/models/qwen35moe.cpp L4-26): the RMS epsilon, the RoPE
@@ -43,7 +43,7 @@ RMS_EPS = 1e-6
 FULL_ATTENTION_INTERVAL = 4  # every 4th layer (3, 7, ...) attends in full, as Qwen3.5's
 CONV_KERNEL = 4
 ROPE_SHARE = 4  # 1/4 of a head's dimensions rotate (partial_rotary_factor 0.25)
-SWIGLU_RMS = 0.6  # rms of silu(g)*u for unit-variance g and u (as synth_tensors's experts)
+SWIGLU_RMS = 0.6  # rms of silu(g)*u for unit-variance g and u (as tensors.py's experts)
 
 
 def geometry(spec: SynthSpec) -> dict[str, int]:
@@ -88,7 +88,7 @@ def add_keys(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
 
 def layer_tensors(spec: SynthSpec, rng: np.random.Generator, layer: int,
                   router: Make) -> Iterator[Planned]:
-    """Layer `layer`'s tensors in file order (a `synth_tensors.LayerTensors`)."""
+    """Layer `layer`'s tensors in file order (a `tensors.LayerTensors`)."""
     b = f"blk.{layer}."
     d = spec.d_model
     upd = layer_update_scale(spec, layer)

@@ -1,7 +1,7 @@
 """A synthetic model's tensors: each kind's generator (vocabulary matrices, router,
 attention, experts), the storage type llama-quantize would give each, and their writing
 into the file one tensor at a time. The layers here are qwen3moe's; another
-architecture's (`synth_gpt_oss.py`) come from its own `LayerTensors`, built from the same
+architecture's (`gpt_oss.py`) come from its own `LayerTensors`, built from the same
 generators.
 
 The generators draw one `rng` in file order, so a spec and seed give the same bytes: the

@@ -3,7 +3,7 @@
 numpy model, docs/gemma4.md §6).
 
 Each layer is the graph llama.cpp builds for it (models/gemma4.cpp; docs/gemma4.md §3),
-op for op with ggml's own ops (`gemma4_layer_graph.py`), so GELU, RoPE, the softmaxes,
+op for op with ggml's own ops (`graph_layers.py`), so GELU, RoPE, the softmaxes,
 the argsort and the softcap's tanh are ggml's: a quantized product's input is then
 llama.cpp's to the bit, and so is what it quantizes it to. Between a layer's graph and the
 next one's the experts run from the cache (`ExpertRunner` on `qcompute.ExpertGraph` with
@@ -15,7 +15,7 @@ with the last layer's, then the final norm, the output product and the softcap (
 tanh, scale). The router's weights are the graph's too (build_moe_ffn's get_rows,
 sum_rows, clamp, div). Caches as llama.cpp sizes them: the full layers' the
 context's, the sliding layers' a ring of the window and one batch (in blocks of 256).
-The same skeleton as `qwen3moe_graph.py`: weights → one layer's graph → the model.
+The same skeleton as `arch/shared/plain_graph.py`: weights → one layer's graph → the model.
 """
 
 from __future__ import annotations

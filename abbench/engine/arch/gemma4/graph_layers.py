@@ -1,5 +1,5 @@
 """One gemma4 layer as llama.cpp's graph (models/gemma4.cpp; docs/gemma4.md §3), op for op
-with ggml's own ops, for `gemma4_graph.GraphModel`.
+with ggml's own ops, for `graph.GraphModel`.
 
 A layer's graph begins with the end of the layer before it (that layer's experts run
 between the two graphs, from the cache): the experts' sum normed, plus the dense FFN's
@@ -73,7 +73,7 @@ class LayerWeights:
 
 
 class LayerGraph:
-    """One layer's graph (of `model`, a `gemma4_graph.GraphModel`) for `t` tokens at
+    """One layer's graph (of `model`, a `graph.GraphModel`) for `t` tokens at
     positions pos.. attending over `n_kv` cells of its cache, from the layer before's end
     (`prev`: its graph, whose experts' sum is in `model.moe_out(t)`, or a decode graph
     (`decode`), whose experts' outputs and weights are in `model.moe_y`, `model.moe_w`;

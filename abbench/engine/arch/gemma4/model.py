@@ -6,13 +6,13 @@ normed again), a router on its own normed input, GeGLU experts with an output sc
 a scalar on the layer's output and softcapped final logits. What it computes and where it
 differs from qwen3moe: docs/engine.md, "Architectures"; step by step: docs/gemma4.md.
 
-Skeleton (as every architecture file here): ModelArgs (`gemma4_args.py`) → attention →
+Skeleton (as every architecture file here): ModelArgs (`args.py`) → attention →
 dense FFN and sparse MoE block → decoder layer → model. Dense weights live here; expert
 weights are streamed by the shared `ExpertRunner`, which runs this architecture's expert
 FFN (`expert_ffn`). This is the numpy model (`--kernels numpy`: every weight in F32): GELU
 is ggml's own table (its input and output rounded to F16, to the bit), the rest numpy's
 float32 arithmetic, so it agrees with llama.cpp to float rounding, not to the bit. The
-model `--kernels auto` runs is llama.cpp's graph (`gemma4_graph.py`), to the bit.
+model `--kernels auto` runs is llama.cpp's graph (`graph.py`), to the bit.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ softmax over every expert). The experts run from the cache (`ExpertRunner` on
 their weighted sum and the residual add, in llama.cpp's order, are the next layer's first
 ops in a decode pass (one numpy pass fewer a layer), numpy's `qcompute.weighted_sum` (the
 same arithmetic) after the last layer and in prefill. The same skeleton as
-`qwen3moe_graph.py`: weights → one layer's graph → the model.
+`arch/shared/plain_graph.py`: weights → one layer's graph → the model.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ RoPE, a router with a bias whose top-k logits are softmaxed, and experts with a 
 each product and the clamped SwiGLU (`OaiExperts`). What it computes and where it differs
 from qwen3moe: docs/engine.md, "Architectures".
 
-Skeleton (as every architecture file here): ModelArgs (`gpt_oss_args.py`) → attention →
+Skeleton (as every architecture file here): ModelArgs (`args.py`) → attention →
 sparse MoE block → decoder layer → model. Dense weights live here; expert weights are
 streamed by the shared `ExpertRunner`, which runs this architecture's expert FFN
 (`expert_ffn`). This is the numpy model (`--kernels numpy`: every weight in F32), written

@@ -8,7 +8,7 @@ every transcendental, norm and sort is ggml's. The routed experts run from the c
 weights the layer's graph gives (build_moe_ffn's get_rows, sum_rows, clamp, div), their
 weighted sum is finished in numpy in llama.cpp's arithmetic (`qcompute.weighted_sum`),
 then `(moe + shared) + ffn_inp` as llama.cpp adds them. The same skeleton as
-`qwen3moe_graph.py`: weights → one layer's graph → the model, with the interface of
+`arch/shared/plain_graph.py`: weights → one layer's graph → the model, with the interface of
 `qwen35moe.Model`.
 
 State, as the numpy model keeps it: the full layers' KV caches by position; the linear

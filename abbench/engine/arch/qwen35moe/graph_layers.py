@@ -12,7 +12,7 @@ its gate), q/k RMSNorm, the interleaved multi-section RoPE (`rope_multi`, IMROPE
 positions a token: p, p, p, 0), the KV cache and attention as qwen3moe's graph, the heads
 times sigmoid(gate), `attn_output`. Then the residual add, `post_attention_norm`, the
 router's softmax and argsort, and the shared expert (SwiGLU, times sigmoid of its gate
-row's product), which `qwen35moe_graph.GraphModel` adds to the routed experts' sum.
+row's product), which `graph.GraphModel` adds to the routed experts' sum.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ ROPE_IMROPE = 40  # GGML_ROPE_TYPE_IMROPE: interleaved sections, NeoX pairs
 
 
 class GraphModel(Protocol):
-    """What a layer's graph reads of its model (`qwen35moe_graph.GraphModel`): the header,
+    """What a layer's graph reads of its model (`graph.GraphModel`): the header,
     the ggml team, the layers' weights and states, and the buffers a pass fills."""
 
     args: ModelArgs
@@ -89,7 +89,7 @@ class DeltaNetWeights:
 
 
 class AttentionWeights:
-    """A full layer's weights and its KV cache (`graph_common.LayerCache`: F32, K by rows,
+    """A full layer's weights and its KV cache (`shared/graph.LayerCache`: F32, K by rows,
     V transposed; F16 for flash attention)."""
 
     def __init__(self, mf: ModelFile, args: ModelArgs, layer: int, team: QuantTeam,

@@ -7,7 +7,7 @@ routed MoE plus a shared expert whose output a sigmoid gate scales. What it comp
 where it differs from qwen3moe: docs/engine.md, "Architectures"; llama.cpp's graph op by
 op: docs/qwen35moe.md.
 
-Skeleton (as every architecture file here): ModelArgs (`qwen35moe_args.py`) → attention
+Skeleton (as every architecture file here): ModelArgs (`args.py`) → attention
 (`GatedAttention`, `GatedDeltaNet`) → sparse MoE block (qwen3moe's `SparseMoE`, with the
 `SharedExpert` beside it) → decoder layer → model. The routed experts are streamed by the
 shared `ExpertRunner` and run as qwen3moe's (`expert_ffn`: plain SwiGLU). This is the numpy

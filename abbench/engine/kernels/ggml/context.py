@@ -271,7 +271,7 @@ class Context:
     # A view (reshape, permute, view, transpose, the result of a cpy) points into its
     # source and needs no memory; any other result gets the scratch's next bytes. Their
     # shapes are checked by ggml, which aborts on a mismatch: callers build fixed graphs
-    # from shapes checked once (`arch/qwen3moe_graph.py`).
+    # from shapes checked once (`arch/shared/plain_graph.py`).
 
     def op(self, name: str, *args: object) -> int:
         """ggml_<name>(ctx, *args), its result given memory if it is not a view."""
