@@ -102,9 +102,11 @@ BENCH_CELLS = """
 
 def test_llama_bench_cells_run_with_repetitions_as_samples(tiny_model: Path, fake_bin: Path,
                                                            tmp_path: Path) -> None:
-    # The probe measures this shared host, whose swings are not what is tested here.
+    # The probe, the other processes' load and the free memory measure this shared host
+    # (other test workers beside it), whose swings are not what is tested here.
     cells = write_campaign(tmp_path, tiny_model, BENCH_CELLS.format(bin=fake_bin)
-                           + "\n[match]\nprobe_tol = 1\nforeign_load_tol = 64\n",
+                           + "\n[match]\nprobe_tol = 1\nforeign_load_tol = 64\n"
+                           "mem_available_tol_frac = 1\n",
                            head='order = ["t1", "t2", "t1", "t2"]')
     p = abbench("campaign", cells, "--out", tmp_path / "r", "--sentinels", tmp_path / "s",
                 "--no-live")
@@ -123,7 +125,7 @@ def test_llama_bench_cells_run_with_repetitions_as_samples(tiny_model: Path, fak
                for n in t1["notes"])
     assert t1["fingerprint"] == t2["fingerprint"]  # same tests: the same work
     assert t1["entry"]["probe_index"] is not None  # an entry state like any cell's
-    assert r["pairs"][0]["state"] == "matched"
+    assert r["pairs"][0]["state"] == "matched", r["pairs"][0]
     assert r["drift"][0]["fingerprints"] == "equal"
     (d,) = r["decisions"]
     assert d["verdict"] in ("GO", "INCONCLUSIVE") and d["ratio"]["estimate"] > 1.8

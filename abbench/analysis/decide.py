@@ -177,6 +177,17 @@ def contrast(by: dict[int, CellStats], weights: dict[int, float], noise: Noise,
     return contrast_interval(est, se, noise.df, alpha), se, token_se
 
 
+# What to change where a pair's criterion failed (one that needs no more than its name).
+_CRITERION_HINTS = {
+    "mem_available": "free memory before the campaign ([gate] mem_available_min_mib)",
+    "foreign_load": "a quieter device: other processes took CPU during one cell of a pair "
+                    "(the cells' foreign load); stop background work, or a larger [match] "
+                    "foreign_load_tol if that load is part of what you measure",
+    "gap": "a shorter spacing so the cells run within max_gap_s",
+    "status": "a re-run of the failed cell",
+}
+
+
 def _settle_owed(cand: str, base: str, comps: list[Comparison]) -> str:
     if any("execution order is unknown" in cr.detail for c in comps for cr in c.match.criteria
            if cr.name == "adjacent"):
@@ -208,16 +219,7 @@ def _settle_owed(cand: str, base: str, comps: list[Comparison]) -> str:
         hints.append("a gated re-run ([gate] with caps_at_max = true and temperature limits, "
                      "a timeout long enough that it does not give up) so both cells start "
                      "at the same caps and temperatures")
-    if "mem_available" in failed:
-        hints.append("free memory before the campaign ([gate] mem_available_min_mib)")
-    if "foreign_load" in failed:
-        hints.append("a quieter device: other processes took CPU during one cell of a pair "
-                     "(the cells' foreign load); stop background work, or a larger [match] "
-                     "foreign_load_tol if that load is part of what you measure")
-    if "gap" in failed:
-        hints.append("a shorter spacing so the cells run within max_gap_s")
-    if "status" in failed:
-        hints.append("a re-run of the failed cell")
+    hints += [hint for criterion, hint in _CRITERION_HINTS.items() if criterion in failed]
     return "; ".join(hints) or f"a re-run with {cand} and {base} adjacent"
 
 

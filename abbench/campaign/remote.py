@@ -181,15 +181,10 @@ class RemoteCell:
         script = (f"cd {shlex.quote(self.folder)} || exit 1; set -- {listed}; "
                   'for f in "$@"; do [ -f "$f" ] && printf "== %s %s\\n" "$f" "$(wc -c < "$f")"'
                   ' && cat "$f"; done; exit 0')
-        try:
-            done = _there(self.device, script, PULL_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise CellOutputError(f"the cell's files did not come back from {self.device.name} "
-                                  f"in {PULL_TIMEOUT_S:g} s") from None
-        if done.returncode != 0:
-            why = _last_line(_text(done.stderr), done.returncode)
-            raise CellOutputError(f"cannot read the cell's folder {self.folder} on "
-                                  f"{self.device.name}: {why}")
+        done = _answer(self.device, script, PULL_TIMEOUT_S,
+                       f"the cell's files did not come back from {self.device.name} in "
+                       f"{PULL_TIMEOUT_S:g} s",
+                       f"cannot read the cell's folder {self.folder} on {self.device.name}")
         return _unpack(done.stdout)
 
     def pull_into(self, out: Path, names: Iterable[str], expand: bool = False) -> str | None:
@@ -230,14 +225,10 @@ def _commands(device: Device, commands: Iterable[tuple[str, ...]]) -> str | None
 
 def _sweep(device: Device, pid_files: str) -> list[str]:
     """`_SWEEP` over `pid_files` (a quoted path or glob, expanded there)."""
-    try:
-        done = _there(device, f"set -- {pid_files}; {_SWEEP}", KILL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise CellOutputError(f"{device.name} did not answer in {KILL_TIMEOUT_S:g} s: its "
-                              "processes could not be stopped") from None
-    if done.returncode != 0:
-        raise CellOutputError(f"cannot stop the cell's processes on {device.name}: "
-                              f"{_last_line(_text(done.stderr), done.returncode)}")
+    done = _answer(device, f"set -- {pid_files}; {_SWEEP}", KILL_TIMEOUT_S,
+                   f"{device.name} did not answer in {KILL_TIMEOUT_S:g} s: its processes "
+                   "could not be stopped",
+                   f"cannot stop the cell's processes on {device.name}")
     return [line.split()[1] for line in _text(done.stdout).splitlines()
             if line.startswith("alive ")]
 
@@ -246,6 +237,19 @@ def _there(device: Device, script: str, timeout: float) -> subprocess.CompletedP
     """`script` run with the device's `sh` (TimeoutExpired past `timeout` s)."""
     return subprocess.run(device.shell(script), capture_output=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, check=False)
+
+
+def _answer(device: Device, script: str, timeout: float, late: str,
+            failed: str) -> subprocess.CompletedProcess[bytes]:
+    """`script` run there, which must finish in `timeout` s (else CellOutputError `late`)
+    and succeed (else `failed: ` and the last line it said)."""
+    try:
+        done = _there(device, script, timeout)
+    except subprocess.TimeoutExpired:
+        raise CellOutputError(late) from None
+    if done.returncode != 0:
+        raise CellOutputError(f"{failed}: {_last_line(_text(done.stderr), done.returncode)}")
+    return done
 
 
 def _text(data: bytes) -> str:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import abbench.campaign.bmoe as bmoe
 from abbench.campaign._check import as_table, check_keys, coerce, error_at, fail, under
@@ -44,6 +45,7 @@ from abbench.records.schema import describe, did_you_mean, show
 
 _SYNTHETIC = re.compile(r"synthetic:[A-Za-z0-9_-]+(@[0-9]+)?\Z")
 Layer = dict[str, tuple[Any, Key]]  # a cell's keys: TOML key -> (value, where it is written)
+T = TypeVar("T")
 
 
 def spelling(key: str) -> str | None:
@@ -182,6 +184,19 @@ def _tool_error(e: CampaignFileError, values: Layer, table: str, home: Key) -> N
     raise error_at(values[k][1] if k in values else home, e.problem, e.tip) from None
 
 
+def _tool_cell(merged: Layer, workload: WorkloadTable, folder: Path, transport: str,
+               home: Key, keys: tuple[str, ...], table: str, bin_key: str,
+               make: Callable[[Layer, str | None], T]) -> tuple[T, str | None, Key]:
+    """A tool cell made by `make` from its `keys` (`_tool_values`) and its binaries' folder,
+    a problem re-rooted at the key that set it; (the cell, that folder, where it was set)."""
+    values = _tool_values(merged, workload, folder, transport, home, keys)
+    bin_dir, bin_at = values.get(bin_key, (None, (*home, bin_key)))
+    try:
+        return make(values, bin_dir), bin_dir, bin_at
+    except CampaignFileError as e:
+        _tool_error(e, values, table, home)
+
+
 def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, folder: Path,
                 transport: str, home: Key) -> LlamaCell:
     """A llama.cpp cell: its own keys over what `[workload]` gives one (model, tokens,
@@ -191,15 +206,13 @@ def _llama_cell(name: str, tool: str, merged: Layer, workload: WorkloadTable, fo
                  f"cell `{name}` runs {tool}: `{{}}` is an embedded-engine key",
                  f"llama.cpp's own options go in `[cells.{name}.llama]`, under llama.cpp's "
                  "names (docs/cells.md, llama.cpp cells)")
-    values = _tool_values(merged, workload, folder, transport, home, LLAMA_KEYS)
-    bin_dir, bin_at = values.get("llama_cpp_bin", (None, (*home, "llama_cpp_bin")))
-    try:
-        cell = LlamaCell(tool=tool, model=values["model"][0], tokens=values["tokens"][0],
-                         prompt=values["prompt"][0], seed=values["seed"][0],
-                         repetitions=values.get("repetitions", (5, None))[0],
-                         bin_dir=bin_dir, options=tuple(values.get("llama", ({},))[0].items()))
-    except CampaignFileError as e:
-        _tool_error(e, values, "llama", home)
+    cell, bin_dir, bin_at = _tool_cell(
+        merged, workload, folder, transport, home, LLAMA_KEYS, "llama", "llama_cpp_bin",
+        lambda values, bin_dir: LlamaCell(
+            tool=tool, model=values["model"][0], tokens=values["tokens"][0],
+            prompt=values["prompt"][0], seed=values["seed"][0],
+            repetitions=values.get("repetitions", (5, None))[0], bin_dir=bin_dir,
+            options=tuple(values.get("llama", ({},))[0].items())))
     if _on_host(transport) and find_binary(tool, bin_dir, on_host=True) is None:
         where = f"in {bin_dir}" if bin_dir else "on PATH"
         fail(bin_at if bin_dir else home, f"no `{tool}` {where}"
@@ -219,14 +232,11 @@ def _bmoe_cell(name: str, merged: Layer, workload: WorkloadTable, folder: Path,
                  f"cell `{name}` runs bmoe-cli: `{{}}` is not one of its keys",
                  f"bmoe-cli's own options go in `[cells.{name}.bmoe]`, under its long "
                  "flags' names (docs/cells.md, bmoe cells)")
-    values = _tool_values(merged, workload, folder, transport, home, BMOE_KEYS)
-    bin_dir, bin_at = values.get("bmoe_bin", (None, (*home, "bmoe_bin")))
-    try:
-        cell = bmoe.BmoeCell(model=values["model"][0], tokens=values["tokens"][0],
-                             prompt=values["prompt"][0], bin_dir=bin_dir,
-                             options=tuple(values.get("bmoe", ({},))[0].items()))
-    except CampaignFileError as e:
-        _tool_error(e, values, "bmoe", home)
+    cell, bin_dir, bin_at = _tool_cell(
+        merged, workload, folder, transport, home, BMOE_KEYS, "bmoe", "bmoe_bin",
+        lambda values, bin_dir: bmoe.BmoeCell(
+            model=values["model"][0], tokens=values["tokens"][0], prompt=values["prompt"][0],
+            bin_dir=bin_dir, options=tuple(values.get("bmoe", ({},))[0].items())))
     if _on_host(transport) and bmoe.find_binary(bin_dir, on_host=True) is None:
         fail(bin_at if bin_dir else home, f"no `{bmoe.BINARY}` "
              + (f"in {bin_dir}" if bin_dir else "on PATH"),

@@ -50,13 +50,7 @@ def swa_layers(n_layer: int) -> list[bool]:
 def add_keys(w: gguf.GGUFWriter, spec: SynthSpec) -> None:
     """The `gemma4.*` hyperparameters (w's architecture is gemma4)."""
     hd, full = spec.head_dim, spec.head_dim * FULL_HEAD
-    w.add_block_count(spec.n_layer)
-    w.add_context_length(spec.context_length)
-    w.add_embedding_length(spec.d_model)
-    w.add_feed_forward_length(spec.expert_ff * DENSE_FF)
-    w.add_expert_feed_forward_length(spec.expert_ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
+    tensors.size_keys(w, spec, spec.expert_ff * DENSE_FF)
     w.add_key_length(full)
     w.add_value_length(full)
     w.add_key_length_swa(hd)

@@ -214,18 +214,24 @@ def ones(n: int) -> Make:
     return lambda: np.ones(n, np.float32)
 
 
+def size_keys(w: gguf.GGUFWriter, spec: SynthSpec, dense_ff: int) -> None:
+    """The sizes, in the order every architecture here writes them: layers, context,
+    width, the dense FFN's width (`dense_ff`) and the experts', heads and KV heads."""
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.context_length)
+    w.add_embedding_length(spec.d_model)
+    w.add_feed_forward_length(dense_ff)
+    w.add_expert_feed_forward_length(spec.expert_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+
+
 def transformer_keys(w: gguf.GGUFWriter, spec: SynthSpec, rope_freq_base: float,
                      rms_eps: float) -> None:
     """The hyperparameters every architecture here writes, in the order qwen3moe's files
     have always had them (its bytes are pinned): sizes, heads, RoPE base, RMS epsilon."""
-    d, hd, ff = spec.d_model, spec.head_dim, spec.expert_ff
-    w.add_block_count(spec.n_layer)
-    w.add_context_length(spec.context_length)
-    w.add_embedding_length(d)
-    w.add_feed_forward_length(ff)
-    w.add_expert_feed_forward_length(ff)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
+    hd = spec.head_dim
+    size_keys(w, spec, spec.expert_ff)
     # always written: head_dim * n_head need not be d (gpt-oss-20b: 64 x 64 with d = 2880)
     w.add_key_length(hd)
     w.add_value_length(hd)

@@ -291,10 +291,11 @@ class DecoderLayer:
 class Model(NumpyFace):
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
-    def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
-                 n_ctx: int, n_expert_used: int | None = None) -> None:
-        self._init_model(mf, args, experts, pinned, n_expert_used,
-                         lambda i: DecoderLayer(mf, args, i, n_ctx, experts, self.k))
+    LAYER = DecoderLayer
+    args: ModelArgs
+
+    def _init_positions(self, mf: ModelFile, n_ctx: int) -> None:
+        args = self.args
         self.embd_scale = np.sqrt(np.float32(args.embedding_length))
         self.softcap = args.final_logit_softcapping
         factors = None if all(args.swa_layers) else mf.read_dense("rope_freqs.weight", True)

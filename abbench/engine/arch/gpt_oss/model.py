@@ -243,12 +243,12 @@ class DecoderLayer:
 class Model(NumpyFace):
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
-    def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
-                 n_ctx: int, n_expert_used: int | None = None) -> None:
-        self._init_model(mf, args, experts, pinned, n_expert_used,
-                         lambda i: DecoderLayer(mf, args, i, n_ctx, experts, self.k))
+    LAYER = DecoderLayer
+    args: ModelArgs
+
+    def _init_positions(self, mf: ModelFile, n_ctx: int) -> None:
         # (n_ctx, hd/2) each, for the full layers and the sliding ones (their own base)
-        self.tables = {swa: yarn_tables(args.rope(swa), n_ctx) for swa in (False, True)}
+        self.tables = {swa: yarn_tables(self.args.rope(swa), n_ctx) for swa in (False, True)}
         self.fused = False  # a stale-gate predictor asked for the next layer's ranking
 
     def gemv_matrices(self) -> list[np.ndarray]:

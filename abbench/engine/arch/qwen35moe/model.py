@@ -217,10 +217,11 @@ class DecoderLayer:
 class Model(NumpyFace):
     """The whole decoder. `forward(token, pos)` returns the next-token logits."""
 
-    def __init__(self, mf: ModelFile, args: ModelArgs, experts: ExpertRunner, pinned: bool,
-                 n_ctx: int, n_expert_used: int | None = None) -> None:
-        self._init_model(mf, args, experts, pinned, n_expert_used,
-                         lambda i: DecoderLayer(mf, args, i, n_ctx, experts, self.k))
+    LAYER = DecoderLayer
+    args: ModelArgs
+
+    def _init_positions(self, mf: ModelFile, n_ctx: int) -> None:
+        args = self.args
         # (T, n_rot/2): text positions are equal on the first three RoPE axes and 0 on the
         # fourth, so the sections' rotation is NeoX's over the first n_rot dimensions with
         # the fourth axis's pairs left still

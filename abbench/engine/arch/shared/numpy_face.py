@@ -21,6 +21,24 @@ class NumpyFace:
     experts a token takes, the RMS epsilon, the F32 token embedding (vocab, d), and what
     the session may set on it."""
 
+    LAYER: Callable[..., Any]  # (mf, args, layer, n_ctx, experts, k) -> the layer
+
+    def __init__(self, mf: ModelFile, args: Any, experts: ExpertRunner, pinned: bool,
+                 n_ctx: int, n_expert_used: int | None = None) -> None:
+        """The model: `_init_model` with the architecture's `_layer`, then its
+        `_init_positions` (the rotary tables, or whatever else a position needs)."""
+        self._init_model(mf, args, experts, pinned, n_expert_used,
+                         lambda i: self._layer(mf, i, n_ctx))
+        self._init_positions(mf, n_ctx)
+
+    def _layer(self, mf: ModelFile, layer: int, n_ctx: int) -> Any:
+        """Layer `layer`'s weights and state: the architecture's `LAYER`."""
+        return self.LAYER(mf, self.args, layer, n_ctx, self.experts, self.k)
+
+    def _init_positions(self, mf: ModelFile, n_ctx: int) -> None:
+        """What a position needs, for `n_ctx` of them."""
+        raise NotImplementedError
+
     def _init_face(self, mf: ModelFile, args: Any, experts: ExpertRunner, pinned: bool,
                    n_expert_used: int | None) -> None:
         self.args, self.experts = args, experts
