@@ -44,8 +44,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"abbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            parser_class=_Parser)
-    for name in names:  # the dispatch table: each mounts its own parser
-        load(name).add_parser(sub)
+    for name in names:  # the dispatch table: each command adds its own arguments
+        command = load(name)
+        command.add_arguments(sub.add_parser(name, help=command.HELP,
+                                             description=command.DESCRIPTION))
     return p
 
 

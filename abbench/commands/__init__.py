@@ -1,5 +1,7 @@
-"""The `abbench` subcommands, one module each: `add_parser(sub)` mounts its parser (its
-handler as the parser's `func`, which returns the exit status). These modules are the only
+"""The `abbench` subcommands, one module each: its `HELP` (a line for `abbench --help`),
+its `DESCRIPTION` (for its own `--help`, or None) and `add_arguments(p)`, which adds its
+arguments to its parser and sets its handler as the parser's `func` (which returns the exit
+status). These modules are the only
 place that chains campaign → analysis → report; nothing imports them but `abbench.cli`.
 
 A command's module is imported only where it is run (`load`): every campaign cell starts

@@ -61,13 +61,14 @@ def calibration_like(path: Path, cells: int, device: str | None) -> CampaignSpec
         raise UsageError(f"--like {path}: {e.message}", e.tip) from None
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "calibrate", help="measure this device's cell-to-cell noise (an A/A campaign)",
-        description="Run an A/A campaign — the same configuration N times — on a device, "
-        "record its repeats in the device history (sentinels/DEVICE.jsonl) and print the "
-        "device's noise floor. Later campaigns on the device use the floor as their "
-        "cell-to-cell noise when they have no repeats of their own.")
+HELP = "measure this device's cell-to-cell noise (an A/A campaign)"
+DESCRIPTION = ("Run an A/A campaign — the same configuration N times — on a device, "
+               "record its repeats in the device history (sentinels/DEVICE.jsonl) and print the "
+               "device's noise floor. Later campaigns on the device use the floor as their "
+               "cell-to-cell noise when they have no repeats of their own.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--like", metavar="FILE",
                    help="calibrate under a campaign file's conditions: its [device], [gate], "
                    "[match] and [workload], and its baseline cell (the first decision's, "

@@ -45,14 +45,13 @@ from abbench.report.text import interval_text
 from abbench.sensors import Device
 from abbench.textsafe import shown
 
+HELP = "run a campaign of cells (cells.toml)"
+DESCRIPTION = ("Validate and plan a campaign, then run its cells in child processes "
+               "with fixed spacing and, when asked, a thermal gate, sampling the device all the "
+               "while. Leaves a run folder (plan, journal, samples, per-cell output).")
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "campaign", help="run a campaign of cells (cells.toml)",
-        description="Validate and plan a campaign, then run its cells in child processes "
-        "with fixed spacing and, when asked, a thermal gate, sampling the device all the "
-        "while. Leaves a run folder (plan, journal, samples, per-cell output).",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", nargs="?", help="the campaign file (cells.toml)")
     p.add_argument("--out", default="reports", metavar="DIR",
                    help="where run folders are created (default: reports/)")

@@ -18,9 +18,11 @@ from abbench.engine.run.telemetry import summarize, summary_lines, write_csv, wr
 from abbench.errors import UsageError, WriteError
 from abbench.textsafe import shown
 
+HELP = "run the embedded MoE streaming engine"
+DESCRIPTION = None
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    engine = sub.add_parser("engine", help="run the embedded MoE streaming engine")
+
+def add_arguments(engine: argparse.ArgumentParser) -> None:
     esub = engine.add_subparsers(dest="engine_cmd", required=True, metavar="COMMAND")
     run = esub.add_parser(
         "run",

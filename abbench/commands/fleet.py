@@ -41,17 +41,16 @@ from abbench.records.fleet import (
 from abbench.report.fleet import text_lines, write_fleet_reports
 from abbench.textsafe import shown
 
+HELP = "run one campaign on many devices (Ray), with verdicts across them"
+DESCRIPTION = ("Run the campaign of FILE on every device of its `[fleet] devices` (or "
+               "--device), each device's campaign an ordinary one on the host that has the device, "
+               "never two at once on one device; then report each device's verdicts, each device "
+               "class's and a combined verdict across devices. Without --address, Ray runs "
+               "embedded in this process. Exit status as for a campaign, over the combined "
+               "verdicts.")
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "fleet", help="run one campaign on many devices (Ray), with verdicts across them",
-        description="Run the campaign of FILE on every device of its `[fleet] devices` (or "
-        "--device), each device's campaign an ordinary one on the host that has the device, "
-        "never two at once on one device; then report each device's verdicts, each device "
-        "class's and a combined verdict across devices. Without --address, Ray runs "
-        "embedded in this process. Exit status as for a campaign, over the combined "
-        "verdicts.",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", nargs="?", help="the campaign file (cells.toml)")
     p.add_argument("--device", action="append", default=[], metavar="TRANSPORT",
                    help="a device to run on (repeatable; replaces `[fleet] devices`): "

@@ -58,11 +58,12 @@ def _terminated_as_interrupted() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "import", help="turn a folder of runs made elsewhere into a run folder",
-        description="Read bmoe_metrics CSVs, .log summaries, .metrics, .state and driver logs "
-        "from DIR and write a run folder that `abbench report` reads (docs/import.md).")
+HELP = "turn a folder of runs made elsewhere into a run folder"
+DESCRIPTION = ("Read bmoe_metrics CSVs, .log summaries, .metrics, .state and driver logs "
+               "from DIR and write a run folder that `abbench report` reads (docs/import.md).")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=Path, metavar="DIR")
     p.add_argument("--out", type=Path, default=None,
                    help="the run folder to write (default: reports/import-<DIR name>)")

@@ -22,8 +22,11 @@ from abbench.textsafe import shown
 UNREAD_SHOWN = 5  # unread metadata arrays named in `model info`'s text
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    model = sub.add_parser("model", help="write synthetic models, describe model files")
+HELP = "write synthetic models, describe model files"
+DESCRIPTION = None
+
+
+def add_arguments(model: argparse.ArgumentParser) -> None:
     msub = model.add_subparsers(dest="model_cmd", required=True, metavar="COMMAND")
     sy = msub.add_parser("synth", help="write a synthetic MoE GGUF model ("
                          + ", ".join(synth.ARCHS) + ")",

@@ -12,16 +12,14 @@ from abbench.commands.args import drop_factor, mib
 from abbench.records.route_trace import read_route_trace
 from abbench.report.replay import render, to_json
 
+HELP = "offline answers from a route trace: cache policies, predictors, drop trade"
+DESCRIPTION = ("Replay a route_trace v1 file: hit % of LRU / LFU / Belady-optimal "
+               "caches at given budgets, decode predictor accuracies (previous token at lags "
+               "1/2/4/8, the run's and the prompt's hottest-k, random), and the drop policy's "
+               "trade per threshold. Definitions: docs/replay.md.")
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "replay",
-        help="offline answers from a route trace: cache policies, predictors, drop trade",
-        description="Replay a route_trace v1 file: hit %% of LRU / LFU / Belady-optimal "
-        "caches at given budgets, decode predictor accuracies (previous token at lags "
-        "1/2/4/8, the run's and the prompt's hottest-k, random), and the drop policy's "
-        "trade per threshold. Definitions: docs/replay.md.",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", metavar="TRACE", help="a route_trace v1 file (.route.csv)")
     p.add_argument("--cache-mib", type=mib, nargs="+", action="extend", metavar="MIB",
                    help="cache budgets to replay (default: the trace's own, if its preamble "

@@ -10,16 +10,15 @@ from abbench.commands.outcome import ended
 from abbench.report import json_report, write_reports
 from abbench.report.terminal import print_report
 
+HELP = "re-render a run folder's report (runs nothing)"
+DESCRIPTION = ("Analyze a run folder (plan, journal, samples, per-cell output), write "
+               "report.json, report.md and report.html into it and print the report. Exit status "
+               "(README, Exit status): 0 all decisions GO (or none asked), 1 some NO-GO, 3 some "
+               "INCONCLUSIVE, OWED or UNVERIFIED, 5 no valid measurement (one ERROR line), 2 not a "
+               "readable run folder.")
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "report", help="re-render a run folder's report (runs nothing)",
-        description="Analyze a run folder (plan, journal, samples, per-cell output), write "
-        "report.json, report.md and report.html into it and print the report. Exit status "
-        "(README, Exit status): 0 all decisions GO (or none asked), 1 some NO-GO, 3 some "
-        "INCONCLUSIVE, OWED or UNVERIFIED, 5 no valid measurement (one ERROR line), 2 not a "
-        "readable run folder.",
-    )
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="the run folder (reports/NAME-YYYYmmdd-HHMMSS)")
     p.add_argument("--json", action="store_true", help="print report.json to stdout instead")
     p.add_argument("--style", choices=("rich", "plain"), default="rich",

@@ -31,14 +31,13 @@ MAX_SAMPLES = 7200  # an hour of readings: what a look at a device needs
 sample_count = number("the count", 1, MAX_SAMPLES, whole=True)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "sensors",
-        help="list what a device's sensors expose and print a live reading",
-        description="List the sensors a device exposes (cpufreq caps, thermal zones, battery, "
-        "memory, pressure, load, NVML, Android thermal status), print live readings and a "
-        "speed-probe figure. Keys and platforms: docs/sensors.md.",
-    )
+HELP = "list what a device's sensors expose and print a live reading"
+DESCRIPTION = ("List the sensors a device exposes (cpufreq caps, thermal zones, battery, "
+               "memory, pressure, load, NVML, Android thermal status), print live readings and a "
+               "speed-probe figure. Keys and platforms: docs/sensors.md.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", default="local", metavar="local|adb:SERIAL|ssh:HOST",
                    help="where the device is (default: local)")
     p.add_argument("--root", default="/", metavar="PATH",

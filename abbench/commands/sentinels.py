@@ -23,7 +23,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from abbench.analysis.noise import HISTORY_MAX_DF, history_floor
 from abbench.errors import UsageError
@@ -114,11 +113,12 @@ def render(device: str, runs: list[SentinelLine], threshold: float,
     return lines
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "sentinels", help="history of sentinel speeds per device and configuration",
-        description="Show each device's sentinel speeds over time against its cool baseline, "
-        "so a campaign that opened on a hot device is visible.")
+HELP = "history of sentinel speeds per device and configuration"
+DESCRIPTION = ("Show each device's sentinel speeds over time against its cool baseline, "
+               "so a campaign that opened on a hot device is visible.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("device", nargs="?", default=None, metavar="DEVICE",
                    help="one device (default: every device with a history)")
     p.add_argument("--dir", type=Path, default=Path("sentinels"),

@@ -44,9 +44,11 @@ COMMENTS = {
 }
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("sim", help="the simulated device: fit a profile to a recorded run",
-                       description="Tools for the simulated device (`sim:PROFILE`).")
+HELP = "the simulated device: fit a profile to a recorded run"
+DESCRIPTION = "Tools for the simulated device (`sim:PROFILE`)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     sim_sub = p.add_subparsers(dest="sim_command", required=True, metavar="COMMAND",
                                parser_class=type(p))
     f = sim_sub.add_parser(
