@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,30 @@ def check_samples(run: Path) -> None:
         if s.cell is not None:
             start, end = spans[s.cell]
             assert start - 0.3 <= s.t_mono <= end + 0.3, (s.cell, s.t_mono, start, end)
+
+
+def campaign(cells: Path, tmp: Path, fault: str | None = None,
+             timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {"ABBENCH_FAULT": fault} if fault else {}
+    return abbench("campaign", cells, "--out", tmp / "r", "--sentinels", tmp / "s",
+                   "--no-live", env=env, timeout=timeout)
+
+
+def resume(run: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    return abbench("campaign", "--resume", run, "--sentinels", tmp / "s", "--no-live")
+
+
+def start(cells: Path, tmp: Path, **popen: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "abbench", "campaign", str(cells), "--out", str(tmp / "r"),
+         "--sentinels", str(tmp / "s"), "--no-live"], text=True,
+        **{"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **popen})
+
+
+def wait_for_child(tmp: Path, label: str, proc: subprocess.Popen[str]) -> Path:
+    """cells/LABEL/child.json, once the campaign has started that cell's process."""
+    deadline = time.monotonic() + 60
+    while not (found := list((tmp / "r").glob(f"*/cells/{label}/child.json"))):
+        assert time.monotonic() < deadline and proc.poll() is None, f"{label} never started"
+        time.sleep(0.05)
+    return found[0]

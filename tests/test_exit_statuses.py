@@ -102,6 +102,7 @@ def test_nothing_measured_is_5_and_one_error_in_campaign_report_and_calibrate(
     assert "exited with status 3" in errors(err)[0]
 
 
+@pytest.mark.slow  # a fleet starts Ray: 8 s alone, 30 s beside the other workers
 def test_a_fleet_whose_every_device_measured_nothing_is_5(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     cells = external_campaign(tmp_path, 3)
