@@ -51,16 +51,17 @@ REFERENCE = SHARED / "reference" / "bmoe"
 
 @pytest.fixture(scope="module", autouse=True)
 def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under pytest-xdist (`-n auto --dist loadfile`: a module runs whole on one worker),
-    every test module holds one lock file shared, and a module marked `alone`
-    (`pytestmark = pytest.mark.alone`) holds it exclusively, its module fixtures included:
-    a module that measures this machine (its foreign load, a time ratio, a CPU share) never
-    runs beside another worker's tests. Without workers: nothing."""
+    """Under pytest-xdist (`-n 4 --dist loadfile`: a module runs whole on one worker),
+    every test module holds one lock file shared, and a module with a test marked `alone`
+    among those selected holds it exclusively, its module fixtures included: a test that
+    measures this machine (a CPU share, a time ratio) never runs beside another worker's
+    tests. Without workers: nothing."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         yield
         return
-    alone = request.node.get_closest_marker("alone") is not None
+    alone = any(item.get_closest_marker("alone") is not None
+                for item in request.session.items if item.path == request.node.path)
     folder = Path(tempfile.gettempdir())
     with open(folder / f"abbench-tests-{run}.lock", "a") as lock, \
             open(folder / f"abbench-tests-{run}.gate", "a") as gate:
@@ -76,27 +77,27 @@ def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 # The longest modules of the default run, longest first (measured serially: 16-68 s each):
-# under pytest-xdist they start first, so that none of them is left running on one worker
-# at the end while the others are idle. A module not named runs after them, in file order.
+# under pytest-xdist (with `--no-loadscope-reorder`, which keeps this order) they start
+# first, so that none of them is left running on one worker at the end while the others
+# are idle. A module not named runs after them, in file order; a module with an `alone`
+# test, last: it waits only for the modules still running then, not for those that would
+# start beside it.
 LONGEST = ("test_faults", "test_faults_cells_and_io", "test_exit_statuses",
            "test_calibration", "test_calibration_bursts", "test_campaign_bmoe", "test_gates",
            "test_campaign_run", "test_import_scale", "test_fuzz", "test_campaign_llamacpp",
            "test_report_html", "test_bad_input")
 
 
-def _start_rank(item: pytest.Item) -> tuple[bool, int]:
-    name = item.path.stem if item.path is not None else ""
-    return (item.get_closest_marker("alone") is None,
-            LONGEST.index(name) if name in LONGEST else len(LONGEST))
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The `alone` modules first: under pytest-xdist they then run one after the other at
-    the start, each worker waiting only for the other's `alone` module, and not for
-    whatever long module the other was given before it (which cost a minute of waiting
-    per `alone` module). Then the `LONGEST`. The order is the same on every worker, as
-    xdist requires."""
-    items.sort(key=_start_rank)
+    """The `LONGEST` modules first, the modules with an `alone` test last (the order is the
+    same on every worker, as xdist requires)."""
+    alone = {item.path for item in items if item.get_closest_marker("alone") is not None}
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        stem = item.path.stem
+        return item.path in alone, LONGEST.index(stem) if stem in LONGEST else len(LONGEST)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session", autouse=True)

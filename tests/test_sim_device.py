@@ -22,8 +22,6 @@ from abbench.sim import open_device
 from abbench.sim.device import SimulatedDevice, ThermalModel
 from abbench.sim.profile import Profile, load_profile, shipped_profiles
 
-pytestmark = pytest.mark.alone  # it measures CPU shares of duty-cycled children
-
 HOT = Path(__file__).parent / "fixtures" / "sim-hot.toml"
 
 
@@ -189,6 +187,7 @@ def _busy(seconds: float, dev: SimulatedDevice | None) -> float:
     return float(out)
 
 
+@pytest.mark.alone  # it measures CPU shares of duty-cycled children
 def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> None:
     dev, _ = sim("phone")
     dev.force_clock_fraction(0.5)
@@ -212,6 +211,7 @@ def test_duty_cycling_slows_a_cpu_bound_child_and_leaves_it_continued(sim) -> No
         child.wait()
 
 
+@pytest.mark.alone  # it measures CPU shares of duty-cycled children
 def test_a_cell_that_starts_its_engine_is_throttled_with_it(sim) -> None:
     """A cell leads its process group (`CellChild`); what its wrapper starts (a bmoe
     cell's bmoe-cli, in the background of its `.metrics` wrapper) is duty-cycled too."""
@@ -229,6 +229,7 @@ def test_a_cell_that_starts_its_engine_is_throttled_with_it(sim) -> None:
     assert float(out) < 0.65 * free, (free, out)
 
 
+@pytest.mark.alone  # it measures CPU shares of duty-cycled children
 def test_the_speed_probe_runs_for_real_and_is_throttled_like_a_cell(sim) -> None:
     # The probe on a simulated device is a real process that the device
     # duty-cycles, so it sees the simulated caps and the host's own load
@@ -263,6 +264,7 @@ def test_the_speed_probe_runs_for_real_and_is_throttled_like_a_cell(sim) -> None
         worker.close()
 
 
+@pytest.mark.alone  # it measures CPU shares of duty-cycled children
 def test_campaign_on_a_simulated_device(tiny_model: Path, tmp_path: Path) -> None:
     cells = write_campaign(tmp_path, tiny_model, """
         [cells.B]

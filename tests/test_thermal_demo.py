@@ -41,8 +41,6 @@ from abbench.campaign.schema import load_campaign
 from abbench.records import read_journal
 from abbench.sim.profile import load_profile
 
-pytestmark = pytest.mark.alone  # its campaigns' pairs must match (foreign load)
-
 ROOT = Path(__file__).resolve().parents[1]
 FIXED = ROOT / "cells" / "thermal-demo.toml"
 GATED = ROOT / "cells" / "thermal-demo-gated.toml"
@@ -225,12 +223,14 @@ def _story(kind: str, src: Path, check: Callable[[dict[str, Any]], None], model:
                 f"simulated seconds the story needs ({', '.join(missed)})")
 
 
+@pytest.mark.alone  # its campaigns' pairs must match (foreign load)
 @pytest.mark.slow  # a probe campaign and the story: about 60 s alone; the slow run covers it
 def test_fixed_spacing_tells_the_seed_story(small_model: Path, fixed_phone: Path,
                                             tmp_path: Path) -> None:
     _story("fixed", FIXED, _fixed_story, small_model, fixed_phone, tmp_path)
 
 
+@pytest.mark.alone  # its campaigns' pairs must match (foreign load)
 @pytest.mark.slow  # over 20 s alone: the slow run covers it
 def test_gated_every_pair_matched_sentinels_agree(small_model: Path, gated_phone: Path,
                                                   tmp_path: Path) -> None:
@@ -291,6 +291,7 @@ def _aa_verdicts(r: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return faster, not_slower
 
 
+@pytest.mark.alone  # its campaigns' pairs must match (foreign load)
 @pytest.mark.slow
 def test_a_a_campaign_under_load_never_decides(small_model: Path, gated_phone: Path,
                                                tmp_path: Path) -> None:
@@ -299,6 +300,7 @@ def test_a_a_campaign_under_load_never_decides(small_model: Path, gated_phone: P
     print("A/A under load:", faster["verdict"], faster["ratio"], r["noise"])
 
 
+@pytest.mark.alone  # its campaigns' pairs must match (foreign load)
 @pytest.mark.slow
 def test_a_a_campaign_quiet_faster_is_inconclusive_not_slower_as_sigma_allows(
         small_model: Path, gated_phone: Path, tmp_path: Path) -> None:
