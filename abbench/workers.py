@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -41,7 +42,7 @@ def map_all(fn: Callable[[C, T], R], context: C, items: Sequence[T]) -> list[R]:
     global _JOB
     chunk = max(1, len(items) // (n * CHUNKS_PER_WORKER))
     _JOB = (fn, context)  # set before the workers fork: each has it
-    pool = mp.get_context("fork").Pool(n)
+    pool = mp.get_context("fork").Pool(n, initializer=_quiet_signals)
     try:
         out = pool.map(_run, items, chunksize=chunk)
         pool.close()
@@ -55,6 +56,16 @@ def map_all(fn: Callable[[C, T], R], context: C, items: Sequence[T]) -> list[R]:
 
 
 _JOB: tuple[Callable[[Any, Any], Any], Any] | None = None
+
+
+def _quiet_signals() -> None:
+    """A worker leaves Ctrl-C to its parent (a terminal sends SIGINT to every process of
+    the group) and dies at once on SIGTERM, which `Pool.terminate` sends: it forked the
+    parent's handlers (an import turns SIGTERM into KeyboardInterrupt), and a worker that
+    raised one while holding its queue's lock would leave the parent waiting for that lock
+    forever (seen once: an import interrupted beside other processes never exited)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run(item: Any) -> Any:
