@@ -4,6 +4,7 @@ and only the commands compose campaign → analysis → report."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -14,10 +15,16 @@ from abbench.records import cell_doc, tokens
 PACKAGE = Path(__file__).resolve().parents[1] / "abbench"
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """`path`'s syntax tree, parsed once for every test that reads it (read, never changed)."""
+    return ast.parse(path.read_text())
+
+
 def imports_of(path: Path) -> set[str]:
     """The abbench modules a file imports (absolute imports; the package is absolute-only)."""
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("abbench"):
             out.add(node.module)
         elif isinstance(node, ast.Import):
@@ -67,7 +74,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 def sample_key_literals(path: Path) -> list[tuple[int, str]]:
     """String constants (and f-strings' leading text) spelled like a sample key."""
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path)
     skip = _docstrings(tree)
     found = []
     for node in ast.walk(tree):
@@ -126,7 +133,7 @@ def cell_key_literals(path: Path) -> list[tuple[int, str]]:
     key is used — a subscript, the first argument of `.get(...)`, a dict display's key —
     so that prose and labels do not count."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parsed(path)):
         if isinstance(node, ast.Subscript):
             used = [node.slice]
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -194,7 +201,7 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         edges = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.ImportFrom) and node.module and \
                     node.module.startswith("abbench"):
                 edges.add(node.module)
@@ -255,7 +262,7 @@ def test_every_exception_class_is_in_errors() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "errors.py" and path.parent == PACKAGE:
             continue
-        names = _exception_classes(ast.parse(path.read_text()))
+        names = _exception_classes(_parsed(path))
         if names:
             found[str(path.relative_to(PACKAGE))] = names
     assert found == {}, f"exception classes outside abbench/errors.py: {found}"
@@ -286,7 +293,7 @@ def test_an_engine_cell_does_not_load_scipy(tiny_model: Path) -> None:
 def test_ray_is_imported_only_by_the_fleet_runner() -> None:
     """Ray is an extra (`.[fleet]`): nothing else may need it."""
     def imports_ray(path: Path) -> bool:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parsed(path)):
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
                      [a.name for a in node.names] if isinstance(node, ast.Import) else [])
             if any(n == "ray" or n.startswith("ray.") for n in names):
@@ -305,7 +312,7 @@ MAX_MODULE_LINES = 450
 def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
     """(name, lines) of the functions in a file longer than `limit`, def line to last line."""
     return [(n.name, n.end_lineno - n.lineno + 1)
-            for n in ast.walk(ast.parse(path.read_text()))
+            for n in ast.walk(_parsed(path))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.end_lineno is not None and n.end_lineno - n.lineno + 1 > limit]
 
@@ -333,7 +340,7 @@ def test_only_ggml_touches_ctypes_in_the_engine() -> None:
     offenders = []
     for path in (PACKAGE / "engine").rglob("*.py"):
         rel = path.relative_to(PACKAGE).as_posix()
-        tree = ast.parse(path.read_text())
+        tree = _parsed(path)
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         if not rel.startswith("engine/kernels/ggml/") and any(m.split(".")[0] == "ctypes"
@@ -410,7 +417,7 @@ def _own_classes() -> set[str]:
 def split_classes(path: Path, own: set[str]) -> list[str]:
     """Classes in a file built from two or more of the project's own classes: one class
     whose parts are mixins in other places (their state declared again in each)."""
-    return [n.name for n in ast.walk(ast.parse(path.read_text()))
+    return [n.name for n in ast.walk(_parsed(path))
             if isinstance(n, ast.ClassDef)
             and sum(isinstance(b, ast.Name) and b.id in own for b in n.bases) >= 2]
 
