@@ -62,8 +62,9 @@ def _quiet_signals() -> None:
     """A worker leaves Ctrl-C to its parent (a terminal sends SIGINT to every process of
     the group) and dies at once on SIGTERM, which `Pool.terminate` sends: it forked the
     parent's handlers (an import turns SIGTERM into KeyboardInterrupt), and a worker that
-    raised one while holding its queue's lock would leave the parent waiting for that lock
-    forever (seen once: an import interrupted beside other processes never exited)."""
+    raised one while holding its queue's lock can leave the parent waiting for that lock
+    (the likely cause of an interrupted import that once did not exit, beside other
+    processes; not reproduced)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

@@ -1,6 +1,7 @@
 """Shared fixtures: synthetic models built once per session into a private cache; and,
-when the suite runs in parallel workers (`pytest -n auto`, pytest-xdist), the tests marked
-`alone` run with no other test beside them."""
+when the suite runs in parallel workers (the README's `pytest -n 4 --dist loadfile
+--no-loadscope-reorder`, pytest-xdist), the longest modules first and the tests marked
+`alone` with no other test beside them."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
-# The longest modules of the default run, longest first (measured serially: 16-68 s each):
+# The longest modules of the default run, longest first (measured serially: 13-68 s each,
+# test_faults's 68 before it was split in two):
 # under pytest-xdist (with `--no-loadscope-reorder`, which keeps this order) they start
 # first, so that none of them is left running on one worker at the end while the others
 # are idle. A module not named runs after them, in file order; a module with an `alone`

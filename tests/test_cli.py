@@ -75,7 +75,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.strip() == f"abbench {__version__}"
 
 
-# -- synthetic model names -----------------------------------------------------------------
+# -- what a command imports ----------------------------------------------------------------
 
 
 LOADED = ("import sys; from abbench.cli import build_parser; build_parser(sys.argv[1:]); "
@@ -95,6 +95,9 @@ def test_a_command_loads_only_its_own_module() -> None:
     assert {f"abbench.commands.{m}" for m in (
         "calibrate", "campaign", "engine", "fleet", "imports", "model", "replay", "report",
         "sensors", "sentinels", "sim")} <= set(loaded("--version"))  # `--help` lists all
+
+
+# -- synthetic model names -----------------------------------------------------------------
 
 
 def test_unknown_synthetic_preset_real_process(empty_cache: Path) -> None:

@@ -77,4 +77,3 @@ class Pressure:
         """How many readings are recorded."""
         return sum(getattr(self, f.name) is not None for f in dataclasses.fields(self)
                    if f.name != "extra") + len(self.extra)
-
