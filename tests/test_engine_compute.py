@@ -47,6 +47,15 @@ def test_starved_both_done_early_counts_from_the_later_finish() -> None:
     assert starved_seconds([[], []], [2.0, 4.0], 0.0, 5.0) == pytest.approx(1.0)
 
 
+def test_starved_counts_a_threads_overlapping_spans_once() -> None:
+    # A helper that ran no task (finish 0: starved on all of [0, 6]) also logged its wait
+    # for the batch, [0, 3]; the caller waits on a read over [1, 4] and finishes at 5.
+    # Both starve on [1, 4] and [5, 6]: 4 s, never more than the window. Seen in a
+    # decode record under load whose stall exceeded its wall time.
+    got = starved_seconds([[(1.0, 4.0)], [(0.0, 3.0)]], [5.0, 0.0], 0.0, 6.0)
+    assert got == pytest.approx(4.0)
+
+
 def test_starved_is_clipped_to_the_window() -> None:
     assert starved_seconds([[(-1.0, 1.0)]], [3.0], 0.0, 3.0) == pytest.approx(1.0)
 

@@ -393,18 +393,30 @@ def starved_seconds(
     """Measure of [t0, t1] during which every thread was waiting on a read or done.
 
     Each thread's starved set is its wait intervals plus [its finish time, t1]; the stall
-    is the length of the intersection of those sets over all threads.
+    is the length of the intersection of those sets over all threads. A thread's spans
+    can overlap (a helper that ran no task has finish time 0, so [0, t1] covers its
+    wait for the batch): they are merged first, or the overlap would count twice.
     """
     common: list[tuple[float, float]] = [(t0, t1)]
     for w, fin in zip(waits, finished):
-        mine = sorted([*w, (fin, t1)])
-        common = _intersect(common, mine)
+        common = _intersect(common, _union([*w, (fin, t1)]))
         if not common:
             return 0.0
     return sum(b - a for a, b in common)
 
 
 Spans = list[tuple[float, float]]
+
+
+def _union(spans: Spans) -> Spans:
+    """The same set as disjoint spans, in order."""
+    out: Spans = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _intersect(a: Spans, b: Spans) -> Spans:
