@@ -434,3 +434,27 @@ def test_the_split_class_check_finds_one(tmp_path: Path) -> None:
     path.write_text("class Runner(BatchPrefill, Speculation):\n    pass\n"
                     "class Fine(Protocol):\n    pass\n")
     assert split_classes(path, {"BatchPrefill", "Speculation", "Runner"}) == ["Runner"]
+
+
+def unmirrored_engine_tests(tests: Path, engine: Path) -> list[str]:
+    """`test_engine_*.py` files whose name is no engine module's or package's path
+    (`test_engine_streaming_cache` for engine/streaming/cache.py): the engine's tests
+    mirror its modules, so a reader finds a module's tests by its path."""
+    paths = {"_".join(p.relative_to(engine).with_suffix("").parts) for p in engine.rglob("*.py")
+             if "__pycache__" not in p.parts}
+    paths |= {p.removesuffix("___init__") for p in paths if p.endswith("___init__")}
+    return sorted(t.name for t in tests.glob("test_engine_*.py")
+                  if t.stem.removeprefix("test_engine_") not in paths)
+
+
+def test_the_engine_tests_mirror_its_modules() -> None:
+    assert unmirrored_engine_tests(Path(__file__).parent, PACKAGE / "engine") == []
+
+
+def test_the_mirror_check_finds_a_stray_name(tmp_path: Path) -> None:
+    (tmp_path / "engine" / "streaming").mkdir(parents=True)
+    (tmp_path / "engine" / "streaming" / "__init__.py").touch()
+    (tmp_path / "engine" / "streaming" / "cache.py").touch()
+    for name in ("streaming", "streaming_cache", "cache"):
+        (tmp_path / f"test_engine_{name}.py").touch()
+    assert unmirrored_engine_tests(tmp_path, tmp_path / "engine") == ["test_engine_cache.py"]

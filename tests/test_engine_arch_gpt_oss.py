@@ -203,7 +203,7 @@ def f32_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _logits(path: Path, kernels: str, prompt: list[int], n: int,
             flash_attn: bool = False) -> np.ndarray:
     """The prompt (but its last token) prefilled in the engine's batches, then `n` greedy
-    decode steps → their logits (n, vocab). Also tests/test_engine_flash_attn.py's."""
+    decode steps → their logits (n, vocab). Also tests/test_engine_arch_shared_graph.py's."""
     cfg = EngineConfig(model=str(path), prompt_tokens=tuple(prompt), n_tokens=n, temp=0.0,
                        ignore_eos=True, threads=1, resident=True, kernels=kernels,
                        repack=False, flash_attn=flash_attn)

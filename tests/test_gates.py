@@ -617,7 +617,7 @@ def short_cycles(tokens: list[int] | tuple[int, ...], max_period: int = 15) -> d
 
 def test_repeat_penalty_comes_from_the_model_unless_overridden(tiny_model: Path,
                                                                tmp_path: Path) -> None:
-    from test_engine_gguf_file import rewrite_gguf
+    from test_engine_gguf_model_file import rewrite_gguf
 
     keys = {"general.sampling.penalty_repeat", "general.sampling.penalty_last_n"}
     base = EngineConfig(ignore_eos=True, model=str(tiny_model), n_tokens=48, resident=True)

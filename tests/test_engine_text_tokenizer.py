@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFReader, GGUFWriter, TokenType
-from test_engine_gguf_file import rewrite_gguf
+from test_engine_gguf_model_file import rewrite_gguf
 from tokenizers import Regex, pre_tokenizers
 
 from abbench.engine import synth

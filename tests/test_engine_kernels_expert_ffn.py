@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_engine_qcompute import FF as QFF
-from test_engine_qcompute import TOL, fill, layout_of
-from test_engine_qcompute import D as QD
+from test_engine_kernels_qcompute import FF as QFF
+from test_engine_kernels_qcompute import TOL, fill, layout_of
+from test_engine_kernels_qcompute import D as QD
 
 from abbench.engine.arch.gpt_oss.model import OaiExperts
 from abbench.engine.experts.predictor import RoutePredictor, top_k

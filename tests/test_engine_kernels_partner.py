@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_engine_compute import make_buffers
+from test_engine_kernels_compute import make_buffers
 from threadpoolctl import threadpool_limits
 
 from abbench.engine.config import EngineConfig
