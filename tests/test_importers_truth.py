@@ -215,9 +215,9 @@ def test_hit_rate_is_the_last_cumulative_value_or_the_summary(tmp_path: Path) ->
                                  "cache_hit_pct=79.5\n",
                                  "c.csv": rows(100, hit=-1.0)}, order=["a", "b", "c"])
     cells = {c.name: c for c in analyze(run).cells}
-    assert cells["a"].hit_pct == pytest.approx(77.1)  # not the mean of the running value
-    assert cells["b"].hit_pct == pytest.approx(79.5)
-    assert cells["c"].hit_pct is None  # -1: the cache was off
+    assert cells["a"].work.hit_pct == pytest.approx(77.1)  # not the mean of the running value
+    assert cells["b"].work.hit_pct == pytest.approx(79.5)
+    assert cells["c"].work.hit_pct is None  # -1: the cache was off
 
 
 def test_cpu_and_battery_disagree_the_cpu_decides(tmp_path: Path) -> None:

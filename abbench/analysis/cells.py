@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -51,6 +51,32 @@ SpeedSource = Literal["per_token", "tokens.csv", "summary", "none"]
 
 
 @dataclass(frozen=True, kw_only=True)
+class CellWork:
+    """What one cell's engine did per token over its steady window: the per-token means
+    where it recorded per-token columns, else its summary's figures, else None (unknown,
+    never 0)."""
+
+    read_mib_per_token: float | None = None
+    hit_pct: float | None = None
+    stall_ms_per_token: float | None = None
+    compute_ms_per_token: float | None = None
+    majflt_per_token: float | None = None
+    cpu_occupancy: float | None = None
+    drop_rate: float | None = None  # experts dropped / routed
+    spec_read_mib_per_token: float | None = None
+    spec_useful_pct: float | None = None
+    # where the time between decodes is recorded, the cell's tokens/s is what a user waits
+    # through, and this the decode alone over the same window (no interval: shown beside)
+    decode_tok_s: float | None = None
+    accepted_pct: float | None = None  # self-speculation: drafts the target confirmed
+    tokens_per_decode: float | None = None  # ... and tokens each verify decode gave
+    route_agree_pct: float | None = None  # route-ahead: committed routing = the router's
+
+
+NO_WORK = CellWork()
+
+
+@dataclass(frozen=True, kw_only=True)
 class CellStats:
     """What section 7 asks of one cell. Built by name only: a measure the cell did not
     record stays None (unknown), never 0."""
@@ -70,21 +96,7 @@ class CellStats:
     median_ms: float | None = None
     p5_ms: float | None = None
     p95_ms: float | None = None
-    read_mib_per_token: float | None = None
-    hit_pct: float | None = None
-    stall_ms_per_token: float | None = None
-    compute_ms_per_token: float | None = None
-    majflt_per_token: float | None = None
-    cpu_occupancy: float | None = None
-    drop_rate: float | None = None  # experts dropped / routed
-    spec_read_mib_per_token: float | None = None
-    spec_useful_pct: float | None = None
-    # where the time between decodes is recorded, `tokens_per_s` is what a user waits
-    # through, and this the decode alone over the same window (no interval: shown beside)
-    decode_tok_s: float | None = None
-    accepted_pct: float | None = None  # self-speculation: drafts the target confirmed
-    tokens_per_decode: float | None = None  # ... and tokens each verify decode gave
-    route_agree_pct: float | None = None  # route-ahead: committed routing = the router's
+    work: CellWork = field(default_factory=lambda: NO_WORK)  # reads, cache, stalls, ...
     threads: int | None = None
     notes: tuple[str, ...] = ()
     wall_ms: tuple[float, ...] = field(default=(), repr=False)  # the steady window
@@ -167,6 +179,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
     if record.status != "ok":
         notes.append(f"cell {record.status}" + (f": {record.error}" if record.error else ""))
     peak_kb = files.metrics.peak_rss_kb
+    threads = summary.threads if summary.threads is not None else files.threads
     return CellStats(
         index=record.index, name=record.name, label=record.label, status=record.status,
         sentinel_of=planned.sentinel_of, error=record.error, fingerprint=fp, source=source,
@@ -174,7 +187,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         median_ms=percentile(steady, 50) if len(steady) else None,
         p5_ms=percentile(steady, 5) if len(steady) else None,
         p95_ms=percentile(steady, 95) if len(steady) else None,
-        **_work_per_token(files, start, steady, summary),
+        work=_work_per_token(files, start, steady, summary, threads), threads=threads,
         during=with_metrics(device_during(record, samples), files.metrics),
         peak_rss_mib=peak_kb / 1024 if peak_kb is not None else _float(summary.peak_rss_mib),
         prefill_tok_s=_float(summary.prefill_tok_per_s), ttft_s=_float(summary.ttft_s),
@@ -223,10 +236,9 @@ def _rate(record: CellRecord, steady: np.ndarray, recorded: int, warmup: int,
 
 
 def _work_per_token(files: CellFiles, start: int, steady: np.ndarray,
-                    summary: RunSummary) -> dict[str, Any]:
-    """The work measures of `CellStats` (reads, cache, stalls, compute, faults, occupancy,
-    drops, speculation, threads): the steady window's per-token means where the cell
-    recorded per-token columns, else its summary's figures, else None."""
+                    summary: RunSummary, threads: int | None) -> CellWork:
+    """The cell's `CellWork`: reads, cache, stalls, compute, faults, occupancy, drops,
+    speculation."""
     cols = files.columns
 
     def mean(key: str) -> float | None:
@@ -238,7 +250,6 @@ def _work_per_token(files: CellFiles, start: int, steady: np.ndarray,
             value = scale * float(figure)
         return value
 
-    threads = summary.threads if summary.threads is not None else files.threads
     decode_rate, decode = _decode(cols, start)
     if decode is not None:
         steady = decode  # occupancy: CPU time over the decode's own time
@@ -258,21 +269,20 @@ def _work_per_token(files: CellFiles, start: int, steady: np.ndarray,
     se, su = mean(tokens.SPEC_EXPERTS), mean(tokens.SPEC_USEFUL)
     if se is None:
         se, su = _float(summary.spec_experts), _float(summary.spec_useful)
-    return {
-        "read_mib_per_token": read / 2**20 if read is not None
+    return CellWork(
+        read_mib_per_token=read / 2**20 if read is not None
         else _float(summary.read_mib_per_tok),
-        "hit_pct": _hit_pct(mean(tokens.HITS), mean(tokens.MISSES), cols, summary),
-        "stall_ms_per_token": per_token_or(tokens.STALL_MS, summary.stall_s_per_tok, 1000.0),
-        "compute_ms_per_token": per_token_or(tokens.COMPUTE_MS, summary.compute_s_per_tok,
-                                             1000.0),
-        "majflt_per_token": per_token_or(tokens.MAJFLT, summary.majflt_per_tok),
-        "cpu_occupancy": occ,
-        "drop_rate": dropped / routed if routed and dropped is not None else None,
-        "spec_read_mib_per_token": spec / 2**20 if spec is not None else None,
-        "spec_useful_pct": 100.0 * su / se if se and su is not None else None,
-        "threads": threads,
-        "decode_tok_s": decode_rate, **_speculation(summary),
-    }
+        hit_pct=_hit_pct(mean(tokens.HITS), mean(tokens.MISSES), cols, summary),
+        stall_ms_per_token=per_token_or(tokens.STALL_MS, summary.stall_s_per_tok, 1000.0),
+        compute_ms_per_token=per_token_or(tokens.COMPUTE_MS, summary.compute_s_per_tok,
+                                          1000.0),
+        majflt_per_token=per_token_or(tokens.MAJFLT, summary.majflt_per_tok),
+        cpu_occupancy=occ,
+        drop_rate=dropped / routed if routed and dropped is not None else None,
+        spec_read_mib_per_token=spec / 2**20 if spec is not None else None,
+        spec_useful_pct=100.0 * su / se if se and su is not None else None,
+        decode_tok_s=decode_rate, **_speculation(summary),
+    )
 
 
 def _decode(cols: dict[str, list[float]], start: int) -> tuple[float | None,
@@ -320,5 +330,5 @@ def steady_rate(c: CellStats) -> float | None:
     return c.tokens_per_s.estimate if math.isfinite(c.tokens_per_s.estimate) else None
 
 
-__all__ = ["CapsState", "CellStats", "DeviceDuring", "cell_stats", "device_during",
+__all__ = ["CapsState", "CellStats", "CellWork", "DeviceDuring", "cell_stats", "device_during",
            "sensor_gaps", "steady_rate", "tokens_per_s"]

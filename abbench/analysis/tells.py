@@ -189,7 +189,7 @@ class _Peers:
                 of_any[self._fault_key(c)].append(c)
 
         def majflt(x: CellStats) -> float | None:
-            return x.majflt_per_token
+            return x.work.majflt_per_token
 
         self._clean_model = {k: _Sorted(v, majflt) for k, v in of_model.items()}
         self._clean_any = {k: _Sorted(v, majflt) for k, v in of_any.items()}
@@ -255,16 +255,16 @@ class _Peers:
         key = (kernels, work)
         if key not in self._more:
             members = [x for x in self.kernels[kernels]
-                       if x.compute_ms_per_token and x.read_mib_per_token is not None
+                       if x.work.compute_ms_per_token and x.work.read_mib_per_token is not None
                        and all(self._no_less(self.cfg[x.index].get(k), mine.get(k), sign)
                                for k, sign in LESS_WORK.items())]
-            members.sort(key=lambda x: -x.read_mib_per_token)  # type: ignore[operator]
+            members.sort(key=lambda x: -x.work.read_mib_per_token)  # type: ignore[operator]
             self._more[key] = (
-                np.array([-x.read_mib_per_token for x in members]),  # type: ignore[operator]
-                np.array([x.compute_ms_per_token for x in members], dtype=float),
+                np.array([-x.work.read_mib_per_token for x in members]),  # type: ignore[operator]
+                np.array([x.work.compute_ms_per_token for x in members], dtype=float),
                 np.array([x.index for x in members], dtype=int))
         neg_reads, compute, index = self._more[key]
-        upto = int(np.searchsorted(neg_reads, -c.read_mib_per_token, side="right"))  # type: ignore[operator]
+        upto = int(np.searchsorted(neg_reads, -c.work.read_mib_per_token, side="right"))  # type: ignore[operator]
         keep = index[:upto] != c.index
         if not keep.any():
             return None
@@ -304,14 +304,14 @@ def _cell_tells(c: CellStats, peers: _Peers) -> list[Tell]:
     median of three)."""
     out: list[Tell] = []
     ref, what = peers.reference(c)
-    faults = peers.median(ref, c, lambda x: x.majflt_per_token, "majflt")
+    faults = peers.median(ref, c, lambda x: x.work.majflt_per_token, "majflt")
     flagged = False
-    if c.majflt_per_token is not None and faults is not None:
+    if c.work.majflt_per_token is not None and faults is not None:
         m, who = faults
-        if c.majflt_per_token >= MAJFLT_FLOOR and c.majflt_per_token > MAJFLT_FACTOR * m:
+        if c.work.majflt_per_token >= MAJFLT_FLOOR and c.work.majflt_per_token > MAJFLT_FACTOR * m:
             flagged = True
             out.append(Tell(c.index, "majflt",
-                            f"{c.majflt_per_token:.1f} major faults/token vs {m:.2f} "
+                            f"{c.work.majflt_per_token:.1f} major faults/token vs {m:.2f} "
                             f"(the median of {what}: {who}): memory pressure"))
     share = peers.floor_share(c)
     if share is not None and share < MEMORY_FLOOR_FRACTION and peers.ram is not None:
@@ -322,32 +322,32 @@ def _cell_tells(c: CellStats, peers: _Peers) -> list[Tell]:
                         "kernel was reclaiming memory, and the cell's time includes what "
                         "it faulted back in"))
     clean = peers.clean_median(c)
-    if not flagged and c.majflt_per_token is not None and clean is not None \
-            and c.majflt_per_token >= DEVICE_MAJFLT_FLOOR and not peers.clean_repeat(c):
+    if not flagged and c.work.majflt_per_token is not None and clean is not None \
+            and c.work.majflt_per_token >= DEVICE_MAJFLT_FLOOR and not peers.clean_repeat(c):
         m, who, which = clean
-        if c.majflt_per_token > MAJFLT_FACTOR * m:
+        if c.work.majflt_per_token > MAJFLT_FACTOR * m:
             out.append(Tell(c.index, "device_majflt",
-                            f"{c.majflt_per_token:.1f} major faults/token vs {m:.2f} (the "
+                            f"{c.work.majflt_per_token:.1f} major faults/token vs {m:.2f} (the "
                             f"median of the device's {which} that no memory floor flags: "
                             f"{who}): memory pressure"))
-    busy = peers.median(ref, c, lambda x: x.cpu_occupancy or None, "busy")
-    if c.cpu_occupancy is not None and busy is not None:
+    busy = peers.median(ref, c, lambda x: x.work.cpu_occupancy or None, "busy")
+    if c.work.cpu_occupancy is not None and busy is not None:
         m, who = busy
-        if c.cpu_occupancy < OCCUPANCY_FALL * m:
+        if c.work.cpu_occupancy < OCCUPANCY_FALL * m:
             out.append(Tell(c.index, "occupancy_fall",
-                            f"CPU occupancy {c.cpu_occupancy:.0%} vs {m:.0%} (the median of "
+                            f"CPU occupancy {c.work.cpu_occupancy:.0%} vs {m:.0%} (the median of "
                             f"{what}: {who}): threads waiting or descheduled"))
-    if c.compute_ms_per_token and c.read_mib_per_token is not None:
+    if c.work.compute_ms_per_token and c.work.read_mib_per_token is not None:
         more = peers.more_of_the_same(c)
         if more is not None:
             m, r, who = more
-            if c.compute_ms_per_token > COMPUTE_RISE * m:
+            if c.work.compute_ms_per_token > COMPUTE_RISE * m:
                 out.append(Tell(c.index, "compute_up_work_down",
-                                f"compute {c.compute_ms_per_token:.1f} ms/token vs {m:.1f} (the "
-                                "median of the runs of the same kernels with as much work or "
-                                f"more: {who}) while flash reads were "
-                                f"{c.read_mib_per_token:.2f} MiB/token against {r:.2f}: slower "
-                                "at the same or less work — a slower CPU"))
+                                f"compute {c.work.compute_ms_per_token:.1f} ms/token vs "
+                                f"{m:.1f} (the median of the runs of the same kernels with as "
+                                f"much work or more: {who}) while flash reads were "
+                                f"{c.work.read_mib_per_token:.2f} MiB/token against {r:.2f}: "
+                                "slower at the same or less work — a slower CPU"))
     return out
 
 
@@ -364,9 +364,9 @@ def contamination_tells(cells: list[CellStats], rec: dict[int, CellRecord],
         if not c.ok:
             continue
         out.extend(_cell_tells(c, peers))
-        if c.drop_rate:
+        if c.work.drop_rate:
             out.append(Tell(c.index, "drops",
-                            f"drops {c.drop_rate:.1%} of routed experts: quote its drop rate "
+                            f"drops {c.work.drop_rate:.1%} of routed experts: quote its drop rate "
                             "next to its speed (it does less work per token)"))
     out.extend(capped_after(cells))
     if order_known:
@@ -426,7 +426,7 @@ def _degrading(cells: list[CellStats], rec: dict[int, CellRecord],
         "free-RAM floor during the cell": ([c.during.mem_available_floor_mib for c in ran],
                                            -1, " MiB", 0,
                                            (mem0 or 0.0) * tol["mem_available_tol_frac"]),
-        "major faults per token": ([c.majflt_per_token for c in ran], 1, "", 0,
+        "major faults per token": ([c.work.majflt_per_token for c in ran], 1, "", 0,
                                    MAJFLT_FLOOR),
     }
     for what, (vals, sign, unit, decimals, counts) in series.items():

@@ -231,11 +231,11 @@ def speculation(c: CellStats) -> str:
     """What a speculating cell's speed was bought with: the drafts its target confirmed
     and the tokens per verify decode; route-ahead's agreement with the router ("-")."""
     parts = []
-    if c.accepted_pct is not None:
-        per = f", {c.tokens_per_decode:.2f} tok/decode" if c.tokens_per_decode else ""
-        parts.append(f"{c.accepted_pct:.0f}% accepted{per}")
-    if c.route_agree_pct is not None:
-        parts.append(f"route-ahead {c.route_agree_pct:.1f}% agree")
+    if c.work.accepted_pct is not None:
+        per = f", {c.work.tokens_per_decode:.2f} tok/decode" if c.work.tokens_per_decode else ""
+        parts.append(f"{c.work.accepted_pct:.0f}% accepted{per}")
+    if c.work.route_agree_pct is not None:
+        parts.append(f"route-ahead {c.work.route_agree_pct:.1f}% agree")
     return "; ".join(parts) or "-"
 
 
