@@ -78,16 +78,19 @@ def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 # The longest modules of the default run, longest first (measured serially: 13-68 s each,
-# test_faults's 68 before it was split in two):
+# test_faults's 68 before it was split in two), after the longest chains of the slow run
+# (.ci/run's second phase, measured serially: test_llamacpp 170 s after llama.cpp's build,
+# which CI pays too, about 5 minutes on 2 cores; test_fuzz 280 s, one test of it 199 s):
 # under pytest-xdist (with `--no-loadscope-reorder`, which keeps this order) they start
 # first, so that none of them is left running on one worker at the end while the others
 # are idle. A module not named runs after them, in file order; a module with an `alone`
 # test, last: it waits only for the modules still running then, not for those that would
-# start beside it.
-LONGEST = ("test_faults", "test_faults_cells_and_io", "test_exit_statuses",
-           "test_calibration", "test_calibration_bursts", "test_campaign_bmoe", "test_gates",
-           "test_campaign_run", "test_import_scale", "test_fuzz", "test_campaign_llamacpp",
-           "test_report_html", "test_bad_input")
+# start beside it. A name a run does not select (test_llamacpp in the default run) is
+# passed over.
+LONGEST = ("test_llamacpp", "test_fuzz", "test_faults", "test_faults_cells_and_io",
+           "test_exit_statuses", "test_calibration", "test_remote_ssh", "test_cells_files",
+           "test_calibration_bursts", "test_campaign_bmoe", "test_gates", "test_campaign_run",
+           "test_import_scale", "test_campaign_llamacpp", "test_report_html", "test_bad_input")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

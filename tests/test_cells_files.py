@@ -5,6 +5,7 @@ runs through the real CLI to a verdict on each architecture (slow)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,10 @@ def test_every_shipped_campaign_file_validates(name: str) -> None:
 @pytest.mark.slow
 def test_the_same_policy_decided_on_two_architectures(tmp_path: Path) -> None:
     """drop-cold-experts 0.75 against none, on qwen3moe and on gpt-oss: every cell runs,
-    and each decision compares its own architecture's matched pairs (the drop reads fewer
-    experts on both, so both ratios are above 1 whatever the machine's noise)."""
+    and each decision compares its own architecture's matched pairs, whose cells did the
+    work their configuration asks: the drop cells dropped experts and read fewer MiB per
+    token than the cells that did not. (Which arm is faster is the machine's to say: in
+    parallel workers one decision measured 0.975 over a single matched pair.)"""
     out = tmp_path / "runs"  # the device's sentinel history too: never the checkout's
     p = abbench("campaign", CELLS / "two-architectures.toml", "--out", out, "--no-live",
                 "--sentinels", tmp_path / "sentinels")
@@ -45,5 +48,10 @@ def test_the_same_policy_decided_on_two_architectures(tmp_path: Path) -> None:
     assert all(c["status"] == "ok" for c in report["cells"])
     decisions = {(d["candidate"], d["baseline"]): d for d in report["decisions"]}
     assert set(decisions) == {("qwen-drop", "qwen-off"), ("oss-drop", "oss-off")}
-    for d in decisions.values():
-        assert d["pairs"] and d["ratio"]["estimate"] > 1.0
+    for (drop, off), d in decisions.items():
+        assert d["pairs"] and math.isfinite(d["ratio"]["estimate"])
+        dropped = [c for c in report["cells"] if c["name"] == drop]
+        kept = [c for c in report["cells"] if c["name"] == off]
+        assert all(c["drop_rate"] > 0 for c in dropped) and all(c["drop_rate"] == 0 for c in kept)
+        assert max(c["read_mib_per_token"] for c in dropped) < \
+            min(c["read_mib_per_token"] for c in kept)

@@ -119,6 +119,34 @@ def test_a_fleet_of_three_simulated_devices(tiny_model: Path, tmp_path: Path) ->
     assert json.loads((fleet / "fleet-report.json").read_text()) == report
 
 
+OWN_RAY = """
+import json, ray
+from abbench.fleet import runner
+runner.connect(None, ["sim:phone#1"])
+try:
+    print(json.dumps(sorted(k for k in ray.cluster_resources() if k.startswith("device:"))))
+finally:
+    runner.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_fleet_without_an_address_starts_its_own_ray(tmp_path: Path) -> None:
+    """RAY_ADDRESS in the environment (a shell after `ray start`, or a host where an
+    `abbench fleet worker` runs) is not where an embedded fleet goes: it starts its own
+    Ray, its devices offered. Ray's own default would join that address (here a port that
+    refuses) and refuse the devices' resources there."""
+    import os
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused
+        env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{closed.getsockname()[1]}"}
+        p = subprocess.run([sys.executable, "-c", OWN_RAY], env=env, capture_output=True,
+                           text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.splitlines()[-1]) == ["device:sim:phone#1"]
+
+
 # Run in a child process: a Ray session in this one would break the `Cluster` a later test
 # starts in it.
 TWO_JOBS = """

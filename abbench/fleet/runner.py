@@ -66,7 +66,10 @@ def connect(address: str | None, devices: list[str]) -> str:
         return address
     # A small object store: what travels through it is a result and, from another host,
     # a run folder's tar (Ray's default would reserve 30% of this machine's memory).
-    ray.init(resources={resource(d): 1 for d in devices},
+    # "local": a Ray of its own, even where RAY_ADDRESS is set or `ray start` ran on this
+    # host (an `abbench fleet worker` beside it): with no address Ray would join that
+    # cluster, and refuse the resources given here.
+    ray.init(address="local", resources={resource(d): 1 for d in devices},
              num_cpus=max(2, os.cpu_count() or 2), object_store_memory=256 * 1024**2,
              **quiet)
     return ""
