@@ -88,7 +88,7 @@ def _alone_when_marked(request: pytest.FixtureRequest) -> Iterator[None]:
 # start beside it. A name a run does not select (test_llamacpp in the default run) is
 # passed over.
 LONGEST = ("test_llamacpp", "test_fuzz", "test_faults", "test_faults_cells_and_io",
-           "test_exit_statuses", "test_calibration", "test_remote_ssh", "test_cells_files",
+           "test_exit_statuses", "test_calibration", "test_remote_ssh",
            "test_calibration_bursts", "test_campaign_bmoe", "test_gates", "test_campaign_run",
            "test_import_scale", "test_campaign_llamacpp", "test_report_html", "test_bad_input")
 
