@@ -33,16 +33,24 @@ def test_every_shipped_campaign_file_validates(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # whether its pairs match is this machine's state: nothing beside it
 def test_the_same_policy_decided_on_two_architectures(tmp_path: Path) -> None:
     """drop-cold-experts 0.75 against none, on qwen3moe and on gpt-oss: every cell runs,
     and each decision compares its own architecture's matched pairs, whose cells did the
     work their configuration asks: the drop cells dropped experts and read fewer MiB per
-    token than the cells that did not. Which arm is faster is the machine's to say: beside
-    three other workers one decision measured 0.975 over a single matched pair, and in
-    another run one decision matched no pair at all."""
+    token than the cells that did not.
+
+    The shipped file is run with `[match]` widened for what this shared machine moves
+    (the speed probe, the foreign load), as the other campaign tests do: even with no
+    other test beside it the probe here moved between 0.65 and 1.0 from cell to cell and
+    left one decision with no matched pair, a correct OWED but not what this test checks.
+    Which arm is faster is the machine's to say, and is not asserted."""
+    shipped = (CELLS / "two-architectures.toml").read_text()
+    assert "[match]\nprobe_tol = 0.08" in shipped
+    cells = tmp_path / "two-architectures.toml"
+    cells.write_text(shipped.replace("[match]\nprobe_tol = 0.08",
+                                     "[match]\nprobe_tol = 1\nforeign_load_tol = 64"))
     out = tmp_path / "runs"  # the device's sentinel history too: never the checkout's
-    p = abbench("campaign", CELLS / "two-architectures.toml", "--out", out, "--no-live",
+    p = abbench("campaign", cells, "--out", out, "--no-live",
                 "--sentinels", tmp_path / "sentinels")
     assert p.returncode in (0, 3), p.stderr[-2000:]
     (run,) = [d for d in out.iterdir() if d.is_dir()]
