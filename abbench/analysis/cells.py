@@ -96,7 +96,7 @@ class CellStats:
     median_ms: float | None = None
     p5_ms: float | None = None
     p95_ms: float | None = None
-    work: CellWork = field(default_factory=lambda: NO_WORK)  # reads, cache, stalls, ...
+    work: CellWork = NO_WORK  # reads, cache, stalls, ... (frozen: one shared default)
     threads: int | None = None
     notes: tuple[str, ...] = ()
     wall_ms: tuple[float, ...] = field(default=(), repr=False)  # the steady window
