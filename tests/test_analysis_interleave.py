@@ -61,18 +61,28 @@ def test_a_burst_on_both_arms_cancels_in_every_slice_pair() -> None:
     assert got.noise.df == 3 and got.noise.source == "interleaved run pairs"
 
 
-def test_the_run_pairs_spread_is_the_interval_and_the_floor_pools_in() -> None:
+def test_the_run_pairs_spread_is_the_interval_and_a_burst_laden_floor_does_not_widen_it(
+) -> None:
     rng = np.random.default_rng(1)
     levels = [3.0] * 8
     pairs = [_pair(k, 0.10, levels, tuple(rng.normal(0, 0.02, 2))) for k in range(6)]
     alone = interleaved_ratio(pairs, UNKNOWN_NOISE, 0.05)
+    # A floor measured on cells through a burst (P13, 2026-12-06: ±28.1% on 2 df): pooled,
+    # it set the interval to about ×/÷ 1.25; the run pairs cancel the bursts it holds.
+    floor = Noise(0.281 ** 2, 2, 0.0, 4, "device history")
+    got = interleaved_ratio(pairs, floor, 0.05)
+    assert alone.noise.df == 5 and got.noise == alone.noise
+    assert got.ratio == alone.ratio and got.ratio is not None
+    assert got.ratio.high / got.ratio.low < 1.1
+    assert got.ratio.low < 1.10 < got.ratio.high
+
+
+def test_one_run_pair_borrows_the_floor_for_a_difference_of_two_cells() -> None:
     floor = Noise(0.02 ** 2, 30, 0.0, 31, "device history")
-    pooled = interleaved_ratio(pairs, floor, 0.05)
-    assert alone.noise.df == 5 and pooled.noise.df == 35
-    assert pooled.noise.source == "this campaign + device history"
-    # the floor is of one cell: a run pair differences two
-    assert pooled.noise.variance == pytest.approx(
-        (alone.noise.variance * 5 + 2 * 0.02 ** 2 * 30) / 35)
+    got = interleaved_ratio([_pair(0, 0.10, [3.0] * 8, (0.01, -0.01))], floor, 0.05)
+    assert got.noise.df == 30 and got.noise.variance == pytest.approx(2 * 0.02 ** 2)
+    assert got.noise.note is not None and "upper bound" in got.noise.note
+    assert got.ratio is not None and got.ratio.low < 1.10 * math.exp(0.02) < got.ratio.high
 
 
 def test_a_clear_effect_is_decided_and_a_pair_without_slices_is_owed() -> None:
