@@ -114,6 +114,7 @@ OWN_FORMATS = {
     "analysis/tells.py": {"model"},  # a configuration's `model`
     "campaign/bmoe.py": {"model"},  # bmoe-cli's `--model`, as a `bmoe` table key
     "campaign/resolve.py": {"model", "tokens"},  # cells.toml's keys
+    "campaign/cell_spec.py": {"model", "tokens"},  # cells.toml's keys
     "campaign/tables.py": {"model", "tokens"},  # cells.toml's keys
     "commands/calibrate.py": {"model", "tokens"},  # the calibration's cells.toml keys
     "commands/sensors.py": {"samples"},  # its JSON output

@@ -37,6 +37,7 @@ from abbench.analysis.stats import (
 from abbench.records import (
     CellFiles,
     CellRecord,
+    MemoryUse,
     PlannedCell,
     RunSummary,
     Sample,
@@ -104,6 +105,7 @@ class CellStats:
     log_rate: float | None = None  # log tokens/s of the steady window (None: no window)
     token_variance: float = math.nan  # its moving-block variance (NaN: no window)
     peak_rss_mib: float | None = None  # the process's peak RSS, where recorded
+    memory: MemoryUse | None = None  # its memory cgroup's limit, peak, OOM kills (if limited)
     prefill_tok_s: float | None = None  # prompt tokens / time to first token, where recorded
     ttft_s: float | None = None  # time to first token (prefill, load excluded)
     stability: float | None = None  # worst over best window throughput (`stability_ratio`)
@@ -190,6 +192,7 @@ def cell_stats(run: Path, planned: PlannedCell, record: CellRecord | None,
         work=_work_per_token(files, start, steady, summary, threads), threads=threads,
         during=with_metrics(device_during(record, samples), files.metrics),
         peak_rss_mib=peak_kb / 1024 if peak_kb is not None else _float(summary.peak_rss_mib),
+        memory=record.memory,
         prefill_tok_s=_float(summary.prefill_tok_per_s), ttft_s=_float(summary.ttft_s),
         notes=tuple(notes),
         wall_ms=tuple(float(x) for x in steady), config_key=planned.config.key,

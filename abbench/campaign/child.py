@@ -12,6 +12,7 @@ and the device counts the child's CPU time as the cell's own, not foreign load
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -19,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import abbench.campaign.bmoe as bmoe
+import abbench.campaign.cgroup as cgroup
 from abbench.campaign.llamacpp import LlamaCell, find_binary
 from abbench.campaign.recovery import note_child
 from abbench.campaign.remote import RemoteCell
 from abbench.engine.config import to_argv
 from abbench.engine.run.models import resolve_model
 from abbench.errors import CellOutputError
+from abbench.records import MemoryUse
 from abbench.records.cell_config import (
     BmoeConfig,
     CellConfig,
@@ -130,6 +133,7 @@ class ChildExit:
     status: str  # "ok" (exit status 0), "failed" or "timeout"
     exit_code: int | None = None  # None: it never started, or was killed at the timeout
     error: str | None = None
+    memory: MemoryUse | None = None  # its memory cgroup's, where it ran under a limit
 
 
 class CellChild:
@@ -141,10 +145,28 @@ class CellChild:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def run(self, argv: list[str], out_dir: Path, timeout: float,
-            remote: RemoteCell | None = None) -> ChildExit:
+            remote: RemoteCell | None = None,
+            memory_limit_mib: float | None = None) -> ChildExit:
         """Run `argv` with its stdout and stderr in `out_dir`; wait at most `timeout` s.
         On an adb/ssh device (`remote`) a timeout or an interrupt kills the cell's
-        processes there too, and checks that they are gone."""
+        processes there too, and checks that they are gone. Under `memory_limit_mib` it
+        runs in a memory cgroup of its own (`cgroup.py`), read and removed when it ends."""
+        if memory_limit_mib is None:
+            return self._run(argv, out_dir, timeout, remote)
+        try:
+            group = cgroup.make(memory_limit_mib, f"abbench-{os.getpid()}-{out_dir.name}")
+        except CellOutputError as e:
+            return ChildExit("failed", None, e.message)
+        try:
+            ended = self._run(cgroup.joined(group, argv), out_dir, timeout, remote)
+        finally:
+            used = cgroup.use(group)
+            cgroup.remove(group)
+        return dataclasses.replace(ended, error=cgroup.explained(ended.error, used),
+                                   memory=used)
+
+    def _run(self, argv: list[str], out_dir: Path, timeout: float,
+             remote: RemoteCell | None) -> ChildExit:
         try:
             with open(out_dir / "stderr.txt", "wb") as err, \
                     open(out_dir / "stdout.txt", "wb") as so:

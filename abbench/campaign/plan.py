@@ -213,7 +213,13 @@ def _keys(config: Mapping[str, Any], keys: list[str]) -> str:
 
 
 def describe(config: CellConfig) -> str:
-    """A cell's configuration in one line: what it runs, and what it sets off the defaults."""
+    """A cell's configuration in one line: what it runs, and what it sets off the defaults
+    (its memory limit last)."""
+    limit = getattr(config, "memory_limit_mib", None)  # a launched kind's, where set
+    return _described(config) + ("" if limit is None else f" memory_limit_mib={limit:g}")
+
+
+def _described(config: CellConfig) -> str:
     if isinstance(config, LlamaConfig):
         options = " ".join(f"{flag(k)}{'' if v is True else f' {_value(v)}'}"
                            for k, v in config.options if v is not False)

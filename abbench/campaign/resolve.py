@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import abbench.campaign.bmoe as bmoe
+import abbench.campaign.cgroup as cgroup
 from abbench.campaign._check import as_table, check_keys, coerce, error_at, fail, under
+from abbench.campaign.cell_spec import CellSpec
 from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
 from abbench.campaign.llamacpp import LlamaCell, find_binary
 from abbench.campaign.model_check import ModelHeaders, cell_problems
@@ -34,7 +36,6 @@ from abbench.campaign.tables import (
     ENGINES_TEXT,
     LLAMA_KEYS,
     TOML_KEY,
-    CellSpec,
     WorkloadTable,
     check_name,
 )
@@ -97,6 +98,7 @@ def resolve_cell(name: str, layers: dict[str, Layer], workload: WorkloadTable, f
         merged.update(own)
     base = layers[name]["base"][0] if "base" in layers[name] else None
     timeout = merged["timeout_s"][0] if "timeout_s" in merged else workload.timeout_s
+    memory = _memory_limit(merged, workload, transport)
     if "engine" in merged:
         engine, at = merged["engine"]
         if engine not in ENGINES:
@@ -107,8 +109,8 @@ def resolve_cell(name: str, layers: dict[str, Layer], workload: WorkloadTable, f
 
     def cell(**kw: Any) -> CellSpec:
         try:
-            return CellSpec(name=name, engine=engine, timeout_s=timeout, base=base,
-                            sweep=sweep, **kw)
+            return CellSpec(name=name, engine=engine, timeout_s=timeout,
+                            memory_limit_mib=memory, base=base, sweep=sweep, **kw)
         except CampaignFileError as e:
             where = merged[e.key[0]][1] if e.key and e.key[0] in merged else None
             raise error_at(where, e.problem, e.tip) if where else under(e, home) from None
@@ -143,6 +145,26 @@ def resolve_cell(name: str, layers: dict[str, Layer], workload: WorkloadTable, f
                  "command, or drop `command`/`output` to run the engine")
     return cell(config=_engine_config(name, merged, workload, folder, home, at_home,
                                       headers, remote=not _on_host(transport)))
+
+
+def _memory_limit(merged: Layer, workload: WorkloadTable, transport: str) -> float | None:
+    """The cell's `memory_limit_mib`, refused where this host cannot set it: on an adb/ssh
+    device (the cell runs there), or without a memory cgroup this process may make."""
+    if "memory_limit_mib" in merged:
+        limit, at = merged["memory_limit_mib"]
+    elif workload.memory_limit_mib is not None:
+        limit, at = workload.memory_limit_mib, ("workload", "memory_limit_mib")
+    else:
+        return None
+    if not _on_host(transport):
+        fail(at, f"limits a cell's memory on this machine, but `{transport}` runs its cells "
+             "there", tip="limit memory on the device itself, or run the cell locally")
+    why = cgroup.unavailable()
+    if why is not None:
+        fail(at, f"cannot be set here: {why}",
+             tip="docs/cells.md, Memory limits: a memory cgroup (v1, or v2 with the memory "
+             "controller), as root or in a delegated cgroup")
+    return float(limit)
 
 
 def _refuse_keys(merged: Layer, foreign: set[str], problem: str, tip: str) -> None:

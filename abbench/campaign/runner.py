@@ -326,7 +326,8 @@ class CampaignRun:
             argv, not_started = None, ChildExit("failed", None, unprepared)
         t0w, t0m = time.time(), time.monotonic()
         try:
-            ended = (self._child.run(argv, out, launched.timeout_s, there) if argv is not None
+            ended = (self._child.run(argv, out, launched.timeout_s, there,
+                                     launched.memory_limit_mib) if argv is not None
                      else not_started)
         finally:
             self._tag(None)
@@ -397,7 +398,7 @@ class CampaignRun:
             t_start_wall=t0w, t_end_wall=t1w, t_start_mono=t0m, t_end_mono=t1m,
             entry=entry, gate=gate, summary=result.summary, fingerprint=result.fingerprint,
             tokens_per_s=result.tokens_per_s, exit_code=ended.exit_code, error=error,
-            stderr_tail=tail,
+            stderr_tail=tail, memory=ended.memory,
         )
 
 

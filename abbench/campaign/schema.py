@@ -28,6 +28,7 @@ from abbench.campaign._check import (
     fail,
     under,
 )
+from abbench.campaign.cell_spec import CellSpec
 from abbench.campaign.llamacpp import TOOLS as LLAMA_TOOLS
 from abbench.campaign.model_check import ModelHeaders
 from abbench.campaign.resolve import cell_layers, resolve_cell, spelling
@@ -39,7 +40,6 @@ from abbench.campaign.tables import (
     TOML_KEY,
     WORKLOAD_KEYS,
     CampaignTable,
-    CellSpec,
     Decision,
     DeviceTable,
     FleetTable,
@@ -190,6 +190,10 @@ class CampaignSpec:
                      f"between turns, but cell `{name}` is {_CANNOT_PAUSE.get(cell.engine, '')}",
                      tip='interleave embedded cells only, or set interleave = "cells" '
                      "(docs/cells.md, Interleaved slices)")
+            if cell.memory_limit_mib is not None:
+                fail(at, f'"slices" runs a pair\'s two engines side by side, but cell `{name}` '
+                     "runs in a memory cgroup of its own (`memory_limit_mib`): the pair's "
+                     "memory is not one cell's", tip='limit memory with interleave = "cells"')
         for i, d in enumerate(self.decisions):
             if d.metric != "tok_per_s":
                 fail(("decision", i, "metric"), f'is "{d.metric}", but interleaved cells '
@@ -354,7 +358,8 @@ def _workload(raw: dict[str, Any]) -> WorkloadTable:
     key: Key = ("workload",)
     check_keys(key, raw, WORKLOAD_KEYS, spelling)
     values = {k: coerce((*key, k), v, CELL_HINTS[k]) for k, v in raw.items()}
-    own = {k: values.pop(k) for k in ("engine", "model", "timeout_s") if k in values}
+    own = {k: values.pop(k) for k in ("engine", "model", "timeout_s", "memory_limit_mib")
+           if k in values}
     try:
         return WorkloadTable(**own, settings=values)
     except CampaignFileError as e:

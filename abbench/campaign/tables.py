@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import re
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from abbench.campaign._check import fail, in_range
-from abbench.campaign.bmoe import BmoeCell
-from abbench.campaign.llamacpp import TOOLS, LlamaCell
+from abbench.campaign.llamacpp import TOOLS
 from abbench.engine.config import MAX_TURN_TOKENS, EngineConfig
 from abbench.errors import Key
 from abbench.records import DecisionSpec, GateSpec, MatchSpec
-from abbench.records.cell_config import OUTPUT, CellConfig, cell_config
 from abbench.records.plan import CELLS, EXPECT, FOREIGN_LOAD_TOL, INTERLEAVE, METRICS, SLICES
 from abbench.records.schema import did_you_mean, show
 from abbench.records.toml import dump_value
@@ -52,6 +50,7 @@ CELL_HINTS: dict[str, Any] = {
     "base": str,
     "engine": str,
     "timeout_s": float,
+    "memory_limit_mib": float,
     "command": tuple[str, ...],
     "output": str,
     "llama_cpp_bin": str,
@@ -66,11 +65,22 @@ CELL_HINTS: dict[str, Any] = {
 LLAMA_KEYS = ("model", "tokens", "prompt", "seed", "llama_cpp_bin", "repetitions", "llama")
 # The keys a bmoe cell takes besides `engine`, `base` and `timeout_s`.
 BMOE_KEYS = ("model", "tokens", "prompt", "bmoe_bin", "bmoe")
-WORKLOAD_KEYS = ("engine", "timeout_s", *ENGINE_KEYS)
+# Keys of how a cell is launched, which every kind takes: `timeout_s` (not part of the
+# work), `memory_limit_mib` (part of it: a cell with less memory is another arm).
+LAUNCH_KEYS = ("timeout_s", "memory_limit_mib")
+WORKLOAD_KEYS = ("engine", *LAUNCH_KEYS, *ENGINE_KEYS)
 # Engine keys whose default in a cell differs from the command line's: a cell decodes
 # exactly `tokens` (a run that stopped at EOS would be less work, not a slower run).
 CELL_DEFAULTS: dict[str, Any] = {"ignore_eos": True}
-SWEEP_KEYS = ("timeout_s", *ENGINE_KEYS)
+SWEEP_KEYS = (*LAUNCH_KEYS, *ENGINE_KEYS)
+MIN_MEMORY_MIB = 16.0  # below this not even the Python that starts a cell fits
+MAX_MEMORY_MIB = 2.0**30  # a PiB: a limit above it is a typo
+
+
+def check_memory_limit(limit: float | None) -> None:
+    if limit is not None:
+        in_range("memory_limit_mib", MIN_MEMORY_MIB <= limit <= MAX_MEMORY_MIB,
+                 f"in [{MIN_MEMORY_MIB:g}, {MAX_MEMORY_MIB:g}] MiB", limit)
 
 
 def check_name(key: Key, name: str, what: str = "cell name") -> None:
@@ -283,6 +293,7 @@ class WorkloadTable:
     engine: str = "embedded"  # cells that name neither `engine` nor `command`
     model: str = DEFAULT_MODEL
     timeout_s: float = 900.0  # per cell
+    memory_limit_mib: float | None = None  # per cell, on this host (campaign/cgroup.py)
     settings: dict[str, Any] = field(default_factory=dict)  # other engine keys, as TOML keys
 
     def __post_init__(self) -> None:
@@ -291,100 +302,10 @@ class WorkloadTable:
                  tip=did_you_mean(self.engine, ENGINES, "engines"))
         in_range("timeout_s", 0 < self.timeout_s <= WEEK_S, f"in (0, {WEEK_S:g}] s",
                  self.timeout_s)
+        check_memory_limit(self.memory_limit_mib)
         for k in self.settings:
             if k not in ENGINE_KEYS or k == "model":
                 fail((k,), "not an engine key")
-
-
-@dataclass(frozen=True)
-class CellSpec:
-    """One resolved cell: `base` and `[workload]` applied. Embedded cells carry an
-    `EngineConfig`; external ones a command and how to read its result; llama.cpp ones a
-    `LlamaCell`; bmoe ones a `BmoeCell`."""
-
-    name: str
-    engine: str  # "embedded" | "external" | "llama-bench" | "llama-completion" | "bmoe"
-    timeout_s: float = 900.0
-    config: EngineConfig | None = None
-    command: tuple[str, ...] = ()
-    output: str | None = None  # bmoe-csv:PATH | json:PATH | stdout-summary
-    base: str | None = None  # the cell it inherits from, as written
-    sweep: int | None = None  # index of the `[[sweep]]` that generated it
-    llama: LlamaCell | None = None
-    bmoe: BmoeCell | None = None
-
-    def __post_init__(self) -> None:
-        check_name((), self.name)
-        in_range("timeout_s", 0 < self.timeout_s <= WEEK_S, f"in (0, {WEEK_S:g}] s",
-                 self.timeout_s)
-        if self.engine == "embedded":
-            if self.config is None:
-                fail((), "an embedded cell needs an engine configuration")
-            if self.command or self.output is not None:
-                fail(("command",), "an embedded cell cannot have a `command` or `output`")
-        elif self.engine == "external":
-            if self.config is not None:
-                fail((), "an external cell cannot have an engine configuration")
-            if not self.command or not self.command[0]:
-                fail(("command",), "must be a non-empty array of strings, the program first",
-                     tip='command = ["adb", "shell", "sh", "/data/local/tmp/run.sh"]')
-            if self.output is None or not OUTPUT.match(self.output):
-                fail(("output",), f"{show(self.output)} is not an output",
-                     tip='one of "bmoe-csv:PATH", "json:PATH", "stdout-summary"')
-        elif self.engine in TOOLS:
-            if self.llama is None or self.llama.tool != self.engine:
-                fail((), f"a {self.engine} cell needs its llama.cpp configuration")
-        elif self.engine == BMOE:
-            if self.bmoe is None:
-                fail((), "a bmoe cell needs its bmoe-cli configuration")
-        else:
-            fail(("engine",), f"must be one of {ENGINES_TEXT} (got {show(self.engine)})")
-        if self.engine not in TOOLS and self.llama is not None:
-            fail(("llama",), f"applies to llama.cpp cells only (this one is {self.engine})")
-        if self.engine != BMOE and self.bmoe is not None:
-            fail(("bmoe",), f"applies to bmoe cells only (this one is {self.engine})")
-
-    def planned(self) -> CellConfig:
-        """The configuration a plan carries, as its kind (`records.cell_config`)."""
-        return cell_config(self.to_config())
-
-    def to_config(self) -> dict[str, Any]:
-        """The configuration as plan.json holds it: JSON-able, with EngineConfig field
-        names (the order of its keys is the order on disk)."""
-        if self.llama is not None:
-            m = self.llama
-            return {"engine": m.tool, "model": m.model, "tokens": m.tokens,
-                    "prompt": m.prompt, "seed": m.seed, "repetitions": m.repetitions,
-                    "llama_cpp_bin": m.bin_dir, "llama": dict(m.options),
-                    "timeout_s": self.timeout_s}
-        if self.bmoe is not None:
-            b = self.bmoe
-            return {"engine": BMOE, "model": b.model, "tokens": b.tokens, "prompt": b.prompt,
-                    "bmoe_bin": b.bin_dir, "bmoe": dict(b.options), "timeout_s": self.timeout_s}
-        if self.config is None:
-            return {"engine": "external", "command": list(self.command), "output": self.output,
-                    "timeout_s": self.timeout_s}
-        every = asdict(self.config)
-        values = {f.name: every[f.name] for f in CELL_FIELDS}  # in the fields' order
-        if values["prompt_tokens"] is not None:
-            values["prompt_tokens"] = list(values["prompt_tokens"])
-        return {"engine": "embedded", **values, "timeout_s": self.timeout_s}
-
-    def to_toml(self) -> dict[str, Any]:
-        """The configuration as cell keys (None: left out)."""
-        cfg = self.to_config()
-        if self.llama is not None:
-            if self.llama.tool == "llama-bench":  # what llama-bench does not read
-                del cfg["prompt"], cfg["seed"]
-            else:
-                del cfg["repetitions"]
-            return {k: v for k, v in cfg.items() if v != {}}
-        if self.bmoe is not None:
-            return {k: v for k, v in cfg.items() if v != {} and v is not None}
-        if self.config is None:
-            return cfg
-        return {"engine": "embedded", "timeout_s": self.timeout_s,
-                **{TOML_KEY[f.name]: cfg[f.name] for f in CELL_FIELDS}}
 
 
 @dataclass(frozen=True)

@@ -98,16 +98,21 @@ class _Kind:
 
 @dataclass(frozen=True)
 class _Launched(_Kind):
-    """A kind a campaign launches: it runs under a timeout."""
+    """A kind a campaign launches: it runs under a timeout, and in a memory cgroup of its
+    own where the plan limits its memory (campaign/cgroup.py)."""
 
     timeout_s: float = field(init=False)
+    memory_limit_mib: float | None = field(init=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         timeout = _read(self.resolved, "timeout_s", float, DEFAULT_TIMEOUT_S)
         if not timeout > 0:
             raise _problem("timeout_s", f"must be > 0 (got {show(timeout)})")
-        self._set(timeout_s=timeout)
+        limit = _read(self.resolved, "memory_limit_mib", float | None, None)
+        if limit is not None and not limit > 0:
+            raise _problem("memory_limit_mib", f"must be > 0 (got {show(limit)})")
+        self._set(timeout_s=timeout, memory_limit_mib=limit)
 
 
 @dataclass(frozen=True)

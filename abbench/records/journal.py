@@ -70,6 +70,32 @@ class GateWait:
 
 
 @dataclass(frozen=True)
+class MemoryUse:
+    """A cell run under a memory limit (`memory_limit_mib`, its own memory cgroup): the
+    limit, the most the cell's group held (its page cache included), and how many of its
+    processes the kernel's OOM killer ended. None: the kernel keeps no such count."""
+
+    limit_mib: float
+    peak_mib: float | None = None
+    oom_kills: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.limit_mib > 0:
+            raise BadField(("limit_mib",), f"must be > 0 (got {show(self.limit_mib)})")
+
+    @property
+    def oom_killed(self) -> bool:
+        return bool(self.oom_kills)
+
+    def to_json(self) -> dict[str, Any]:
+        return _shallow(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MemoryUse:
+        return from_dict(cls, d)
+
+
+@dataclass(frozen=True)
 class CellRecord:
     """One finished cell, as the journal holds it."""
 
@@ -89,12 +115,17 @@ class CellRecord:
     exit_code: int | None = None
     error: str | None = None  # one line: why the cell failed
     stderr_tail: str = ""
+    memory: MemoryUse | None = None  # None: run without a memory limit
 
     def to_json(self) -> dict[str, Any]:
         d = _shallow(self)
         d["entry"] = self.entry.to_json()
         d["gate"] = self.gate.to_json()
         d["summary"] = self.summary.to_json()
+        if self.memory is None:  # journals before memory limits have no key
+            del d["memory"]
+        else:
+            d["memory"] = self.memory.to_json()
         return d
 
     @classmethod

@@ -32,6 +32,7 @@ class CellRow:
     caps: str
     entry: str
     pressure: str
+    memory: str  # under a memory limit: "365 / 1024 MiB" (its cgroup's peak / limit)
     gate: str  # "waited 12 s", wherever a wait is recorded
     gate_polled: str  # the same where the gate polled or gave up, "-" otherwise
     prefill: str  # prompt tokens per second until the first token
@@ -64,12 +65,13 @@ CELL_COLUMNS: tuple[tuple[Column, str], ...] = (
     (Column("CPU occ."), "cpu"), (Column("spec useful", PAGES), "spec"),
     (Column("caps during"), "caps"), (Column("foreign cores", short="foreign"), "foreign"),
     (Column("entry"), "entry"),
+    (Column("cgroup peak / limit", short="memory"), "memory"),
     (Column("pressure", MARKDOWN), "pressure"), (Column("gate", MARKDOWN), "gate_polled"),
     (Column("gate", HTML), "gate"))
 
 
 # Columns shown only where some cell has a figure in them.
-OPTIONAL = frozenset({"foreign", "decode", "speculation"})
+OPTIONAL = frozenset({"foreign", "decode", "speculation", "memory"})
 
 
 def cell_table(a: CampaignAnalysis) -> Table:
@@ -116,7 +118,8 @@ def cell_row(a: CampaignAnalysis, index: int, config: str) -> CellRow:
         stall=t.num(c.work.stall_ms_per_token, ".1f"), majflt=t.num(c.work.majflt_per_token),
         cpu=t.num(c.work.cpu_occupancy and 100 * c.work.cpu_occupancy, ".0f", "%"),
         spec=t.num(c.work.spec_useful_pct, ".0f", "%"), caps=t.caps_during(c),
-        entry=t.entry(rec.entry) if rec else "-", pressure=t.pressure(c), gate=gate,
+        entry=t.entry(rec.entry) if rec else "-", pressure=t.pressure(c),
+        memory=t.cgroup_memory(c), gate=gate,
         gate_polled=polled, prefill=t.num(c.prefill_tok_s, ".1f"),
         ttft=t.num(c.ttft_s, ".3f"), stability=t.num(c.stability, ".2f"),
         power=t.measure(c.energy.power_w, "W"), energy=t.measure(c.energy.j_per_token, "J/tok"),

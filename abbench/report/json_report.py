@@ -57,6 +57,7 @@ def _cell(c: CellStats, a: CampaignAnalysis) -> dict[str, Any]:
         **{f.name: plain(getattr(c.work, f.name)) for f in dataclasses.fields(c.work)},
         "threads": c.threads,
         "peak_rss_mib": plain(c.peak_rss_mib),
+        "memory": None if c.memory is None else plain(c.memory.to_json()),
         "prefill_tok_s": plain(c.prefill_tok_s), "ttft_s": plain(c.ttft_s),
         "stability": plain(c.stability),
         "power_w": plain(c.energy.power_w), "energy_per_token_j": plain(c.energy.j_per_token),

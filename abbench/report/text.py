@@ -247,3 +247,13 @@ def pressure(c: CellStats) -> str:
                   ("CPU max {:.1f} °C", d.cpu_temp_c[1] if d.cpu_temp_c else None),
                   ("batt max {:.1f} °C", d.battery_temp_c[1] if d.battery_temp_c else None),
                   ("RSS {:.2f} GiB", None if c.peak_rss_mib is None else c.peak_rss_mib / 1024))
+
+
+def cgroup_memory(c: CellStats) -> str:
+    """A cell run under a memory limit: its cgroup's peak (page cache included) over the
+    limit, "365 / 1024 MiB", and an OOM kill; "-" without a limit."""
+    m = c.memory
+    if m is None:
+        return "-"
+    peak = "?" if m.peak_mib is None else f"{m.peak_mib:.0f}"
+    return f"{peak} / {m.limit_mib:g} MiB" + (", OOM-killed" if m.oom_killed else "")
