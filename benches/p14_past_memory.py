@@ -16,15 +16,21 @@ starts from the disk. Per depth and round:
   C = the limit less the dense weights and 1 GiB for the process: its decode tok/s, its
   misses per token, and its cgroup's peak (page cache included) against the limit;
 - llama.cpp with mmap (`llama-bench -p 0 -n N --repack 0`: the weights stay in the
-  page cache, read by faults) and with its default (`--repack 1` copies the weights to
-  anonymous memory: past the limit the OOM killer ends it, reported as such);
+  page cache, read by faults; given up after `--mmap-timeout` s, when the ratio is a lower
+  bound: its tokens over that time) and with its default (`--repack 1` copies the
+  repackable weights to anonymous memory, which cannot leave the limit: the OOM killer
+  ends it or the rest thrashes; given up after three times the mmap run's time, at least
+  120 s), each outcome reported as such;
 - the engine's bound: the slower of the disk and the compute. The disk's: the misses per
   token the streaming run measured times one expert's bytes, over the raw O_DIRECT
   bandwidth of the same file (P1's reader: 4 lanes, one expert's slices at a time, random
   experts; measured before and after the run, averaged). The compute's: the seconds per
-  token of a resident run of the same file (`--resident --no-repack`, no limit: every
-  expert in memory, computed by the same kernels as a streamed one), which also gives the
-  text the streaming run must reproduce byte for byte.
+  token of a resident run of the same file (`--resident`, no limit: every expert in
+  memory), which also gives the text the streaming run must reproduce byte for byte. Both
+  decode greedily (`--temp 0`): a streamed expert is computed on its own and a resident
+  layer's experts in one graph, and the two round differently in the last bits; the argmax
+  holds (32 of 32 tokens on the 4-layer file), a temperature-1 draw over this synthetic
+  model's near-flat distribution did not (it differed from the first token).
 
 The engine and llama.cpp's mmap alternate (engine first in odd rounds, last in even).
 Bars: at 48 layers in 8 GiB, engine / bound >= 0.8 and engine / mmap >= 10, peak within
@@ -71,15 +77,32 @@ BARS = {12: {"mmap": 10.0}, 48: {"mmap": 10.0, "bound": 0.8}}
 
 @dataclass(frozen=True)
 class Limited:
-    """One child run in its memory cgroup: its exit status, output and memory."""
+    """One child run in its memory cgroup: its exit status (None: killed at its timeout),
+    output, memory and wall seconds."""
 
-    code: int
+    code: int | None
     stdout: str
     memory: MemoryUse
+    seconds: float
 
     @property
     def oom_killed(self) -> bool:
         return self.memory.oom_killed
+
+    @property
+    def finished(self) -> bool:
+        return self.code == 0
+
+    def outcome(self, tok_s: float | None) -> str:
+        """"1.00 tok/s (peak 2048 MiB)", "OOM-killed (...)" or "gave up after 300 s (...)"."""
+        if self.code is None:
+            got = f"gave up after {self.seconds:.0f} s"
+        elif self.oom_killed:
+            got = "OOM-killed"
+        else:
+            got = f"{tok_s:.2f} tok/s"
+        peak = self.memory.peak_mib
+        return got + (f" (peak {peak:.0f} MiB)" if peak is not None else "")
 
 
 def drop_caches() -> None:
@@ -89,23 +112,29 @@ def drop_caches() -> None:
 
 
 def limited(argv: list[str], limit_mib: float, timeout: float = 3600) -> Limited:
+    """`argv` from a dropped page cache, in a new memory cgroup of `limit_mib`; killed
+    past `timeout` s (a run that thrashes in the limit may take hours)."""
     drop_caches()
     group = cgroup.make(limit_mib, f"abbench-p14-{os.getpid()}")
+    t0 = time.monotonic()
     try:
         p = subprocess.run(cgroup.joined(group, argv), capture_output=True, text=True,
                            timeout=timeout)
-        used = cgroup.use(group)
+        code, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:  # run() killed it
+        code, out, err = None, "", ""
     finally:
+        used = cgroup.use(group)
         cgroup.remove(group)
-    if p.returncode != 0 and not used.oom_killed:
-        raise SystemExit(f"{argv[0]} failed ({p.returncode}):\n{p.stderr[-2000:]}")
-    return Limited(p.returncode, p.stdout, used)
+    if code not in (0, None) and not used.oom_killed:
+        raise SystemExit(f"{argv[0]} failed ({code}):\n{err[-2000:]}")
+    return Limited(code, out, used, time.monotonic() - t0)
 
 
 def engine_argv(model: Path, out: Path, tokens: int, threads: int, *flags: str) -> list[str]:
     return [sys.executable, "-m", "abbench", "engine", "run", "-m", str(model), "-n",
-            str(tokens), "--threads", str(threads), "--ignore-eos", "-q", "--json", str(out),
-            *flags]
+            str(tokens), "--threads", str(threads), "--ignore-eos", "--temp", "0", "-q",
+            "--json", str(out), *flags]
 
 
 def engine_doc(out: Path) -> dict[str, Any]:
@@ -116,11 +145,12 @@ def engine_doc(out: Path) -> dict[str, Any]:
 
 
 def llama_bench(binary: Path, model: Path, threads: int, tokens: int, repack: int,
-                limit_mib: float) -> tuple[float | None, Limited]:
-    """llama-bench's decode tok/s in the limit (None: the OOM killer ended it)."""
+                limit_mib: float, timeout: float) -> tuple[float | None, Limited]:
+    """llama-bench's decode tok/s in the limit (None: OOM-killed, or given up)."""
     run = limited([str(binary), "-m", str(model), "-t", str(threads), "-r", "1", "-p", "0",
-                   "-n", str(tokens), "--repack", str(repack), "-o", "json"], limit_mib)
-    return (None if run.oom_killed else float(json.loads(run.stdout)[0]["avg_ts"])), run
+                   "-n", str(tokens), "--repack", str(repack), "-o", "json"], limit_mib,
+                  timeout)
+    return (float(json.loads(run.stdout)[0]["avg_ts"]) if run.finished else None), run
 
 
 def resident(model: Path, tokens: int, threads: int) -> dict[str, Any]:
@@ -129,8 +159,8 @@ def resident(model: Path, tokens: int, threads: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         drop_caches()
-        subprocess.run(engine_argv(model, out, tokens, threads, "--resident", "--no-repack"),
-                       check=True, timeout=3600)
+        subprocess.run(engine_argv(model, out, tokens, threads, "--resident"), check=True,
+                       timeout=3600)
         return engine_doc(out)
 
 
@@ -151,51 +181,62 @@ def one_depth(depth: int, a: argparse.Namespace, binary: Path) -> dict[str, list
         raise SystemExit(f"the file ({size:.0f} MiB) fits its limit ({limit} MiB)")
     ratios: dict[str, list[float]] = {"mmap": [], "bound": [], "peak": []}
     for r in range(a.rounds):
-        home = resident(model, a.tokens, a.threads)
-        compute_s = 1 / home["summary"]["tok/s"]
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "run.json"
-            stream_argv = engine_argv(model, out, a.tokens, a.threads,
-                                      f"--cache-mib={cache_mib:.0f}", "--overlap",
-                                      f"--io-lanes={LANES}")
-            bw = raw_bandwidth(model, 48)
-            if r % 2:
-                mmap, mrun = llama_bench(binary, model, a.threads, a.tokens, 0, limit)
-                ours = limited(stream_argv, limit)
-            else:
-                ours = limited(stream_argv, limit)
-                mmap, mrun = llama_bench(binary, model, a.threads, a.tokens, 0, limit)
-            bw = (bw + raw_bandwidth(model, 48)) / 2
-            if ours.oom_killed:
-                raise SystemExit(f"the engine was OOM-killed in {limit} MiB: {ours.memory}")
-            doc = engine_doc(out)
-        repacked, rrun = llama_bench(binary, model, a.threads, a.tokens, 1, limit)
-        s = doc["summary"]
-        same = doc["output_ids"] == home["output_ids"] and doc["text"] == home["text"]
-        if not same:
-            raise SystemExit("the streaming run's text differs from the resident run's")
-        misses = s["misses"] / s["tokens"]
-        disk_s = misses * per_expert / MIB / bw
-        bound_s = max(disk_s, compute_s)
-        peak = ours.memory.peak_mib
-        ratios["bound"].append(s["tok/s"] * bound_s)
-        if mmap is not None:
-            ratios["mmap"].append(s["tok/s"] / mmap)
-        ratios["peak"].append(peak / limit if peak is not None else float("nan"))
-
-        def shown(v: float | None, run: Limited) -> str:
-            got = "OOM-killed" if v is None else f"{v:.2f} tok/s"
-            peak = run.memory.peak_mib
-            return got + (f" (peak {peak:.0f} MiB)" if peak is not None else "")
-
-        print(f"round {r + 1}: engine {s['tok/s']:.2f} tok/s in {limit} MiB (peak "
-              f"{peak if peak is None else round(peak)} MiB, {misses:.1f} misses/token; text "
-              f"byte-equal to the resident run's) | llama.cpp mmap {shown(mmap, mrun)}, "
-              f"default {shown(repacked, rrun)} | bound {1 / bound_s:.2f} tok/s: disk "
-              f"{1 / disk_s:.2f} at {bw:.0f} MiB/s, compute {1 / compute_s:.2f} (resident) | "
-              f"engine / mmap {ratios['mmap'][-1] if mmap is not None else float('nan'):.1f}x,"
-              f" / bound {ratios['bound'][-1]:.3f}", flush=True)
+        for name, value in one_round(r, model, limit, cache_mib, per_expert, a,
+                                     binary).items():
+            ratios[name].append(value)
     return ratios
+
+
+def one_round(r: int, model: Path, limit: float, cache_mib: float, per_expert: float,
+              a: argparse.Namespace, binary: Path) -> dict[str, float]:
+    """One round, each figure printed as it is measured: → its ratios."""
+    home = resident(model, a.tokens, a.threads)
+    compute_s = 1 / home["summary"]["tok/s"]
+    print(f"round {r + 1}: resident (no limit) {home['summary']['tok/s']:.2f} tok/s",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        stream = engine_argv(model, out, a.tokens, a.threads, f"--cache-mib={cache_mib:.0f}",
+                             "--overlap", f"--io-lanes={LANES}")
+        bw = raw_bandwidth(model, 48)
+        runs: dict[str, Limited] = {}
+        mmap: float | None = None
+        for who in (("mmap", "engine") if r % 2 else ("engine", "mmap")):
+            if who == "engine":
+                runs[who] = limited(stream, limit)
+                if runs[who].oom_killed:
+                    raise SystemExit(f"the engine was OOM-killed in {limit} MiB")
+                doc = engine_doc(out)
+                print(f"  engine in {limit} MiB: "
+                      f"{runs[who].outcome(doc['summary']['tok/s'])}", flush=True)
+            else:
+                mmap, runs[who] = llama_bench(binary, model, a.threads, a.tokens, 0, limit,
+                                              a.mmap_timeout)
+                print(f"  llama.cpp mmap (--repack 0) in {limit} MiB: "
+                      f"{runs[who].outcome(mmap)}", flush=True)
+        bw = (bw + raw_bandwidth(model, 48)) / 2
+    repacked, rrun = llama_bench(binary, model, a.threads, a.tokens, 1, limit,
+                                 max(120.0, 3 * runs["mmap"].seconds))
+    print(f"  llama.cpp default (--repack 1) in {limit} MiB: {rrun.outcome(repacked)}",
+          flush=True)
+    s = doc["summary"]
+    if doc["output_ids"] != home["output_ids"] or doc["text"] != home["text"]:
+        raise SystemExit("the streaming run's text differs from the resident run's")
+    misses = s["misses"] / s["tokens"]
+    disk_s = misses * per_expert / MIB / bw
+    bound_s = max(disk_s, compute_s)
+    peak = runs["engine"].memory.peak_mib
+    got = {"bound": s["tok/s"] * bound_s,
+           "peak": peak / limit if peak is not None else float("nan")}
+    # llama.cpp given up: it ran slower than its tokens over the timeout (a bound)
+    floor = mmap if mmap is not None else a.tokens / runs["mmap"].seconds
+    got["mmap"] = s["tok/s"] / floor
+    print(f"  text byte-equal to the resident run's; {misses:.1f} misses/token | bound "
+          f"{1 / bound_s:.2f} tok/s: disk {1 / disk_s:.2f} at {bw:.0f} MiB/s, compute "
+          f"{1 / compute_s:.2f} (resident) | engine / mmap "
+          f"{'' if mmap is not None else '> '}{got['mmap']:.1f}x, / bound {got['bound']:.3f}",
+          flush=True)
+    return got
 
 
 def main() -> None:
@@ -205,6 +246,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--mmap-timeout", type=float, default=900.0,
+                    help="seconds after which llama.cpp's mmap run is given up (then the "
+                    "ratio is a lower bound: its tokens over this time)")
     a = ap.parse_args()
     if a.rounds < 1 or a.threads < 1 or a.tokens < 2:
         ap.error("--rounds, --threads >= 1, --tokens >= 2")
