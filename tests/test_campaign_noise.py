@@ -177,5 +177,13 @@ def test_an_unreadable_history_is_a_warning_not_a_lost_campaign(tiny_model: Path
     folder = run_folder(tmp_path / "r")
     r = _report(folder)
     assert r["noise_floor"]["df"] == 0
-    assert r["own_noise"]["df"] == 1, r["pairs"]  # the pair's criteria, should one fail
+    pair = r["pairs"][0]
+    if pair["state"] == "matched":
+        assert r["own_noise"]["df"] == 1
+    else:  # the speed probe is relative to the campaign's first: one taken in a burst of
+        # the other workers' load can put the next past even the widest tolerance (seen
+        # twice in the parallel run); the two Bs are then not a repeat, and say why
+        failed = [c["name"] for c in pair["criteria"] if c["status"] == "fail"]
+        assert failed == ["probe"], pair
+        assert r["own_noise"]["df"] == 0
     assert history.read_text().startswith("{torn\n")  # not ours to rewrite
