@@ -279,3 +279,16 @@ def _cut_torn_tail(fd: int) -> tuple[int, int]:
         return size + 1, 0
     os.ftruncate(fd, keep)
     return keep, size - keep
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` still runs (another user's counts): what a killed process
+    left, named by its pid (an import's staging folder, a cell's memory cgroup), may go
+    once it does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

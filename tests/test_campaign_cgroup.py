@@ -17,6 +17,7 @@ from conftest import REFERENCE
 from test_campaign_run import abbench, run_folder, write_campaign
 
 from abbench.campaign import cgroup
+from abbench.campaign.plan import describe
 from abbench.campaign.schema import load_campaign
 from abbench.errors import CampaignFileError
 from abbench.records import MemoryUse, read_journal, read_plan
@@ -83,26 +84,28 @@ def test_groups_of_campaigns_that_no_longer_run_are_removed(tmp_path: Path) -> N
     assert not left.exists() and mine.exists() and busy.exists()
 
 
+def _allocate_in(limit_mib: float, mib: int, name: str
+                 ) -> tuple[int, MemoryUse, cgroup.CellGroup]:
+    """A child that allocates `mib` MiB, run in a new group of `limit_mib`: its exit
+    status, what the group recorded, and the group (removed by then)."""
+    group = cgroup.make(limit_mib, name)
+    try:
+        child = subprocess.run(cgroup.joined(group, [sys.executable, "-c",
+                                                     f"b = bytearray({mib} * 2**20)"]))
+        used = cgroup.use(group)
+    finally:
+        cgroup.remove(group)
+    return child.returncode, used, group
+
+
 @pytest.mark.skipif(REAL is not None, reason=f"no memory cgroup here: {REAL}")
 def test_a_child_past_its_limit_is_oom_killed_in_its_own_group() -> None:
-    group = cgroup.make(64, "abbench-test-past")
-    try:
-        big = subprocess.run(cgroup.joined(group, [sys.executable, "-c",
-                                                   "b = bytearray(256 * 2**20)"]))
-        used = cgroup.use(group)
-    finally:
-        cgroup.remove(group)
-    assert big.returncode == -9 and used.oom_killed and used.limit_mib == 64
+    code, used, group = _allocate_in(64, 256, "abbench-test-past")
+    assert code == -9 and used.oom_killed and used.limit_mib == 64
     assert used.peak_mib is not None and used.peak_mib <= 64 + 1
     assert not group.path.exists()
-    group = cgroup.make(256, "abbench-test-within")
-    try:
-        fits = subprocess.run(cgroup.joined(group, [sys.executable, "-c",
-                                                    "b = bytearray(32 * 2**20)"]))
-        used = cgroup.use(group)
-    finally:
-        cgroup.remove(group)
-    assert fits.returncode == 0 and used.oom_kills == 0
+    code, used, _ = _allocate_in(256, 32, "abbench-test-within")
+    assert code == 0 and used.oom_kills == 0
     assert used.peak_mib is not None and 32 < used.peak_mib < 256
 
 
@@ -168,6 +171,26 @@ def test_the_limit_is_part_of_the_arm_and_absent_keeps_the_old_identity(tmp_path
             """, campaign='interleave = "slices"'))
     assert e.value.key == ("campaign", "interleave")
     assert "runs in a memory cgroup of its own" in e.value.problem
+
+
+@pytest.mark.skipif(REAL is not None, reason=f"no memory cgroup here: {REAL}")
+def test_the_printed_plan_names_each_cells_limit(tmp_path: Path) -> None:
+    spec = load_campaign(_file(tmp_path, """\
+        [cells.A]
+        [cells.A-small]
+        memory_limit_mib = 300
+        """))
+    assert "memory_limit_mib" not in describe(spec.cells["A"].planned())
+    assert describe(spec.cells["A-small"].planned()).endswith(" memory_limit_mib=300")
+
+
+def test_a_failure_names_the_oom_kills_only_where_there_were_some() -> None:
+    assert cgroup.explained("exited with status 1", MemoryUse(64, 64.0, 0)) \
+        == "exited with status 1"
+    assert cgroup.explained(None, MemoryUse(64, 64.0, 3)) is None  # an ok cell
+    assert cgroup.explained("killed by SIGKILL", MemoryUse(64, 64.0, 2)) == (
+        "killed by SIGKILL: the kernel's OOM killer ended 2 processes in it at its memory "
+        "limit (64 MiB, `memory_limit_mib`)")
 
 
 @pytest.mark.skipif(REAL is not None, reason=f"no memory cgroup here: {REAL}")

@@ -26,10 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from abbench.engine.streaming.memory import cgroup_key, cgroup_number
+from abbench.engine.units import MIB
 from abbench.errors import CellOutputError
+from abbench.fsutil import process_alive
 from abbench.records import MemoryUse
 
-MIB = 2**20
 # The child joins its group before it becomes the cell: `$0` is the group's procs file.
 JOIN = 'echo $$ > "$0" && exec "$@"'
 
@@ -143,22 +145,12 @@ def remove_stale(parent: Path) -> list[Path]:
     gone = []
     for group in parent.glob("abbench-*-*"):
         pid = group.name.split("-")[1]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or process_alive(int(pid)):
             continue
         with contextlib.suppress(OSError):
             group.rmdir()
             gone.append(group)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _enable_memory(parent: Path) -> None:
@@ -184,11 +176,11 @@ def use(group: CellGroup) -> MemoryUse:
     """What the cell's group recorded: its peak (None where the kernel keeps none: v2
     before Linux 5.19) and how many processes the OOM killer ended in it."""
     peak_file = "memory.peak" if group.v2 else "memory.max_usage_in_bytes"
-    peak = _int(group.path / peak_file)
+    peak = cgroup_number(group.path / peak_file)
     events = "memory.events" if group.v2 else "memory.oom_control"
     return MemoryUse(limit_mib=group.limit_mib,
                      peak_mib=None if peak is None else peak / MIB,
-                     oom_kills=_field(group.path / events, "oom_kill"))
+                     oom_kills=cgroup_key(group.path / events, "oom_kill"))
 
 
 def explained(error: str | None, used: MemoryUse) -> str | None:
@@ -215,22 +207,3 @@ def remove(group: CellGroup, wait_s: float = 2.0) -> None:
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.05)
-
-
-def _int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _field(path: Path, key: str) -> int | None:
-    """`key N` from a flat-keyed file (memory.events, memory.oom_control)."""
-    try:
-        for line in path.read_text().splitlines():
-            k, _, v = line.partition(" ")
-            if k == key:
-                return int(v)
-    except (OSError, ValueError):
-        return None
-    return None

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.errors import OrderWarning, UsageError, WriteError
-from abbench.fsutil import folder_mode
+from abbench.fsutil import folder_mode, process_alive
 from abbench.importers.discover import MAX_FILES, PROGRESS_FROM, Progress, shown_in, walk
 from abbench.importers.identity import configuration, decision_specs, group_arms
 from abbench.importers.logs import attach_logs, attach_scripts
@@ -189,21 +189,11 @@ def _remove_stale(dest: Path) -> None:
         return
     for folder in dest.parent.glob(f".{glob.escape(dest.name)}.*.tmp"):
         pid = folder.name[len(dest.name) + 2:].split(".", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)) or not folder.is_dir():
+        if not pid.isdigit() or process_alive(int(pid)) or not folder.is_dir():
             continue
         shutil.rmtree(folder, ignore_errors=True)
         warnings.warn(f"removed {folder}: the staging folder of an import to {dest} that was "
                       f"killed before it finished (process {pid})", OrderWarning, stacklevel=3)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 def _swap(tmp: Path, dest: Path) -> None:

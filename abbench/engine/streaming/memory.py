@@ -136,7 +136,9 @@ def _walk(root: Path, mounts: Sequence[str], path: str, files: CgroupFiles) -> l
     return []
 
 
-def _number(path: Path) -> int | None:
+def cgroup_number(path: Path) -> int | None:
+    """A cgroup file's one number (`memory.max`, `memory.peak`, ...); None where it is
+    absent, unreadable or no limit (`max`, or v1's number near 2^63)."""
     try:
         text = path.read_text().strip()
     except OSError:
@@ -150,24 +152,26 @@ def _number(path: Path) -> int | None:
     return None if value >= NO_LIMIT else value
 
 
-def _stat(path: Path, key: str) -> int:
+def cgroup_key(path: Path, key: str) -> int | None:
+    """`key N` from a cgroup's flat-keyed file (`memory.stat`, `memory.events`, v1's
+    `memory.oom_control`); None where the file or the key is not there."""
     try:
         for line in path.read_text().splitlines():
             k, _, v = line.partition(" ")
             if k == key:
                 return int(v)
     except (OSError, ValueError):
-        pass
-    return 0
+        return None
+    return None
 
 
 def _cgroup_room(folder: Path, name: str, files: CgroupFiles) -> Room | None:
     """A group's limit less what it holds but page cache; None without a limit."""
-    limit = _number(folder / files.limit)
+    limit = cgroup_number(folder / files.limit)
     if limit is None:
         return None
-    held = max(0, (_number(folder / files.usage) or 0)
-               - _stat(folder / "memory.stat", files.cache_key))
+    held = max(0, (cgroup_number(folder / files.usage) or 0)
+               - (cgroup_key(folder / "memory.stat", files.cache_key) or 0))
     return Room(f"the memory cgroup {name}'s limit {limit / MIB:.0f} MiB less "
                 f"{held / MIB:.0f} MiB in use", max(0, limit - held))
 
