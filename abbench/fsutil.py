@@ -240,6 +240,51 @@ def append_line(path: str | os.PathLike[str], line: str, fsync: bool = True) -> 
         os.close(fd)  # releases the lock
 
 
+class LineAppender:
+    """Lines appended to a file only this process writes, many a second (a campaign's
+    samples.jsonl, one line a sampler tick): the file is held open and each line is one
+    `write()`, where `append_line` opens, locks, checks and closes it for every line (six
+    system calls more, a sixth of a 10 Hz sampler's cost). As there: the file is abbench's
+    own (no link, a regular file), a torn last line is cut off when it is first opened,
+    and a line that fails to write (ENOSPC) is undone. Thread-safe; `close()` when done.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        self._size = 0  # where the file ends: this process is its only writer
+        self._lock = threading.Lock()
+
+    def append(self, line: str) -> None:
+        """Append `line` (ending with a newline); an OSError names the file."""
+        data = line.encode("utf-8")
+        with self._lock:
+            if self._fd is None:
+                fd = _open_own(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+                try:
+                    self._size, dropped = _cut_torn_tail(fd)
+                except OSError as e:
+                    os.close(fd)
+                    raise OSError(e.errno, e.strerror, str(self.path)) from e
+                if dropped:
+                    warnings.warn(f"{self.path}: dropped a torn last line ({dropped} bytes) "
+                                  "that an interrupted write left", stacklevel=2)
+                self._fd = fd
+            try:
+                _write_all(self._fd, data, self.path.name)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._size)  # back to whole lines
+                raise OSError(e.errno, e.strerror, str(self.path)) from e
+            self._size += len(data)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
 def cut_torn_tail(path: str | os.PathLike[str]) -> int:
     """Cut a half-written last line (no newline after it) off a lines file, under the same
     lock appenders take; the bytes dropped (0: none, or no file)."""

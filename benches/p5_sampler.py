@@ -2,8 +2,9 @@
 
 The same engine cell runs in a child process (`python -m abbench engine run ... --json`),
 exactly as a campaign cell does, alternately with the sampler running in this (the
-campaign's) process at 10 Hz on the local device, writing every sample as a JSON line the
-way a campaign writes samples.jsonl, and without it: A B A B ... The figure of merit is
+campaign's) process at 10 Hz on the local device, writing every sample into samples.jsonl
+with the campaign's own writer (`records.SampleLog`, as the campaign runner's sink does),
+and without it: A B A B ... The figure of merit is
 median tok/s with the sampler / median tok/s without.
 
 The cell is small (synthetic:small, 64 tokens, --resident) so the bench is quick; a short,
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.engine.run.models import resolve_model
+from abbench.records import Sample, SampleLog
 from abbench.sensors import Sampler, open_device
 
 
@@ -65,12 +67,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out, samples = Path(tmp) / "run.json", Path(tmp) / "samples.jsonl"
         run_cell(a.model, a.tokens, out)  # warm-up: page cache, imports; not counted
-        with samples.open("a") as f:
+        # A campaign reads the device before its first cell (its entry state): what the
+        # first reading alone does (finding the sources this machine lacks) is done by then
+        device.sample()
+        log = SampleLog(Path(tmp))  # the campaign's own writer (campaign/runner.py's sink)
 
-            def sink(t_mono: float, t_wall: float, values: dict[str, Any]) -> None:
-                f.write(json.dumps({"t_mono": t_mono, "t_wall": t_wall, **values}) + "\n")
-                f.flush()
+        def sink(t_mono: float, t_wall: float, values: dict[str, Any]) -> None:
+            log.append(Sample(t_mono, t_wall, values, 1))
 
+        try:
             for i in range(a.pairs):
                 with Sampler(device, a.hz, sink) as sampler:
                     tok_s, cpu, wall = run_cell(a.model, a.tokens, out)
@@ -83,6 +88,8 @@ def main() -> None:
                 print(f"pair {i + 1}: with sampler {with_s[-1]:8.2f} tok/s   "
                       f"without {without[-1]:8.2f} tok/s   ratio "
                       f"{with_s[-1] / without[-1]:.3f}   ({sampler.ticks} samples)")
+        finally:
+            log.close()
         lines = len(samples.read_text().splitlines())
     med_with, med_without = statistics.median(with_s), statistics.median(without)
     pair_ratios = sorted(w / wo for w, wo in zip(with_s, without))

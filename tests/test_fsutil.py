@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,43 @@ def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path: Path, mask: int) 
     os.chmod(tmp_path / "new.md", 0o640)
     fsutil.atomic_write_text(tmp_path / "new.md", "y")
     assert (tmp_path / "new.md").stat().st_mode & 0o777 == 0o640
+
+
+# --- a file held open for many lines (the sampler's samples.jsonl) ---------------------
+
+def test_a_held_file_gets_whole_lines_after_cutting_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "samples.jsonl"
+    path.write_text('{"t": 1}\n{"t": 2, "va')  # a crash mid-line
+    out = fsutil.LineAppender(path)
+    with pytest.warns(UserWarning, match="torn last line"):
+        out.append('{"t": 3}\n')
+    out.append('{"t": 4}\n')
+    out.close()
+    out.close()  # twice: nothing
+    assert path.read_text() == '{"t": 1}\n{"t": 3}\n{"t": 4}\n'
+
+
+def test_a_held_file_undoes_a_line_the_disk_refused_and_names_the_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "samples.jsonl"
+    out = fsutil.LineAppender(path)
+    out.append('{"t": 1}\n')
+    monkeypatch.setattr(fsutil, "_fault_hits", Counter())
+    monkeypatch.setenv(fsutil.FAULT_ENV, "enospc:samples.jsonl:1")  # half the line, then full
+    with pytest.raises(OSError) as e:
+        out.append('{"t": 2, "long": "' + "x" * 100 + '"}\n')
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(path)
+    monkeypatch.delenv(fsutil.FAULT_ENV)
+    out.append('{"t": 3}\n')  # the file is whole lines again, and still held
+    out.close()
+    assert path.read_text() == '{"t": 1}\n{"t": 3}\n'
+
+
+def test_a_held_file_is_never_a_link(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    link = tmp_path / "samples.jsonl"
+    link.symlink_to(notes)
+    with pytest.raises(OSError) as e:
+        fsutil.LineAppender(link).append("{}\n")
+    assert e.value.filename == str(link) and notes.read_text() == "my notes\n"

@@ -13,6 +13,7 @@ import pytest
 
 from abbench.records import keys
 from abbench.sensors import Device, ZoneFreeze, open_device, thermal_gaps
+from abbench.sensors.device import ABSENT_RECHECK_S
 from abbench.sensors.readers import Zone
 from abbench.sensors.transports import LocalTransport
 from abbench.sensors.tree import SnapshotTree, Tree
@@ -223,3 +224,66 @@ def test_sensors_import_nothing_upstream(module: str) -> None:
     code = ("import sys, abbench.sensors; "
             f"sys.exit(any(m.startswith({module!r}) for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+class CountingTree:
+    """A fixture tree that counts what the readers ask of it, by top folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.tree = LocalTransport(root).tree
+        self.asked: list[str] = []
+
+    def read(self, path: str) -> str | None:
+        self.asked.append(path)
+        return self.tree.read(path)
+
+    def glob(self, pattern: str) -> list[str]:
+        self.asked.append(pattern)
+        return self.tree.glob(pattern)
+
+
+class ThisMachine:
+    """A transport that says it is this machine's `/` while reading a fixture tree."""
+
+    kind, spec, on_host = "local", "local", True
+
+    def __init__(self, tree: CountingTree) -> None:
+        self.tree = tree
+
+    def snapshot(self) -> Tree:
+        return self.tree
+
+
+def test_this_machine_looks_for_an_absent_source_again_only_after_a_while(
+        tmp_path: Path) -> None:
+    root = tmp_path / "vm"  # a VM: /proc, no cpufreq, no thermal zones, no battery
+    shutil.copytree(LAPTOP / "proc", root / "proc")
+    tree, clock = CountingTree(root), Clock()
+    device = Device(ThisMachine(tree), "vm", clock=clock)  # type: ignore[arg-type]
+
+    def asked_for_sys() -> list[str]:
+        device.sample()
+        asked = [p for p in tree.asked if p.startswith(("/sys", "/dumpsys"))]
+        tree.asked.clear()
+        return asked
+
+    assert any("cpufreq" in p for p in asked_for_sys())  # the first reading looks
+    clock.t = 1.0
+    assert asked_for_sys() == []  # then the ticks skip what is not there
+    shutil.copytree(LAPTOP / "sys", root / "sys")  # hardware "appears"
+    clock.t = 1.0 + ABSENT_RECHECK_S / 2
+    assert asked_for_sys() == [] and "cpu.policy2.cap_khz" not in device.sample()
+    clock.t = 1.0 + ABSENT_RECHECK_S
+    v = device.sample()
+    assert v["cpu.policy2.capped"] is True and v["temp.cpu_c"] == 52.0
+    assert any("cpufreq" in p for p in asked_for_sys())  # present: read every tick
+
+
+def test_a_fixture_tree_is_read_whole_every_tick(tmp_path: Path) -> None:
+    # not this machine (a fixture, the simulated device's tree): files appear any time
+    root = tmp_path / "tree"
+    shutil.copytree(LAPTOP / "proc", root / "proc")
+    device = Device(LocalTransport(root), "fixture", clock=Clock())
+    assert "cpu.policy2.cap_khz" not in device.sample()
+    shutil.copytree(LAPTOP / "sys", root / "sys")
+    assert device.sample()["cpu.policy2.capped"] is True

@@ -66,6 +66,7 @@ from abbench.records import (
     Plan,
     PlannedCell,
     Sample,
+    SampleLog,
     append_jsonl,
     read_journal,
     read_plan,
@@ -100,7 +101,7 @@ class CampaignRun:
         self.gate = gate
         self.current: int | None = None  # the cell in flight, for the sampler's tags
         self._lock = threading.Lock()
-        self._samples = folder / "samples.jsonl"
+        self._samples = SampleLog(folder)
         self._child = CellChild(device)
         self._pair = InterleavedPair(device, self._tag)
         self.speed = SpeedIndex(folder, device, opts.python)
@@ -113,7 +114,7 @@ class CampaignRun:
     def _sink(self, t_mono: float, t_wall: float, values: dict[str, Any]) -> None:
         with self._lock:
             cell = self.current
-        append_jsonl(self._samples, Sample(t_mono, t_wall, values, cell).to_json(), fsync=False)
+        self._samples.append(Sample(t_mono, t_wall, values, cell))
 
     def _tag(self, cell: int | None) -> None:
         """The cell whose samples the sampler's next ticks are (of a pair: whose turn)."""
@@ -135,6 +136,7 @@ class CampaignRun:
             raise error from None
         finally:
             self.speed.close()
+            self._samples.close()
 
     def _run(self) -> int:
         todo = self._reopen()

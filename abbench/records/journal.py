@@ -4,17 +4,19 @@ and samples.jsonl (one Sample per sampler tick)."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from abbench.errors import BadField, RecordError
-from abbench.records.jsonl import numbered_jsonl, read_jsonl_records
+from abbench.fsutil import LineAppender
+from abbench.records.jsonl import jsonl_line, numbered_jsonl, read_jsonl_records
 from abbench.records.keys import POSITIONS
 from abbench.records.schema import build, from_dict, show, typed
 from abbench.records.summary import RunSummary
 
 FORMAT = "abbench-run v1"
+SAMPLES_FILE = "samples.jsonl"
 
 
 def _shallow(record: Any) -> dict[str, Any]:
@@ -157,9 +159,11 @@ class Sample:
                            f"{', '.join(POSITIONS)}")
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.position is None:  # a sampler tick: the line it always was
-            del d["position"]
+        # by hand, not asdict: a sampler writes ten a second, and asdict deep-copies
+        d = {"t_mono": self.t_mono, "t_wall": self.t_wall, "values": dict(self.values),
+             "cell": self.cell}
+        if self.position is not None:  # an import's reading; a sampler tick has none
+            d["position"] = self.position
         return d
 
     @classmethod
@@ -185,8 +189,23 @@ def read_journal(run: Path) -> list[CellRecord]:
     return read_jsonl_records(run / "journal.jsonl", read, "cell record")
 
 
+class SampleLog:
+    """A run's samples.jsonl being written, one Sample a line, by one process (the
+    campaign's sampler, ten lines a second: the file is held open, `fsutil.LineAppender`)."""
+
+    def __init__(self, run: Path) -> None:
+        self._out = LineAppender(run / SAMPLES_FILE)
+
+    def append(self, sample: Sample) -> None:
+        """One line; an OSError (a full disk) leaves the file whole lines and names it."""
+        self._out.append(jsonl_line(sample.to_json()))
+
+    def close(self) -> None:
+        self._out.close()
+
+
 def read_samples(run: Path) -> list[Sample]:
-    path = run / "samples.jsonl"
+    path = run / SAMPLES_FILE
     out = []
     for n, d in numbered_jsonl(path):
         try:

@@ -15,10 +15,15 @@ from abbench.records.schema import T, from_dict
 # -- files ---------------------------------------------------------------------------
 
 
+def jsonl_line(obj: dict[str, Any]) -> str:
+    """One record as a JSON line: compact, NaN refused, the newline included."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+
+
 def append_jsonl(path: Path, obj: dict[str, Any], fsync: bool = True) -> None:
     """Append one JSON line, written whole or not at all (`fsutil.append_line`: one locked
     write, a torn tail cut first, undone on failure) and by default fsync'd."""
-    append_line(path, json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n", fsync)
+    append_line(path, jsonl_line(obj), fsync)
 
 
 def document_text(doc: dict[str, Any]) -> str:

@@ -136,8 +136,10 @@ def descendants(root: Root, pid: int | str) -> list[int]:
     todo: list[int | str] = [pid]
     while todo and len(found) < MAX_DESCENDANTS:
         parent = todo.pop(0)
-        for path in tree.glob(f"/proc/{parent}/task/*/children"):
-            for word in (tree.read(path) or "").split():
+        # each thread's file, found by listing the threads (one listdir) and reading
+        # past the ones that exit meanwhile: a glob through `*/children` costs twice that
+        for task in tree.glob(f"/proc/{parent}/task/*"):
+            for word in (tree.read(f"{task}/children") or "").split():
                 if word.isdigit() and int(word) not in seen:
                     seen.add(int(word))
                     found.append(int(word))

@@ -10,6 +10,7 @@ machine, so they are used only for the local transport on `/`).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -31,9 +32,19 @@ from abbench.sensors.android import (
     status_values,
 )
 from abbench.sensors.cputime import REMOTE_USER_HZ, ForeignLoad, local_user_hz
-from abbench.sensors.readers import CPUFREQ_GLOB, THERMAL_GLOB, Zone, zone_values
+from abbench.sensors.readers import (
+    CPUFREQ_GLOB,
+    POWER_SUPPLY_GLOB,
+    POWERCAP_GLOB,
+    THERMAL_GLOB,
+    Zone,
+    zone_values,
+)
 from abbench.sensors.transports import AdbTransport, LocalTransport, SshTransport, Transport
 from abbench.sensors.tree import Tree, natural_key
+
+# How long a sysfs source this machine lacks goes unread before it is looked for again.
+ABSENT_RECHECK_S = 30.0
 
 
 class ZoneFreeze:
@@ -81,6 +92,7 @@ class _Reading:
     values: dict[str, Any] = field(default_factory=dict)
     zones: list[Zone] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)   # source -> how it was read
+    status: int | None = None   # Android's thermal status (an adb snapshot's)
 
 
 def thermal_gaps(values: dict[str, Any]) -> list[str]:
@@ -109,7 +121,9 @@ class Device:
         self._freeze = freeze or ZoneFreeze()
         self._clock = clock
         self._lock = threading.Lock()
-        self._absent: set[str] = set()   # this machine's fallbacks found empty once
+        # On this machine: a hardware source found absent (no cpufreq policy, no battery,
+        # no thermal zone, as in a VM), by its folder -> when to look for it again
+        self._absent: dict[str, float] = {}
         # Where the cells' processes and /proc/stat are read: the sampled tree, unless they
         # run elsewhere (a simulated device's cells run on this machine). The campaign's
         # own process is on the device only when the transport is local.
@@ -192,6 +206,7 @@ class Device:
     def _read(self, tree: Tree) -> _Reading:
         r = _Reading()
         on_host = self._transport.on_host
+        now = self._clock()
 
         def take(source: str, values: dict[str, Any], how: str) -> None:
             if values:
@@ -199,18 +214,35 @@ class Device:
                 for key, value in values.items():
                     r.values.setdefault(key, value)
 
-        take("cpufreq", readers.collect_cpufreq(tree), "sysfs")
+        def hardware(source: str, read: Callable[[Tree], dict[str, Any]], how: str,
+                     folder: str) -> None:
+            """A sysfs source. On this machine, one whose folder is empty is not looked
+            for again for ABSENT_RECHECK_S: at 10 Hz a VM's four absent sources cost a
+            fifth of a tick, and hardware does not appear mid-campaign (a battery
+            plugged into a laptop is seen within the recheck)."""
+            if not on_host:
+                take(source, read(tree), how)
+                return
+            if now < self._absent.get(folder, -math.inf):
+                return
+            values = read(tree)
+            take(source, values, how)
+            if not values and not tree.glob(folder):
+                self._absent[folder] = now + ABSENT_RECHECK_S
+
+        hardware("cpufreq", readers.collect_cpufreq, "sysfs", CPUFREQ_GLOB)
         # On Linux psutil's cpu_freq and battery read the sysfs files above, or for cpu_freq
         # /proc/cpuinfo's `cpu MHz` (static in a VM, never a cap, the costliest read of a
         # tick); elsewhere (macOS, BSD) they ask the OS.
         os_api = on_host and sys.platform != "linux"
         if os_api and "cpufreq" not in r.sources:
             take("cpufreq", host.collect_psutil_cpufreq(), "psutil (current only)")
-        take("battery", readers.collect_battery(tree), "power_supply")
-        take("battery", collect_android_battery(tree), "dumpsys battery")
+        hardware("battery", readers.collect_battery, "power_supply", POWER_SUPPLY_GLOB)
+        if not on_host:  # a snapshot's pseudo-file: an adb device's, never this machine's
+            take("battery", collect_android_battery(tree), "dumpsys battery")
         if os_api and "battery" not in r.sources:
             take("battery", host.collect_psutil_battery(), "psutil")
-        take("power", readers.collect_rapl(tree), "powercap RAPL")
+        hardware("power", readers.collect_rapl, "powercap RAPL", POWERCAP_GLOB)
         take("memory", readers.collect_meminfo(tree), "/proc/meminfo")
         if on_host and "memory" not in r.sources:
             take("memory", host.collect_psutil_memory(), "psutil")
@@ -221,24 +253,36 @@ class Device:
         take("cpu time", self._cpu.read(self._processes or tree, self._clock), "/proc/stat")
         if on_host:
             take("gpu", host.collect_nvml(), "NVML")
+        self._zones(r, tree, now)
+        take("android", status_values(r.status), "dumpsys thermalservice")
+        take("thermal", zone_values(r.zones, self._freeze.frozen), "zones")
+        return r
 
-        zones = readers.read_thermal_zones(tree)
-        if zones:
-            r.sources["thermal"] = "sysfs"
-        elif on_host and "psutil-temperatures" not in self._absent:
+    def _zones(self, r: _Reading, tree: Tree, now: float) -> None:
+        """The temperature zones into `r`: sysfs, else psutil's (hwmon) on this machine;
+        an adb snapshot's HAL sensors besides. Absent sysfs zones are looked for again as
+        in _read."""
+        on_host = self._transport.on_host
+        zones: list[Zone] = []
+        if now >= self._absent.get(THERMAL_GLOB, -math.inf):
+            zones = readers.read_thermal_zones(tree)
+            if zones:
+                r.sources["thermal"] = "sysfs"
+            elif on_host and not tree.glob(THERMAL_GLOB):
+                self._absent[THERMAL_GLOB] = now + ABSENT_RECHECK_S
+        if not zones and on_host and "psutil" not in self._absent:
             zones = host.read_psutil_temperatures()
             if zones:
                 r.sources["thermal"] = "psutil"
-            else:  # hwmon chips do not appear mid-run: stop rescanning for them
-                self._absent.add("psutil-temperatures")
-        status, hal = read_android_thermal(tree)
-        if status is not None or hal:
-            r.sources["android"] = "dumpsys thermalservice"
+            else:  # hwmon chips do not appear mid-run, and a scan costs ms: never again
+                self._absent["psutil"] = math.inf
+        hal: list[Zone] = []
+        if not on_host:
+            r.status, hal = read_android_thermal(tree)
+            if r.status is not None or hal:
+                r.sources["android"] = "dumpsys thermalservice"
         r.zones = zones + hal
         self._freeze.observe(self._clock(), r.zones)
-        take("android", status_values(status), "dumpsys thermalservice")
-        take("thermal", zone_values(r.zones, self._freeze.frozen), "zones")
-        return r
 
     def describe(self) -> list[tuple[str, str]]:
         """What this device exposes, one (source, what) row each, from one fresh sample."""

@@ -373,6 +373,8 @@ def collect_meminfo(root: Root = "/") -> dict[str, Any]:
         key = _MEMINFO_KEYS.get(name.strip())
         if key and parts and parts[0].isdigit():
             out[key] = round(int(parts[0]) / 1024, 1)
+            if len(out) == len(_MEMINFO_KEYS):  # the kernel prints them first: done
+                break
     return out
 
 
@@ -391,14 +393,20 @@ def collect_pressure(root: Root = "/") -> dict[str, Any]:
         text = tree.read(f"/proc/pressure/{resource}")
         for line in (text or "").splitlines():
             kind, *pairs = line.split()
-            if kind not in ("some", "full"):
-                continue
-            fields = dict(p.split("=", 1) for p in pairs if "=" in p)
-            wanted = ("avg10", "avg60") if kind == "some" else ("avg10",)
-            for name in wanted:
-                with contextlib.suppress(KeyError, ValueError):
-                    out[keys.psi_key(resource, kind, name)] = float(fields[name])
+            wanted = _PSI_WANTED.get(kind, ())
+            for pair in pairs:
+                name, _, value = pair.partition("=")
+                if name in wanted:
+                    with contextlib.suppress(ValueError):
+                        out[_PSI_KEYS[resource, kind, name]] = float(value)
     return out
+
+
+# the windows kept per line kind; their keys, spelled once (the sampler reads PSI every tick)
+_PSI_WANTED = {"some": ("avg10", "avg60"), "full": ("avg10",)}
+_PSI_KEYS = {(resource, kind, name): keys.psi_key(resource, kind, name)
+             for resource in PSI_RESOURCES for kind, names in _PSI_WANTED.items()
+             for name in names}
 
 
 @fail_soft

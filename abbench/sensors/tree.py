@@ -35,6 +35,9 @@ def natural_key(text: str) -> list[object]:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
+_READ_SIZE = 1 << 16
+
+
 class LocalTree:
     """Files under a directory of this machine; `LocalTree("/")` is the machine itself."""
 
@@ -51,14 +54,17 @@ class LocalTree:
         except (OSError, ValueError):  # absent, EACCES, NUL in the path
             return None
         try:
-            chunks = []
-            while chunk := os.read(fd, 1 << 16):
-                chunks.append(chunk)
+            # a /proc or /sys file comes whole in one read; a read that fills the buffer
+            # may have more behind it (a big fixture, a file that grew): read on
+            data = chunk = os.read(fd, _READ_SIZE)
+            while len(chunk) == _READ_SIZE:
+                chunk = os.read(fd, _READ_SIZE)
+                data += chunk
         except OSError:  # EIO/ENODATA: a sensor that failed its read
             return None
         finally:
             os.close(fd)
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        return data.decode("utf-8", errors="replace")
 
     def glob(self, pattern: str) -> list[str]:
         folder, _, name = pattern.rpartition("/")
