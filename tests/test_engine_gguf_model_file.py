@@ -499,3 +499,18 @@ def test_model_info_refuses_a_missing_dense_tensor(
     path = rewrite_gguf(tiny_model, tmp_path / "no-k.gguf", drop=["blk.2.attn_k.weight"])
     p = run_main(["model", "info", str(path)], capsys)
     assert p.returncode == 2 and "blk.2.attn_k.weight" in p.stderr, p.stderr
+
+
+def test_a_tensor_read_whole_lets_the_page_cache_copy_go(
+        tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller keeps its own copy, so the page cache's is advised away: under a memory
+    limit it would be charged to the process twice."""
+    advised: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(os, "posix_fadvise",
+                        lambda fd, offset, length, advice: advised.append((offset, length, advice)))
+    mf = ModelFile(tiny_model)
+    name = next(iter(mf.tensors))
+    raw = mf.read_raw(name)
+    info = mf.tensor(name)
+    assert raw.nbytes == info.nbytes
+    assert advised == [(info.offset, info.nbytes, os.POSIX_FADV_DONTNEED)]
