@@ -79,17 +79,22 @@ def test_logits_match_the_reference_to_the_inputs_quantization(
     assert not np.array_equal(got, numpy_path)  # two computations, not one
 
 
-def test_streaming_and_resident_give_the_same_bits(q4km_model: Path) -> None:
-    """A miss computed as its read lands (one expert a graph) and a resident expert (a
-    layer's experts in one graph) give the same bits: routing sums do not depend on what
-    was resident (with the weights as the file has them: `--repack` re-lays resident ones
-    for other kernels, which round in their own order)."""
+@pytest.mark.parametrize("repack", [False, True], ids=["plain", "repacked"])
+@pytest.mark.parametrize("speculation", [{}, {"predict_prefetch": True, "predict_spec_max": 4}],
+                         ids=["reads", "speculated"])
+def test_streaming_and_resident_give_the_same_bits(q4km_model: Path, repack: bool,
+                                                   speculation: dict[str, object]) -> None:
+    """A miss computed as its read lands (one expert a graph), a speculative read that
+    joined the cache, and a resident expert (a layer's experts in one graph) give the same
+    bits: routing sums do not depend on what was resident. With `--repack` every slot is
+    re-laid as its read is first waited for, streamed as at load, so all run the same
+    kernels."""
     tokens = [int(t) for t in np.random.default_rng(4).integers(0, 259, N_POSITIONS)]
-    resident = logits_of(q4km_model, tokens, kernels="ggml", resident=True, repack=False)
+    resident = logits_of(q4km_model, tokens, kernels="ggml", resident=True, repack=repack)
     info = model_info(ModelFile(q4km_model))
     budget = 6 * max(info["expert_resident_bytes"]) / MIB  # a few experts: misses every layer
-    streamed = logits_of(q4km_model, tokens, kernels="ggml", cache_mib=budget, overlap=True,
-                         repack=False)
+    cfg = dict(kernels="ggml", cache_mib=budget, overlap=True, repack=repack, **speculation)
+    streamed = logits_of(q4km_model, tokens, **cfg)
     np.testing.assert_array_equal(streamed, resident)
 
 

@@ -112,9 +112,16 @@ class ExpertRunner:
         ff = max((le.ff for le in layout), default=1)
         d = max((le.d for le in layout), default=1)
         self.team: ComputeTeam | partner.Partner | QuantTeam = self._team(team, ff, max_k)
-        self.reader = SliceReader(mf.path, io_lanes, o_direct)
         self.raw = team is not None
         self.kinds = buffer_kinds(layout, self.raw, self.n_expert, max_k)
+        finish = None
+        if team is not None and team.repacker is not None:
+            # re-laid for ggml's repacked kernels as llama.cpp's --repack does, resident or
+            # streamed: each slot as its read is first waited for (ReadTicket.wait)
+            for pool in dict.fromkeys(self.kinds):
+                team.repack_pool(pool)  # type: ignore[arg-type]
+            finish = team.repack_slot
+        self.reader = SliceReader(mf.path, io_lanes, o_direct, finish)  # type: ignore[arg-type]
         total = sum(kind.nbytes * self.n_expert for kind in self.kinds)
         self.cache = ExpertCache(total if resident else int(cache_mib * MIB))
         self.out = np.zeros((max_k, d), np.float32)  # (k, d) expert outputs, routing order
@@ -133,9 +140,6 @@ class ExpertRunner:
                 RuntimeWarning, stacklevel=2,
             )
         if resident:
-            if isinstance(self.team, QuantTeam):  # re-laid at load, as llama.cpp's --repack
-                for pool in dict.fromkeys(self.kinds):
-                    self.team.repack_pool(pool)  # type: ignore[arg-type]
             self._preload()
             self.cache.complete = True
 
@@ -238,10 +242,8 @@ class ExpertRunner:
                 buf = self.kinds[layer].new()
                 tickets.append((e, buf, self.reader.submit(le.slices(e, self.raw), buf)))
             for e, buf, t in tickets:
-                t.wait()
+                t.wait()  # and re-laid, where the team repacks
                 self.load_read_bytes += t.nbytes
-                if isinstance(self.team, QuantTeam):
-                    self.team.repack_slot(buf)  # type: ignore[arg-type]
                 self.cache.insert((layer, e), buf)
 
     def begin_pass(self, phase: int, step: int) -> None:

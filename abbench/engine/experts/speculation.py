@@ -147,6 +147,7 @@ class Speculator:
                 cache.drop(key)  # partly read or failed: not trustworthy
                 tok.spec_cancelled += 1
             else:
+                ticket.wait()  # finished (re-laid) before a lookup computes from it
                 cache.speculative.add(key)
                 tok.spec_experts += 1
         self.pending.clear()

@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -220,20 +221,27 @@ class F32Kind:
 
 Buffer = ExpertBuffer | RawSlot  # where an expert's bytes land: F32, or the file's own
 
+# What a buffer needs once its bytes have landed, before anything computes from it: a
+# slot's parts re-laid for ggml's repacked kernels (`QuantTeam.repack_slot`).
+Finish = Callable[[Buffer], None]
+
 
 class ReadTicket:
-    """A queued read of one expert. `wait()` returns when its bytes are in the buffer.
+    """A queued read of one expert. `wait()` returns when its bytes are in the buffer,
+    finished (`finish`, once, by the first thread that waits for it).
 
     Its slices are separate queue items, so an expert's three projections are read by up
     to three lanes at once; the last lane to finish one completes the ticket.
     """
 
     __slots__ = ("slices", "buffer", "event", "t_issued", "t_done", "nbytes", "error",
-                 "cancelled", "skipped", "_pending", "_lock")
+                 "cancelled", "skipped", "_pending", "_lock", "_finish")
 
-    def __init__(self, slices: tuple[Slice, ...], buffer: Buffer) -> None:
+    def __init__(self, slices: tuple[Slice, ...], buffer: Buffer,
+                 finish: Finish | None = None) -> None:
         self.slices = slices
         self.buffer = buffer
+        self._finish = finish
         self.event = threading.Event()
         self.t_issued = time.perf_counter()
         self.t_done = 0.0
@@ -257,16 +265,23 @@ class ReadTicket:
             self.event.set()
 
     def wait(self) -> None:
+        """Until the bytes are in the buffer and finished; raises if the read failed."""
         self.event.wait()
         if self.error is not None:
             raise EngineError(f"expert read failed: {self.error}") from self.error
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish(self.buffer)
 
 
 class SliceReader:
     """`lanes` reader threads, each with its own descriptor, pulling from one queue."""
 
-    def __init__(self, path: str | os.PathLike[str], lanes: int, o_direct: bool) -> None:
+    def __init__(self, path: str | os.PathLike[str], lanes: int, o_direct: bool,
+                 finish: Finish | None = None) -> None:
+        """`finish`: given to every ticket (`ReadTicket.wait`)."""
         self.path = str(path)
+        self.finish = finish
         self.lanes = lanes
         self.o_direct = o_direct and hasattr(os, "O_DIRECT") and self._o_direct_works()
         if o_direct and not self.o_direct:
@@ -302,7 +317,7 @@ class SliceReader:
             os.close(fd)
 
     def submit(self, slices: tuple[Slice, ...], buffer: Buffer) -> ReadTicket:
-        ticket = ReadTicket(slices, buffer)
+        ticket = ReadTicket(slices, buffer, self.finish)
         for s in slices:
             self._queue.put((ticket, s))
         return ticket
