@@ -13,6 +13,7 @@ import os
 import stat
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -139,13 +140,20 @@ def test_whole_files_built_beside_their_path_never_replace_a_device_or_a_link(
 
 # --- files abbench appends to or owns: never through a link, never onto a device ---------
 
-def test_appending_through_a_link_is_refused_and_its_file_untouched(tmp_path: Path) -> None:
+# a line appended the two ways abbench appends: opened per line, or the file held open
+APPENDERS = {"per-line": append_line,
+             "held": lambda path, line: fsutil.LineAppender(path).append(line)}
+
+
+@pytest.mark.parametrize("append", APPENDERS.values(), ids=APPENDERS.keys())
+def test_appending_through_a_link_is_refused_and_its_file_untouched(
+        tmp_path: Path, append: Callable[[Path, str], None]) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     link = tmp_path / "history.jsonl"
     link.symlink_to(notes)
     with pytest.raises(OSError) as e:
-        append_line(link, '{"kind": "repeat"}\n')
+        append(link, '{"kind": "repeat"}\n')
     assert e.value.filename == str(link) and "symbolic link" in e.value.strerror
     with pytest.raises(OSError):
         cut_torn_tail(link)  # it truncates: the worst thing to do through a link
@@ -236,13 +244,3 @@ def test_a_held_file_undoes_a_line_the_disk_refused_and_names_the_file(
     out.append('{"t": 3}\n')  # the file is whole lines again, and still held
     out.close()
     assert path.read_text() == '{"t": 1}\n{"t": 3}\n'
-
-
-def test_a_held_file_is_never_a_link(tmp_path: Path) -> None:
-    notes = tmp_path / "notes.txt"
-    notes.write_text("my notes\n")
-    link = tmp_path / "samples.jsonl"
-    link.symlink_to(notes)
-    with pytest.raises(OSError) as e:
-        fsutil.LineAppender(link).append("{}\n")
-    assert e.value.filename == str(link) and notes.read_text() == "my notes\n"

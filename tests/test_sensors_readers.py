@@ -61,6 +61,16 @@ def test_cpufreq_partial_and_garbage_files(tmp_path: Path) -> None:
         "cpu.policy0.cap_khz": 1800000, "cpu.policy10.cur_khz": 900000}
 
 
+@pytest.mark.parametrize("size", [0, 10, 1 << 16, (1 << 16) + 1, 3 << 16])
+def test_a_file_comes_whole_whatever_its_size_against_one_read(tmp_path: Path,
+                                                               size: int) -> None:
+    # /proc/stat on a machine of hundreds of CPUs, a big fixture: past one read's buffer
+    (tmp_path / "proc").mkdir()
+    text = "".join(chr(ord("a") + i % 26) for i in range(size))
+    (tmp_path / "proc" / "stat").write_text(text)
+    assert LocalTree(tmp_path).read("/proc/stat") == text
+
+
 def test_natural_order() -> None:
     names = ["policy10", "policy6", "policy0", "thermal_zone11", "thermal_zone2"]
     assert sorted(names, key=natural_key) == [
