@@ -131,6 +131,11 @@ class EngineError(AbbenchError):
     """The engine failed while running (an I/O error on the model file, for example)."""
 
 
+class ArenaFull(EngineError):
+    """A ggml arena has no room for what a context or graph asks of it: the caller takes
+    another way (a prefill batch, a graph a layer)."""
+
+
 class GgmlUnavailable(EngineError):
     """ggml's library cannot be found or loaded, or is not the layout the engine mirrors."""
 

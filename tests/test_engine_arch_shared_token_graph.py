@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from abbench.engine import synth
+from abbench.engine.arch.shared import graph, token_graph
 from abbench.engine.config import EngineConfig
 from abbench.engine.run.session import Engine
 
@@ -100,3 +101,90 @@ def test_a_route_trace_keeps_a_graph_a_layer(files: dict[str, Path], tmp_path: P
     with Engine(config(path, route_trace=str(tmp_path / "trace.jsonl")), path) as engine:
         engine.run()
         assert engine.model._token_graphs._built is None
+
+
+# -- a prefill batch as one graph ----------------------------------------------------------
+
+
+def batch_graphs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The positions of the prefill passes run as one graph from now on (a spy)."""
+    ran: list[int] = []
+    run_batch = token_graph.TokenGraph.run_batch
+
+    def spy(self: token_graph.TokenGraph, pos: int, experts: object) -> None:
+        ran.append(pos)
+        run_batch(self, pos, experts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(token_graph.TokenGraph, "run_batch", spy)
+    return ran
+
+
+def prefilled(path: Path, one_graph: bool, flash: bool, monkeypatch: pytest.MonkeyPatch
+              ) -> tuple[np.ndarray, list[list[int]], int]:
+    """A 20-token prompt's run, then its tokens but the last prefilled in one pass and
+    the last one's logits (the bits the cache holds decide them); the run's prefill
+    records' counters; how many passes ran as one graph."""
+    ran = batch_graphs(monkeypatch)
+    tokens = tuple(int(t) for t in np.random.default_rng(9).integers(3, 250, 20))
+    cfg = EngineConfig(model=str(path), prompt_tokens=tokens, n_tokens=3, n_ctx=300,
+                       ignore_eos=True, resident=True, kernels="ggml", threads=2,
+                       flash_attn=flash, temp=0.0)
+    with Engine(cfg, path) as engine:
+        engine.model.one_graph = one_graph
+        result = engine.run()  # the session's own prefill, counted
+        # again, over the memory the run's pass left (a prefill graph's is kept)
+        engine.model.prefill(list(tokens[:-1]), 0)
+        out = engine.model.forward(tokens[-1], len(tokens) - 1, 1)
+    counted = [[getattr(r, c) for c in COUNTED] for r in result.records if r.phase == 0]
+    return out, counted, len(ran)
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["f32-attention", "flash-attn"])
+@pytest.mark.parametrize("name", TINY)
+def test_a_prefill_batch_as_one_graph_gives_the_bits_and_counts_of_a_graph_a_layer(
+        name: str, flash: bool, files: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The experts of every token of the batch as `mul_mat_id` in the pass's one graph:
+    the cache the batch leaves gives the next token the same logits to the bit, and the
+    pass counts what a batch's lookups count (each token's experts routed, one hit per
+    expert of a layer's union)."""
+    one, one_counted, graphs = prefilled(files[name], True, flash, monkeypatch)
+    per_layer, counted, none = prefilled(files[name], False, flash, monkeypatch)
+    assert graphs == 2 and none == 0  # the test's prefill and the run's
+    np.testing.assert_array_equal(one, per_layer)
+    assert one_counted == counted
+    spec = synth.named(name)
+    routed, hits, misses = counted[0][:3]
+    assert routed == 19 * spec.n_expert_used * spec.n_layer and misses == 0
+    assert spec.n_layer * spec.n_expert_used <= hits <= spec.n_layer * spec.n_expert
+
+
+def test_a_prefill_batch_past_the_graph_budget_runs_a_graph_a_layer(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass whose one graph would hold more results than PREFILL_GRAPH_BYTES runs a
+    graph a layer (one layer's results at a time), with the same bits; the pass's size
+    is remembered, so that the next pass of that size does not build toward it again."""
+    path = files["tiny"]
+    within, _, graphs = prefilled(path, True, False, monkeypatch)
+    monkeypatch.setattr(graph, "PREFILL_GRAPH_BYTES", 64 << 10)
+    over, _, none = prefilled(path, True, False, monkeypatch)
+    assert graphs == 2 and none == 0
+    np.testing.assert_array_equal(within, over)
+
+
+@pytest.mark.parametrize("extra", [
+    {"drop_cold_experts": 0.5, "drop_in_prefill": True},  # a policy in the batch's layers
+    {"predict_log": True},  # a routing hook sees each layer's batch before its experts
+    {"resident": False, "cache_mib": 64.0},  # a cache that may miss
+], ids=["drop-in-prefill", "predictor", "streaming"])
+def test_a_prefill_batch_is_one_graph_only_where_nothing_acts_between_router_and_experts(
+        extra: dict[str, object], files: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = batch_graphs(monkeypatch)
+    path = files["gemma4-tiny"]
+    with Engine(config(path, **extra), path) as engine:
+        engine.run()
+    assert ran == []
+    with Engine(config(path, drop_cold_experts=0.5), path) as engine:  # decode only: taken
+        engine.run()
+    assert ran == [0]

@@ -20,7 +20,8 @@ The same skeleton as `arch/shared/plain_graph.py`: weights → one layer's graph
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,9 +32,8 @@ from abbench.engine.arch.shared.graph import (
     DecodeGraphs,
     GraphFace,
     LayerCache,
-    SlidingMasks,
-    attended,
 )
+from abbench.engine.arch.shared.masks import SlidingMasks, attended
 from abbench.engine.arch.shared.token_graph import TokenGraph, token_graph
 from abbench.engine.kernels import ggml
 from abbench.engine.kernels.qcompute import QuantTeam, Weight
@@ -196,11 +196,19 @@ class GraphModel(GraphFace):
                                             True, moe),
             lambda last, moe: LogitsGraph(self, last, moe)))
 
+    def _batch_layer(self, t: int, pos: int, n_kv: tuple[int, int]
+                     ) -> Callable[[int, Any, int | None], Any]:
+        return lambda i, prev, moe: LayerGraph(self, i, t, n_kv[self.caches[i].swa], pos,
+                                               prev, False, moe)
+
     def prefill(self, tokens: list[int], pos: int) -> None:
-        """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the
-        KV caches (their logits are not needed)."""
+        """Prompt tokens at positions pos .. pos+n-1 as one batch, filling the KV caches
+        (their logits are not needed): one graph where it may (`_prefill_in_graph`), else
+        a graph per layer and the experts between them."""
         hook = self.routing_hook
         n_kv = self._begin(tokens, pos)
+        if self._prefill_in_graph(len(tokens), pos, n_kv):
+            return
         moe = self.moe_out(len(tokens))
         prev: LayerGraph | None = None
         for layer in range(len(self.weights)):

@@ -137,7 +137,7 @@ class LayerGraph:
         self.weights = ctx.array(weights, (t, model.k), np.float32)
         self.mlp_at = ggml.TensorStruct.from_address(mlp).data
         self.attn_out_at = ggml.TensorStruct.from_address(attn_out).data
-        self.routed = self.order[0, : model.k]
+        self.top = self.order[:, : model.k]  # (t, k) each token's experts
 
     def end(self, experts: ExpertNodes) -> int:
         """What a token's one graph carries to the next layer's graph: the experts' sum,

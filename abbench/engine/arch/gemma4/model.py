@@ -83,7 +83,7 @@ class GeluExperts:
             y *= np.asarray(self.scales[layer][experts])[..., None]  # (..., d)
 
     def graph_bytes(self, rows: int, ff: int, d: int) -> int:
-        return 4 * rows * (ff + 1 + d) + 4 * 64  # the act, each row's scale, the scaled
+        return 4 * rows * (ff + 2 + d) + 5 * 64  # the act, the ids, each row's scale, the scaled
 
     def graph(self, ctx: Context, eids: int) -> FFNGraph:
         return _GeluGraph(self, ctx, eids)
@@ -113,7 +113,9 @@ class _GeluGraph:
             return down
         ctx, op = self.ctx, self.ctx.op
         n_used, t = (ggml_ne(self.eids, i) for i in (0, 1))
-        rows = ctx.get_rows(self.scales, op("reshape_1d", self.eids, n_used * t))  # (1, n*t)
+        # a batch's ids are a view of each token's argsort: its first n_used of each row
+        eids = self.eids if t == 1 else op("cont", self.eids)  # (n_used, t)
+        rows = ctx.get_rows(self.scales, op("reshape_1d", eids, n_used * t))  # (1, n*t)
         return op("mul", down, op("reshape_3d", rows, 1, n_used, t))  # (d, n_used, t)
 
     def set_layer(self, layer: int) -> None:

@@ -20,7 +20,8 @@ same arithmetic) after the last layer and in prefill. The same skeleton as
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,11 +32,10 @@ from abbench.engine.arch.shared.graph import (
     LayerCache,
     OutputGraph,
     RingWrites,
-    SlidingMasks,
-    attended,
     cache_attention,
     expert_sum,
 )
+from abbench.engine.arch.shared.masks import SlidingMasks, attended
 from abbench.engine.arch.shared.pieces import Pieces
 from abbench.engine.arch.shared.token_graph import ExpertNodes, TokenGraph, token_graph
 from abbench.engine.kernels import ggml
@@ -128,7 +128,7 @@ class LayerGraph:
         self.x = ctx.array(xf, (t, d), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)
         self.weights = ctx.array(weights, (t, model.k), np.float32)
-        self.routed = self.order[0, : model.k]
+        self.top = self.order[:, : model.k]  # (t, k) each token's experts
 
     def end(self, experts: ExpertNodes) -> int:
         """This layer's end (d, 1) in a token's one graph, as llama.cpp ends it: its
@@ -255,11 +255,19 @@ class GraphModel(GraphFace):
                                          stream=end),
             lambda _, end: OutputGraph(self, *self._output, stream=end)))
 
+    def _batch_layer(self, t: int, pos: int, n_kv: tuple[int, int]
+                     ) -> Callable[[int, Any, int | None], Any]:
+        return lambda i, _, end: LayerGraph(self, i, t, n_kv[self.caches[i].swa], pos,
+                                            stream=end)
+
     def prefill(self, tokens: list[int], pos: int) -> None:
-        """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the
-        KV caches (their logits are not needed)."""
+        """Prompt tokens at positions pos .. pos+n-1 as one batch, filling the KV caches
+        (their logits are not needed): one graph where it may (`_prefill_in_graph`), else
+        a graph per layer and the experts between them."""
         hook, k = self.routing_hook, self.k
         h, n_kv = self._begin(tokens, pos)
+        if self._prefill_in_graph(len(tokens), pos, n_kv):
+            return
         for layer in range(len(self.weights)):
             # one layer's graph at a time: its scratch is the batch's size
             g = self._graph(layer, len(tokens), n_kv, pos)

@@ -18,7 +18,8 @@ llama.cpp clears a new sequence's recurrent cells) and any other pass must conti
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,9 +29,8 @@ from abbench.engine.arch.shared.graph import (
     DecodeGraphs,
     GraphFace,
     OutputGraph,
-    attended,
-    causal_mask,
 )
+from abbench.engine.arch.shared.masks import attended, causal_mask
 from abbench.engine.arch.shared.token_graph import TokenGraph, token_graph
 from abbench.engine.kernels.qcompute import QuantTeam, Weight, weighted_sum
 from abbench.errors import EngineError
@@ -135,11 +135,18 @@ class GraphModel(GraphFace):
             self, stacks, lambda i, _, end: LayerGraph(self, i, 1, n_kv, self.k, stream=end),
             lambda _, end: OutputGraph(self, *self._output, stream=end)))
 
+    def _batch_layer(self, t: int, pos: int, n_kv: int) -> Callable[[int, Any, int | None], Any]:
+        return lambda i, _, end: LayerGraph(self, i, t, n_kv, self.k, stream=end)
+
     def prefill(self, tokens: list[int], pos: int) -> None:
-        """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the
-        KV caches and moving the recurrent states on (their logits are not needed)."""
+        """Prompt tokens at positions pos .. pos+n-1 as one batch, filling the KV caches
+        and moving the recurrent states on (their logits are not needed): one graph where
+        it may (`_prefill_in_graph`), else a graph per layer and the experts between
+        them."""
         hook = self.routing_hook
         h, n_kv = self._begin(tokens, pos)
+        if self._prefill_in_graph(len(tokens), pos, n_kv):
+            return
         for layer in range(len(self.weights)):
             # one layer's graph at a time: its scratch is the batch's size
             g = LayerGraph(self, layer, len(tokens), n_kv, self.k)

@@ -181,7 +181,7 @@ class LayerGraph:
         self.shared = ctx.array(shared, (t, d), np.float32)
         # the first token's rows, as decode reads them on every layer of every token
         self.first = (self.x[0], self.ids[0], self.weights[0], self.shared[0], self.ffn_inp[0])
-        self.routed = self.ids[0]
+        self.top = self.ids  # (t, k)
 
     def end(self, experts: ExpertNodes) -> int:
         """This layer's end (d, 1) in a token's one graph, as llama.cpp ends it: the

@@ -1,7 +1,8 @@
 """What the architectures' ggml graph models share: the output graph, the KV cache (its
-record, llama.cpp's attended length, the causal mask, the ring writes, the attention over
-it), the in-graph weighted sum of a decode layer's experts, the sliding layers' masks, the
-decode graphs' cache and the interface every `GraphModel` answers alike.
+record, the ring writes, the attention over it), the in-graph weighted sum of a decode
+layer's experts, the decode graphs' cache and the interface every `GraphModel` answers
+alike, a prefill batch as one graph included. The attended lengths and the masks are
+`masks.py`.
 
 Each `*_graph.py` builds its layers as llama.cpp's graph for its architecture; the final
 norm and the output projection are the same graph for every one of them.
@@ -15,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from abbench.engine.arch.shared.common import KV_PAD, RoutingHook, embedding, pad
-from abbench.engine.arch.shared.token_graph import TokenGraph, weighted_experts
+from abbench.engine.arch.shared.common import RoutingHook, embedding, pad
+from abbench.engine.arch.shared.token_graph import TokenGraph, token_graph, weighted_experts
 from abbench.engine.experts.in_graph import in_graph, layer_stack
 from abbench.engine.kernels import ggml
 
@@ -31,6 +32,11 @@ T = TypeVar("T")
 # llama.cpp's RoPE settings without scaling: freq_scale, ext_factor, attn_factor,
 # beta_fast, beta_slow (llama_hparams' defaults; ext_factor 0 turns YaRN off)
 ROPE_PLAIN = (1.0, 0.0, 1.0, 32.0, 1.0)
+
+# The most memory a prefill pass's one graph may give its results (two layers' at a time,
+# each in half of it, where a graph a layer holds one layer's; kept from pass to pass, as
+# llama.cpp keeps its compute buffer): past it, the pass runs a graph a layer.
+PREFILL_GRAPH_BYTES = 256 << 20
 
 
 class OutputGraph:
@@ -54,20 +60,6 @@ class OutputGraph:
         if stream is None:
             self.graph = ctx.graph([logits], model.team.threads_pool)
         self.logits = ctx.array(logits, (rows,), np.float32)
-
-
-def attended(end: int, cells: int) -> int:
-    """llama.cpp's n_kv for a cache of `cells` cells once positions below `end` are in it:
-    the cells used, at least 256, in blocks of 256, within the cache."""
-    return min(cells, max(KV_PAD, pad(end)))
-
-
-def causal_mask(mask: np.ndarray, pos: int) -> None:
-    """Fill `mask` (t, n_kv) for a pass at positions pos..: 0 where a token sees a cache
-    position (its own and those before it), else -inf."""
-    mask.fill(-np.inf)
-    for i in range(mask.shape[0]):
-        mask[i, : pos + i + 1] = 0.0
 
 
 @dataclass(frozen=True)
@@ -218,12 +210,14 @@ class GraphFace:
         self.token_embd = embedding(mf, "token_embd.weight", pinned)  # (vocab, d)
         self._inputs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.routing_hook: RoutingHook | None = None
-        # A decode token as one graph (`TokenGraph`) where the expert side allows it
-        # (`_token_stacks`); False: a graph per layer and the experts between them, as
-        # every other pass computes (the tests compare the two).
+        # A decode token, or a prefill batch, as one graph (`TokenGraph`) where the expert
+        # side allows it (`_token_stacks`); False: a graph per layer and the experts
+        # between them, as every other pass computes (the tests compare the two).
         self.one_graph = True
         self._stacks: list[tuple[SlotPool, int] | None] | None = None
         self._token_graphs: DecodeGraphs[TokenGraph] = DecodeGraphs()
+        self._batch_arenas: list[ggml.Arena] = []  # a prefill graph's memory, on use
+        self._over_budget: set[tuple[int, Hashable]] = set()  # prefill passes (t, n_kv)
         # What the session sets on a model; the graphs compute without them.
         self.matvec: Any = None
         self.matmul_t: Any = None
@@ -250,9 +244,9 @@ class GraphFace:
 
     def _token_stacks(self, phase: int) -> list[tuple[SlotPool, int]] | None:
         """Each layer's expert stack (`ExpertNodes`), where this pass may compute as one
-        graph: a decode pass with no routing hook (it sees each layer's routing before
-        that layer's experts run), the expert side's `in_graph`, and every layer's
-        experts in consecutive slots. None: a graph per layer."""
+        graph: no routing hook (it sees each layer's routing before that layer's experts
+        run), the expert side's `in_graph` for the pass's phase, and every layer's experts
+        in consecutive slots. None: a graph per layer."""
         if not self.one_graph or self.routing_hook is not None \
                 or not in_graph(self.experts, phase):
             return None
@@ -260,6 +254,33 @@ class GraphFace:
             self._stacks = [layer_stack(self.experts, i) for i in range(len(self.weights))]
         stacks = self._stacks
         return None if any(s is None for s in stacks) else stacks  # type: ignore[return-value]
+
+    def _prefill_in_graph(self, t: int, pos: int, n_kv: Hashable) -> bool:
+        """A prefill pass of `t` tokens at pos.. over `n_kv` attended cells, its inputs
+        filled, as one graph — every layer's and its experts' (`mul_mat_id` over the
+        pass's tokens), as llama.cpp computes a batch — where the expert side allows it
+        (`_token_stacks`) and its results fit `PREFILL_GRAPH_BYTES` → whether it ran
+        (False: the caller runs a graph a layer, which computes the same bits)."""
+        stacks = self._token_stacks(0)
+        if stacks is None or (t, n_kv) in self._over_budget:
+            return False
+        if not self._batch_arenas or self._batch_arenas[0].nbytes != PREFILL_GRAPH_BYTES // 2:
+            # the layers' results in turn; the last pass's graph is done with
+            self._batch_arenas = [ggml.Arena(PREFILL_GRAPH_BYTES // 2) for _ in range(2)]
+        try:
+            graph = token_graph(self, stacks, self._batch_layer(t, pos, n_kv), None, t,
+                                self._batch_arenas)
+        except ggml.ArenaFull:
+            self._over_budget.add((t, n_kv))
+            return False
+        graph.run_batch(pos, self.experts)
+        return True
+
+    def _batch_layer(self, t: int, pos: int, n_kv: Any) -> Callable[[int, Any, int | None], Any]:
+        """How a prefill pass's one graph makes layer i's graph for `t` tokens at pos..
+        (`token_graph`'s `layer`: from the layer before's graph and end, None for the
+        first layer, which reads the stream `_begin` filled)."""
+        raise NotImplementedError
 
     def router_bias(self, layer: int) -> np.ndarray | None:
         """What the router adds to its logits before ranking them: nothing here."""
@@ -343,73 +364,6 @@ class GraphFace:
         """The layer's experts' weights (k',) and outputs (k', d) → the layer ended (into
         the stream, or for the next layer's graph to sum)."""
         raise NotImplementedError
-
-
-class SlidingMasks:
-    """The masks of a model with full caches and sliding layers' rings of `swa_size`
-    cells (gpt-oss, gemma4; the model's `sliding`): a buffer per cache kind, pass size and
-    attended length, filled per pass (`place`), and their F16 twins (flash attention) in
-    the model's `half` (`GraphFace.mask_tensor`), refreshed by its `refresh_half`."""
-
-    def __init__(self, swa_size: int, window: int,
-                 half: dict[int, tuple[np.ndarray, np.ndarray]],
-                 refresh_half: Callable[[int], None]) -> None:
-        self.swa_size = swa_size
-        self.window = window  # a key p0 is hidden from p1 once p1 - p0 >= window
-        self._half, self._refresh_half = half, refresh_half
-        # the position each ring cell holds (-1: empty), one for every sliding layer
-        self.swa_pos = np.full(swa_size, -1, np.int64)  # (swa_size,)
-        self._masks: dict[tuple[bool, int, int], np.ndarray] = {}
-        # the last pass, where it was one decode step: its position and attended cells
-        self._decoded: tuple[int, tuple[int, int]] | None = None
-
-    def mask(self, swa: bool, t: int, n_kv: int) -> np.ndarray:
-        """(t, n_kv) a cache's mask buffer (0 where a token sees a cell, else -inf), filled
-        per pass by `place`."""
-        return self._masks.setdefault((swa, t, n_kv), np.zeros((t, n_kv), np.float32))
-
-    def place(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
-        """A pass at `positions` (t,) into the ring's cells, and both caches' masks for
-        it (attending over n_kv (full, sliding) cells) with their F16 twins: stepped from
-        the decode step before, or filled and the twins copied from them."""
-        t, pos = len(positions), int(positions[0])
-        if t == 1:  # decode, on every token's path: one cell, no temporaries
-            self.swa_pos[pos % self.swa_size] = pos
-        else:
-            self.swa_pos[positions % self.swa_size] = positions
-        if t == 1 and self._decoded == (pos - 1, n_kv):
-            self._step_masks(pos, n_kv)
-        else:
-            self._fill_masks(positions, n_kv)
-            self._refresh_half(t)
-        self._decoded = (pos, n_kv) if t == 1 else None
-
-    def _fill_masks(self, positions: np.ndarray, n_kv: tuple[int, int]) -> None:
-        """Both caches' masks for queries at `positions` (t,): causal over the full
-        cache's cells; over the ring's, llama.cpp's is_masked_swa too (a key p0 is hidden
-        from p1 once p1 - p0 >= window) and empty cells hidden."""
-        t = len(positions)
-        p1 = positions[:, None].astype(np.int64)  # (t, 1) each query's position
-        full = self.mask(False, t, n_kv[0])
-        full[...] = np.where(np.arange(n_kv[0])[None, :] <= p1, 0.0, -np.inf)
-        p0 = self.swa_pos[None, : n_kv[1]]  # (1, n_kv_swa)
-        hidden = (p0 < 0) | (p0 > p1) | (p1 - p0 >= self.window)
-        self.mask(True, t, n_kv[1])[...] = np.where(hidden, -np.inf, 0.0)
-
-    def _step_masks(self, pos: int, n_kv: tuple[int, int]) -> None:
-        """The decode masks of position pos-1 moved on to pos (what `_fill_masks` would
-        write, in three cells rather than every cell): the full cache sees cell pos, the
-        ring its cell of pos and no longer that of pos - window. Their F16 twins (flash
-        attention) take the same cells: 0 and -inf are exact in F16."""
-        full, ring = self.mask(False, 1, n_kv[0]), self.mask(True, 1, n_kv[1])
-        cells = [(full, pos, 0.0), (ring, pos % self.swa_size, 0.0)]
-        if pos >= self.window:
-            cells.append((ring, (pos - self.window) % self.swa_size, -np.inf))
-        for mask, cell, value in cells:
-            mask[0, cell] = value
-            twin = self._half.get(id(mask))
-            if twin is not None:
-                twin[1][0, cell] = value
 
 
 class DecodeGraphs(Generic[T]):

@@ -22,7 +22,8 @@ weighted sum are finished in numpy in llama.cpp's arithmetic (`qcompute.routing`
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,10 +34,9 @@ from abbench.engine.arch.shared.graph import (
     LayerCache,
     OutputGraph,
     RingWrites,
-    attended,
     cache_attention,
-    causal_mask,
 )
+from abbench.engine.arch.shared.masks import attended, causal_mask
 from abbench.engine.arch.shared.pieces import Pieces
 from abbench.engine.arch.shared.plain_args import PlainArgs
 from abbench.engine.arch.shared.token_graph import ExpertNodes, TokenGraph, token_graph
@@ -123,7 +123,7 @@ class LayerGraph:
         self.x = ctx.array(xf, (t, d), np.float32)
         self.probs = ctx.array(probs, (t, n_expert), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)
-        self.routed = self.order[0, : model.k]
+        self.top = self.order[:, : model.k]  # (t, k) each token's experts
 
     def end(self, experts: ExpertNodes) -> int:
         """This layer's end (d, 1) in a token's one graph, as llama.cpp ends it: its
@@ -223,11 +223,17 @@ class PlainGraphModel(GraphFace):
             lambda i, _, end: LayerGraph(self, self.weights[i], i, 1, n_kv, end, True),
             lambda _, end: OutputGraph(self, *self._output, stream=end)))
 
+    def _batch_layer(self, t: int, pos: int, n_kv: int) -> Callable[[int, Any, int | None], Any]:
+        return lambda i, _, end: LayerGraph(self, self.weights[i], i, t, n_kv, end, True)
+
     def prefill(self, tokens: list[int], pos: int) -> None:
-        """Prompt tokens at positions pos .. pos+n-1 as one batch per layer, filling the
-        KV cache (their logits are not needed)."""
+        """Prompt tokens at positions pos .. pos+n-1 as one batch, filling the KV cache
+        (their logits are not needed): one graph where it may (`_prefill_in_graph`), else
+        a graph per layer and the experts between them."""
         hook = self.routing_hook
         h, n_kv = self._begin(tokens, pos)
+        if self._prefill_in_graph(len(tokens), pos, n_kv):
+            return
         for layer, w in enumerate(self.weights):
             # one layer's graph at a time: its scratch is the batch's size
             g = LayerGraph(self, w, layer, len(tokens), n_kv)
