@@ -14,6 +14,7 @@ import pytest
 from abbench.engine import synth
 from abbench.engine.arch.shared import graph, token_graph
 from abbench.engine.config import EngineConfig
+from abbench.engine.kernels.ggml import context
 from abbench.engine.run.session import Engine
 
 TINY = [name for name in synth.PRESETS if name.endswith("tiny")]  # one per architecture
@@ -167,6 +168,21 @@ def test_a_prefill_batch_past_the_graph_budget_runs_a_graph_a_layer(
     path = files["tiny"]
     within, _, graphs = prefilled(path, True, False, monkeypatch)
     monkeypatch.setattr(graph, "PREFILL_GRAPH_BYTES", 64 << 10)
+    over, _, none = prefilled(path, True, False, monkeypatch)
+    assert graphs == 2 and none == 0
+    np.testing.assert_array_equal(within, over)
+
+
+def test_a_prefill_batch_whose_arenas_cannot_be_mapped_runs_a_graph_a_layer(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No address space for the arenas (`ulimit -v`): the pass runs a graph a layer."""
+    path = files["gpt-oss-tiny"]
+    within, _, graphs = prefilled(path, True, False, monkeypatch)
+
+    def refused(nbytes: int) -> None:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(context, "_small_pages", refused)
     over, _, none = prefilled(path, True, False, monkeypatch)
     assert graphs == 2 and none == 0
     np.testing.assert_array_equal(within, over)

@@ -16,10 +16,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_llamacpp import decodes_as_llama_cpp, llama_bin
+from test_llamacpp import (
+    PROMPT,
+    _abbench_text,
+    _llama_completion,
+    decodes_as_llama_cpp,
+    llama_bin,
+)
 
 from abbench.engine import synth
 from abbench.engine.architectures import TABLE, preset_name
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.text.tokenizer import tokenizer_for
 
 pytestmark = pytest.mark.slow
 
@@ -48,3 +56,21 @@ def test_flash_attention_decodes_as_llama_cpps_default(llama_bin: Path, name: st
                                                         models: dict[str, Path]) -> None:
     decodes_as_llama_cpp(llama_bin, models[name], f"{name} --flash-attn", "--kernels",
                          "ggml", drop_nul=True, flash=True)
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["f32-attention", "flash-attn"])
+@pytest.mark.parametrize("name", [n for n in PRESETS if n.endswith("small")])
+def test_a_resident_run_one_graph_a_pass_prints_what_llama_completion_prints(
+        llama_bin: Path, name: str, flash: bool, models: dict[str, Path]) -> None:
+    """`--resident` on ggml: the prompt's batch and each decode token are one graph each,
+    the experts `mul_mat_id` inside it (`arch/shared/token_graph.py`); the text is
+    llama-completion's, run with the same passes (the prompt but its last token one
+    batch). Both attentions."""
+    model = models[name]
+    ours = _abbench_text(model, "--kernels", "ggml", "--resident",
+                         *(("--flash-attn",) if flash else ()))
+    n = len(tokenizer_for(ModelFile(model)).encode(PROMPT))
+    theirs = _llama_completion(llama_bin, model, "--no-repack", "-b", str(n - 1), "-ub",
+                               str(n - 1), flash=flash)
+    assert theirs == ours.replace(b"\x00", b"")  # NUL bytes: llama.cpp's logger drops them
+    assert ours
