@@ -24,6 +24,11 @@ Each round runs ABBA (engine, llama-bench, llama-bench, engine; the host's speed
 printed figure is the median of the rounds' ratios, with their range.
 
     python benches/p10_p12_quantized.py [--types Q4_K_M Q8_0] [--rounds 5] [--layers 4]
+        [--prelaid]
+
+`--prelaid`: P11's streaming runs read the experts from the copy laid out for the
+repacked kernels (docs/engine.md, `--prelaid`), written once before the rounds, rather
+than re-laying each expert they read.
 """
 
 from __future__ import annotations
@@ -111,6 +116,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--cache-share", type=float, default=0.25)
+    ap.add_argument("--prelaid", action="store_true",
+                    help="P11's runs read the experts from the copy pre-laid for the "
+                    "repacked kernels (engine run --prelaid; written before the rounds)")
     a = ap.parse_args()
     if a.rounds < 1 or a.threads < 1 or a.tokens < 2 or not 0 < a.cache_share < 1:
         ap.error("--rounds, --threads >= 1, --tokens >= 2, 0 < --cache-share < 1")
@@ -127,6 +135,9 @@ def main() -> None:
               f"{dense_mib:.1f} MiB; {a.threads} threads, {a.tokens} tokens, {a.rounds} rounds;"
               f" P11 cache {cache_mib:.0f} MiB ({a.cache_share:.0%})")
         p10, p11, p12 = [], [], []
+        extra = ("--prelaid",) if a.prelaid else ()
+        if a.prelaid:  # the copy written (or found) before anything is timed
+            engine(model, a.threads, 2, "--prelaid", "--cache-mib=64")
         for i in range(a.rounds):
             first = engine(model, a.threads, a.tokens, "--resident")
             theirs = (llama_bench(binary, model, a.threads, a.tokens)
@@ -136,7 +147,7 @@ def main() -> None:
             p10.append(ours / theirs)
             bw = raw_bandwidth(model, 48)
             stream = engine(model, a.threads, a.tokens, f"--cache-mib={cache_mib:.3f}",
-                            "--overlap", f"--io-lanes={LANES}")
+                            "--overlap", f"--io-lanes={LANES}", *extra)
             bw = (bw + raw_bandwidth(model, 48)) / 2
             misses = stream["misses"] / stream["tokens"]
             bound_s = misses * per_expert / MIB / bw + 1 / ours

@@ -121,6 +121,7 @@ OWN_FORMATS = {
     "engine/config.py": {"model"},  # the engine's configuration
     "engine/synth/vocab.py": {"model"},  # a tokenizer.json's `model`
     "engine/run/telemetry.py": {"model"},  # the bmoe CSV preamble's `model=`
+    "engine/streaming/prelaid.py": {"format", "model"},  # the pre-laid copy's header
     "importers/identity.py": {"model"},  # a configuration's `model`
     "report/fleet.py": {"format"},  # the fleet report's JSON
     "report/json_report.py": {"fingerprint", "format", "notes", "samples", "tokens",

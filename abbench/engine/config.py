@@ -113,6 +113,11 @@ class EngineConfig:
                           "ggml's repacked kernels where this CPU has them, as llama.cpp does "
                           "by default (--no-repack: as the file has them; the bits differ "
                           "in the last place)", STREAMING, toggle=True)
+    prelaid: bool = option(False, "read quantized experts from a copy laid out for ggml's "
+                           "repacked kernels, written once into the model cache "
+                           "($ABBENCH_CACHE/prelaid: the experts' size again on disk), "
+                           "instead of re-laying each one as it is read (needs ggml kernels "
+                           "and --repack)", STREAMING)
     flash_attn: bool = option(False, "attention as llama.cpp's default computes it on CPU: "
                               "flash attention over an F16 KV cache (llama-completion's "
                               "-fa on); default off: KQ, the masked softmax and KQV over an "
@@ -211,6 +216,9 @@ class EngineConfig:
         if self.flash_attn and self.kernels == "numpy":
             raise bad("flash_attn", "is computed on ggml's graph model: not with --kernels "
                       "numpy")
+        if self.prelaid and (self.kernels == "numpy" or not self.repack):
+            raise bad("prelaid", "is a copy laid out for ggml's repacked kernels: not with "
+                      + ("--kernels numpy" if self.kernels == "numpy" else "--no-repack"))
         if not self.cache_mib >= 0:
             raise bad("cache_mib", f"must be >= 0 (got {self.cache_mib})")
         if not 1 <= self.io_lanes <= 64:

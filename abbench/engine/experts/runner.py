@@ -17,15 +17,9 @@ The architecture's sparse MoE block routes, then calls the two steps here with t
    run and each missing one as it lands; with every expert resident, on the caller and
    a partner process (`partner.py`). There a decode layer takes its buffers straight
    from the complete cache, counted and traced as the lookups would count and trace them
-   (`_call_resident`, tested): their per-expert bookkeeping is on the caller's path of
-   every layer, and skipping it measured 1.7-4.3% faster decode (4 runs, tokens
-   alternating with and without in each; the same method's A/A: -1.4% to +0.3%).
-   Stale-gate retention without reads takes this path too, as over a complete cache it
-   only counts its predictions: on the lookups' path P4 measured 1.048 and 1.058,
-   here 1.009, 1.010 and 1.016 (`benches/p3_p4_predictor.py`, one run each). With no
-   drop policy and no route trace either, `run_routed` does both steps at once with the
-   same counters and none of the selection's objects (token-alternating, the short way
-   against select + call: 1.0% and 1.8% less time a decode token, two runs).
+   (`_call_resident`, tested), and with no drop policy and no route trace `run_routed`
+   does both steps at once with the same counters: the short ways docs/engine.md
+   measures ("The resident short ways").
 
 The block sums the outputs in routing order, so the result is bit-identical whatever was
 resident, when reads finished, or who computed. The steps' bookkeeping (settling, the
@@ -41,6 +35,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,10 +56,8 @@ from abbench.engine.kernels import partner
 from abbench.engine.kernels.compute import SWIGLU, ComputeTeam, Job
 from abbench.engine.kernels.qcompute import QuantTeam
 from abbench.engine.streaming.cache import ExpertCache, buffer_kinds
-from abbench.engine.streaming.streamer import (
-    LayerExperts,
-    SliceReader,
-)
+from abbench.engine.streaming.prelaid import Prelaid, open_prelaid
+from abbench.engine.streaming.streamer import LayerExperts, Slice, SliceReader
 from abbench.engine.units import MIB
 from abbench.errors import EngineError
 
@@ -98,10 +91,13 @@ class ExpertRunner:
         policies: Policies | None = None,
         team: QuantTeam | None = None,
         ffn: ExpertFFN = SWIGLU,
+        prelaid: Path | None = None,
+        note: Callable[[str], None] | None = None,
     ) -> None:
         """`team`: compute the experts in the file's own types on this ggml team made with
         `ffn` (their buffers then hold the file's bytes); None: in F32 on the numpy team.
-        `ffn`: the architecture's expert FFN (`arch.common.ExpertFFN`)."""
+        `ffn`: the architecture's expert FFN. `prelaid`: read the experts from a copy
+        pre-laid in this folder (`streaming/prelaid.py`; `note` says when it is written)."""
         self.ffn = ffn
         self.layout = layout
         self.overlap = overlap
@@ -114,14 +110,8 @@ class ExpertRunner:
         self.team: ComputeTeam | partner.Partner | QuantTeam = self._team(team, ff, max_k)
         self.raw = team is not None
         self.kinds = buffer_kinds(layout, self.raw, self.n_expert, max_k)
-        finish = None
-        if team is not None and team.repacker is not None:
-            # re-laid for ggml's repacked kernels as llama.cpp's --repack does, resident or
-            # streamed: each slot as its read is first waited for (ReadTicket.wait)
-            for pool in dict.fromkeys(self.kinds):
-                team.repack_pool(pool)  # type: ignore[arg-type]
-            finish = team.repack_slot
-        self.reader = SliceReader(mf.path, io_lanes, o_direct, finish)  # type: ignore[arg-type]
+        self.prelaid: Prelaid | None = None
+        self.reader = self._reader(mf, team, io_lanes, o_direct, prelaid, note)
         total = sum(kind.nbytes * self.n_expert for kind in self.kinds)
         self.cache = ExpertCache(total if resident else int(cache_mib * MIB))
         self.out = np.zeros((max_k, d), np.float32)  # (k, d) expert outputs, routing order
@@ -142,6 +132,22 @@ class ExpertRunner:
         if resident:
             self._preload()
             self.cache.complete = True
+
+    def _reader(self, mf: ModelFile, team: QuantTeam | None, io_lanes: int, o_direct: bool,
+                prelaid: Path | None, note: Callable[[str], None] | None) -> SliceReader:
+        """The reader lanes, over the model file or its pre-laid copy (`self.prelaid`)."""
+        finish = None
+        if team is not None and team.repacker is not None:
+            # re-laid as llama.cpp's --repack does: a slot as its read is waited for
+            for pool in dict.fromkeys(self.kinds):
+                team.repack_pool(pool)  # type: ignore[arg-type]
+            finish = team.repack_slot
+        if prelaid is not None and team is not None:  # the session refuses F32 experts
+            self.prelaid = open_prelaid(prelaid, mf.path, self.layout, self.kinds,  # type: ignore[arg-type]
+                                        team.repack_slot, team.repack_pool, o_direct, note)
+            finish = None  # read as they are computed from
+        source = mf.path if self.prelaid is None else self.prelaid.path
+        return SliceReader(source, io_lanes, o_direct, finish)  # type: ignore[arg-type]
 
     def _team(self, team: QuantTeam | None, ff: int, max_k: int) -> ComputeTeam | QuantTeam:
         """The ggml team given, which must run this runner's FFN, or the numpy team."""
@@ -236,15 +242,21 @@ class ExpertRunner:
         return self.reader.o_direct
 
     def _preload(self) -> None:
-        for layer, le in enumerate(self.layout):
+        for layer in range(len(self.layout)):
             tickets = []
             for e in range(self.n_expert):
                 buf = self.kinds[layer].new()
-                tickets.append((e, buf, self.reader.submit(le.slices(e, self.raw), buf)))
+                tickets.append((e, buf, self.reader.submit(self.slices(layer, e), buf)))
             for e, buf, t in tickets:
                 t.wait()  # and re-laid, where the team repacks
                 self.load_read_bytes += t.nbytes
                 self.cache.insert((layer, e), buf)
+
+    def slices(self, layer: int, expert: int) -> tuple[Slice, Slice, Slice]:
+        """Where an expert's parts are read from: the model file, or the copy (--prelaid)."""
+        if self.prelaid is not None:
+            return self.prelaid.slices(layer, expert)
+        return self.layout[layer].slices(expert, self.raw)
 
     def begin_pass(self, phase: int, step: int) -> None:
         """Called before each forward pass (the previous pass's routing becomes "previous")."""
@@ -328,7 +340,8 @@ class ExpertRunner:
             spec.speculate(layer, load.batch)
         self.tok.evictions += self.cache.counters.evictions - evictions_before
         if self.trace is not None:
-            self._trace_layer(self.trace, phase, layer, chosen, load.residency)
+            chosen.trace(self.trace, phase, self.step, layer, load.residency,
+                         self.layout[layer].file_bytes)
         self.tok.mgmt_s += time.perf_counter() - t0
         self._run(layer, x, load)
         return self.out[: len(chosen.experts)]  # (k', d)
@@ -346,14 +359,14 @@ class ExpertRunner:
         self.cache.counters.hits += k
         self.tok.hits += k
         if self.trace is not None:
-            self._trace_layer(self.trace, phase, layer, chosen, [1] * k)
+            chosen.trace(self.trace, phase, self.step, layer, [1] * k,
+                         self.layout[layer].file_bytes)
         self.tok.mgmt_s += time.perf_counter() - t0
         return team.run_resident(bufs, x, chosen.experts, layer)  # (k', d)
 
     def load(self, layer: int, experts: list[int]) -> Load:
         """One lookup per expert (a hit refreshes recency); every miss's read is issued at
         once on the reader lanes, into a buffer the cache admits (or scratch)."""
-        le = self.layout[layer]
         cache = self.cache
         predicted = self.spec.at_lookups(layer, experts)  # a deferred retention, done
         useful_before = cache.counters.spec_useful
@@ -371,7 +384,7 @@ class ExpertRunner:
                 load.batch = {(layer, i) for i in experts}
             buf, cached = cache.admit(key, self.kinds[layer], load.batch)
             load.missing.append((slot, e, buf, cached))
-            load.tickets.append(self.reader.submit(le.slices(e, self.raw), buf))  # starts now
+            load.tickets.append(self.reader.submit(self.slices(layer, e), buf))  # starts now
             load.residency.append(0)
         if predicted is not None:  # and those looked up: they were resident if they hit
             self.tok.retained += sum(1 for e, r in zip(experts, load.residency)
@@ -429,19 +442,6 @@ class ExpertRunner:
             if not cached:
                 self.cache.release(buf)
         tok.mgmt_s += time.perf_counter() - t0
-
-    def _trace_layer(self, trace: RouteTraceWriter, phase: int, layer: int,
-                     chosen: Selection, residency: list[int]) -> None:
-        """One route-trace row per routed slot, dropped ones included (residency 0)."""
-        k = len(chosen.routed)
-        if chosen.keep is None:
-            full, dropped = residency, [0] * k
-        else:
-            it = iter(residency)
-            full = [next(it) if kept else 0 for kept in chosen.keep]
-            dropped = [0 if kept else 1 for kept in chosen.keep]
-        trace.layer(phase, self.step, layer, chosen.routed, chosen.routed_weights.tolist(),
-                    full, dropped, self.layout[layer].file_bytes)
 
     def close(self) -> None:
         self.finish()

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from abbench.engine.kernels.compute import Job
 from abbench.engine.streaming.cache import ExpertCache, Key
 from abbench.engine.streaming.streamer import ExpertBuffer, ReadTicket
+
+if TYPE_CHECKING:
+    from abbench.records.route_trace import RouteTraceWriter
 
 
 @dataclass
@@ -53,6 +56,20 @@ class Selection:
     keep: list[bool] | None  # (k,) per routed slot; None when nothing was dropped
     experts: list[int]  # (k',) the kept experts, routing order
     weights: np.ndarray  # (k',) their weights (renormalised unless --drop-no-renorm)
+
+    def trace(self, trace: RouteTraceWriter, phase: int, step: int, layer: int,
+              residency: list[int], file_bytes: int) -> None:
+        """The layer's route-trace rows, one per routed slot, dropped ones included
+        (residency 0): `residency` is the kept experts' (routing order)."""
+        k = len(self.routed)
+        if self.keep is None:
+            full, dropped = residency, [0] * k
+        else:
+            it = iter(residency)
+            full = [next(it) if kept else 0 for kept in self.keep]
+            dropped = [0 if kept else 1 for kept in self.keep]
+        trace.layer(phase, step, layer, self.routed, self.routed_weights.tolist(), full,
+                    dropped, file_bytes)
 
 
 class ResidentTeam(Protocol):

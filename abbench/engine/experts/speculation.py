@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from abbench.engine.experts.policies import Policies, prev_token_prefetch, stale_gate_prefetch
 from abbench.engine.experts.selection import TokenCounters
 from abbench.engine.streaming.cache import BufferKind, ExpertCache, Key
-from abbench.engine.streaming.streamer import LayerExperts, ReadTicket, SliceReader
+from abbench.engine.streaming.streamer import LayerExperts, ReadTicket, Slice, SliceReader
 
 if TYPE_CHECKING:
     from abbench.engine.experts.predictor import RoutePredictor
@@ -32,11 +32,12 @@ class Host(Protocol):
 
     layout: list[LayerExperts]
     kinds: list[BufferKind]
-    raw: bool
     reader: SliceReader
     cache: ExpertCache
     tok: TokenCounters
     policies: Policies
+
+    def slices(self, layer: int, expert: int) -> tuple[Slice, Slice, Slice]: ...
 
 
 class Speculator:
@@ -127,13 +128,12 @@ class Speculator:
         for key in targets:
             if cache.peek(key) or key in pinned:
                 continue
-            le = host.layout[key[0]]
             buf, cached = cache.admit(key, host.kinds[key[0]], pinned, speculative=True)
             if not cached:  # no room without evicting what is in use: do not speculate
                 cache.release(buf)
                 continue
             pinned.add(key)
-            self.pending.append((key, host.reader.submit(le.slices(key[1], host.raw), buf)))
+            self.pending.append((key, host.reader.submit(host.slices(*key), buf)))
 
     def settle(self, cancel: bool = True) -> None:
         """Finished speculative reads join the cache; the rest are cancelled."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +38,7 @@ from abbench.engine.kernels import ggml
 from abbench.engine.kernels.qcompute import QuantTeam
 from abbench.engine.run.measure import measure_pass, peak_rss_mib
 from abbench.engine.run.model_info import check_vectors, choose_kernels, model_info
-from abbench.engine.run.models import check_context_memory
+from abbench.engine.run.models import cache_dir, check_context_memory
 from abbench.engine.run.result import RunResult, TokenRecord
 from abbench.engine.run.sampling import Sampler
 from abbench.engine.run.settings import context_size, experts_used, prompt_of, sampling_settings
@@ -47,7 +48,7 @@ from abbench.engine.streaming import memory
 from abbench.engine.streaming.streamer import expert_layout
 from abbench.engine.text.tokenizer import end_of_generation
 from abbench.engine.units import MIB
-from abbench.errors import EngineError
+from abbench.errors import ConfigError, EngineError
 from abbench.records.route_trace import RouteTraceWriter
 
 # The run's face: the records and the model's description are read through this module.
@@ -113,6 +114,10 @@ class Engine:
         ffn = arch.expert_ffn(self.mf, args)
         team = (QuantTeam(config.compute_threads, config.repack, ffn)
                 if self.kernels == "ggml" else None)
+        if config.prelaid and team is None:
+            raise ConfigError(f"{self.mf.path}: --prelaid pre-lays quantized experts for "
+                              "ggml; this file's are computed by numpy (F32)",
+                              tip="run without --prelaid, or with --kernels ggml")
         self.runner = ExpertRunner(
             self.mf,
             self.layout,
@@ -126,6 +131,8 @@ class Engine:
             policies=Policies.of(config),
             team=team,
             ffn=ffn,
+            prelaid=cache_dir() / "prelaid" if config.prelaid else None,
+            note=lambda line: print(line, file=sys.stderr, flush=True),
         )
         pinned = config.dense == "pinned"
         if team is None:
@@ -322,8 +329,11 @@ class Engine:
             lib = ggml.lib()
             info["ggml"] = {"library": str(lib.folder), "cpu": lib.cpu_features()}
             dense = getattr(self.model, "dense_matrices", list)()
+            prelaid = self.runner.prelaid
             info["repacked"] = {
                 "experts": self.runner.repacked,
+                # where streamed experts were read from already re-laid (--prelaid)
+                "prelaid": None if prelaid is None else str(prelaid.path),
                 "dense": sorted({GGMLQuantizationType(m.ggml_type).name for m in dense
                                  if m.repacked}),
             }

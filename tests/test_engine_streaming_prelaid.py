@@ -1,0 +1,169 @@
+"""`--prelaid` (engine/streaming/prelaid.py): quantized experts read from a copy laid out
+for ggml's repacked kernels, written once into the model cache. A run reading the copy
+computes the bits of one that re-lays each expert as it is read; the copy is written
+once, read as it is, and written again where it no longer fits the model, the pools or
+this CPU; what cannot work is refused with one message."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import namedtuple
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_main
+
+from abbench.engine import synth
+from abbench.engine.config import EngineConfig
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import Engine, model_info
+from abbench.engine.streaming import prelaid
+from abbench.engine.streaming.streamer import SliceReader
+from abbench.errors import ConfigError
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def q4km(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small preset as a Q4_K_M file: gate and up Q4_K, which this CPU's repacked
+    kernels take (down Q5_0 / Q8_0)."""
+    path = tmp_path_factory.mktemp("prelaid") / "small-q4km.gguf"
+    synth.write_model(replace(synth.preset("small"), expert_type="Q4_K_M",
+                              dense_type="Q4_K_M"), path)
+    return path
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ABBENCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "prelaid"
+
+
+def streamed(path: Path, **extra: object) -> EngineConfig:
+    """A streaming run whose cache holds a few experts: misses on every layer."""
+    budget = 6 * max(model_info(ModelFile(path))["expert_resident_bytes"]) / MIB
+    return EngineConfig(model=str(path), prompt_tokens=(5, 9, 30, 41, 7, 99), n_tokens=8,
+                        temp=0.0, ignore_eos=True, kernels="ggml", cache_mib=budget,
+                        **extra)  # type: ignore[arg-type]
+
+
+def logits(cfg: EngineConfig, path: Path) -> tuple[np.ndarray, int, object]:
+    """Every position's logits, the misses counted, and the runner's copy (or None)."""
+    tokens = [int(t) for t in np.random.default_rng(4).integers(0, 259, 12)]
+    cfg = replace(cfg, prompt_tokens=tuple(tokens), n_tokens=1, n_ctx=len(tokens) + 1)
+    with Engine(cfg, path) as engine:
+        out = np.stack([engine.model.forward(t, pos, 1) for pos, t in enumerate(tokens)])
+        return out, engine.runner.tok.misses, engine.runner.prelaid
+
+
+@pytest.mark.parametrize("extra", [{}, {"resident": True},
+                                   {"predict_prefetch": True, "predict_spec_max": 4}],
+                         ids=["misses", "resident", "speculated"])
+def test_a_run_reading_the_copy_computes_the_bits_of_one_that_relays(
+        q4km: Path, cache: Path, extra: dict[str, object]) -> None:
+    relaid, _, none = logits(streamed(q4km, **extra), q4km)
+    read, misses, copy = logits(streamed(q4km, prelaid=True, **extra), q4km)
+    assert none is None and copy is not None
+    np.testing.assert_array_equal(read, relaid)
+    assert misses > 0 or extra.get("resident")
+
+
+def test_the_copy_is_written_once_and_read_as_it_is(q4km: Path, cache: Path) -> None:
+    """Each expert in the copy is the slot a read from the model re-lays; the runner
+    reads the copy with nothing left to do on the compute thread; a second run opens
+    the copy written by the first."""
+    with Engine(streamed(q4km, prelaid=True), q4km) as engine:
+        copy = engine.runner.prelaid
+        assert copy is not None and copy.path.parent == cache
+        assert engine.runner.reader.path == str(copy.path)
+        assert engine.runner.reader.finish is None
+        runner, team = engine.runner, engine.runner.team
+        layer, expert = 3, 5
+        slot, want = (runner.kinds[layer].new() for _ in range(2))  # type: ignore[union-attr]
+        runner.reader.read_now(copy.slices(layer, expert), slot)
+        model = SliceReader(q4km, 1, False)
+        try:
+            model.read_now(runner.layout[layer].slices(expert, True), want)
+        finally:
+            model.close()
+        plain = want.data.copy()
+        team.repack_slot(want)  # type: ignore[union-attr]
+        assert any(runner.kinds[layer].repack)  # type: ignore[union-attr]
+        assert not np.array_equal(plain, want.data)  # re-laying changed it
+        assert np.array_equal(slot.data, want.data)
+        engine.run()
+    written = copy.path.stat().st_mtime_ns
+    with Engine(streamed(q4km, prelaid=True), q4km) as engine:
+        engine.run()
+        assert engine.runner.prelaid is not None
+        assert engine.runner.prelaid.path == copy.path
+    assert copy.path.stat().st_mtime_ns == written
+    assert [p.name for p in cache.iterdir()] == [copy.path.name]  # no temporary left
+
+
+Damage = namedtuple("Damage", "name how")
+
+
+@pytest.mark.parametrize("damage", [
+    Damage("header", lambda f, p: os.pwrite(f, b"{not json", 0)),
+    Damage("expert 0", lambda f, p: os.pwrite(f, b"\xff" * 64, p.layers[0].base + 100)),
+    Damage("cut short", lambda f, p: os.ftruncate(f, p.layers[0].base + 10)),
+], ids=lambda d: d.name)
+def test_a_damaged_copy_is_written_again(q4km: Path, cache: Path, damage: Damage) -> None:
+    before, _, copy = logits(streamed(q4km, prelaid=True), q4km)
+    assert isinstance(copy, prelaid.Prelaid)
+    fd = os.open(copy.path, os.O_RDWR)
+    try:
+        damage.how(fd, copy)
+    finally:
+        os.close(fd)
+    after, _, again = logits(streamed(q4km, prelaid=True), q4km)
+    np.testing.assert_array_equal(after, before)
+    assert again == copy
+    header = prelaid._read_header(copy.path)
+    assert header is not None and header["format"] == prelaid.FORMAT
+
+
+def test_a_model_written_again_gets_a_copy_of_its_own(q4km: Path, cache: Path,
+                                                      tmp_path: Path) -> None:
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(q4km, model)
+    first = prelaid.prelaid_path(cache, model)
+    logits(streamed(model, prelaid=True), model)
+    os.utime(model, ns=(1, 1))
+    assert prelaid.prelaid_path(cache, model) != first
+    _, _, copy = logits(streamed(model, prelaid=True), model)
+    assert copy.path.exists() and copy.path != first  # type: ignore[attr-defined]
+
+
+def test_a_disk_too_small_for_the_copy_is_one_message(
+        q4km: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    usage = shutil.disk_usage(q4km.parent)
+    monkeypatch.setattr(prelaid.shutil, "disk_usage",
+                        lambda _: usage._replace(free=4096))
+    with pytest.raises(ConfigError, match="GiB free"):
+        Engine(streamed(q4km, prelaid=True), q4km)
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--no-repack"], "--no-repack"),
+    (["--kernels", "numpy"], "--kernels numpy"),
+])
+def test_prelaid_where_nothing_is_relaid_is_refused(
+        q4km: Path, cache: Path, flags: list[str], says: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["engine", "run", "-m", str(q4km), "-p", "hi", "-n", "2",
+                             "--prelaid", *flags], capsys)
+    assert code == 2 and "prelaid" in err and says in err and "Traceback" not in err
+
+
+def test_prelaid_on_f32_experts_is_refused(tiny_model: Path, cache: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["engine", "run", "-m", str(tiny_model), "-p", "hi", "-n", "2",
+                             "--prelaid"], capsys)
+    assert code == 2 and "--prelaid" in err and "numpy" in err
