@@ -124,8 +124,24 @@ def test_a_damaged_copy_is_written_again(q4km: Path, cache: Path, damage: Damage
     after, _, again = logits(streamed(q4km, prelaid=True), q4km)
     np.testing.assert_array_equal(after, before)
     assert again == copy
-    header = prelaid._read_header(copy.path)
+    header = prelaid._read_header(copy.path, copy.layers[0].base)
     assert header is not None and header["format"] == prelaid.FORMAT
+
+
+def test_a_copy_of_many_layers_has_a_header_past_one_page(cache: Path,
+                                                         tmp_path: Path) -> None:
+    """48 layers (as Qwen3-30B-A3B has) describe themselves in more than 4 KiB: the
+    header takes as many pages as it needs, and the copy reads back."""
+    model = tmp_path / "deep.gguf"
+    synth.write_model(replace(synth.preset("tiny"), n_layer=48, d_model=256, n_head=4,
+                              expert_ff=256, expert_type="Q4_K_M", dense_type="Q8_0"),
+                      model)
+    relaid, _, _ = logits(streamed(model), model)
+    read, _, copy = logits(streamed(model, prelaid=True), model)
+    assert isinstance(copy, prelaid.Prelaid) and copy.layers[0].base > 4096
+    np.testing.assert_array_equal(read, relaid)
+    _, _, again = logits(streamed(model, prelaid=True), model)
+    assert again == copy
 
 
 def test_a_model_written_again_gets_a_copy_of_its_own(q4km: Path, cache: Path,

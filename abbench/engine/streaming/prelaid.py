@@ -9,9 +9,9 @@ from the copy, a miss costs its read alone; without re-laying at all, the expert
 ggml's plain kernels, about 1.4x slower (docs/engine.md, `--repack`). The copy takes the
 experts' bytes again on disk.
 
-The file: a 4 KiB header (JSON: the format, the model file's path, size and mtime, each
-layer's slot layout, which parts are re-laid and where its experts start), then each
-layer's experts, one slot image each (`SlotLayout.stride` bytes, the three parts each on
+The file: a header (JSON, ended by a NUL and padded to 4 KiB pages: the format, the model
+file's path, size and mtime, each layer's slot layout and which parts are re-laid), then
+each layer's experts, one slot image each (`SlotLayout.stride` bytes, the three parts each on
 a 4 KiB boundary as in a slot): expert e of a layer at its base + e * stride. Every
 offset and length is 4 KiB-aligned, so an O_DIRECT read lands straight in the slot.
 
@@ -38,8 +38,7 @@ from abbench.engine.streaming.slots import ALIGN, RawSlot, SlotLayout, SlotPool
 from abbench.engine.streaming.streamer import LayerExperts, Slice, SliceReader
 from abbench.errors import ConfigError, EngineError
 
-FORMAT = "abbench-prelaid-1"
-HEADER_BYTES = ALIGN
+FORMAT = "abbench-prelaid-2"
 
 Lay = Callable[[RawSlot], None]  # re-lay a slot read as the file has it (the team's)
 Prepare = Callable[[SlotPool], None]  # make a pool's slots re-laid (the team's)
@@ -97,21 +96,25 @@ def open_prelaid(folder: Path, model: Path, layout: Sequence[LayerExperts],
     O_DIRECT where `o_direct`). `prepare` readies a scratch pool of a layer's layout as
     `pools[layer]` is."""
     path = prelaid_path(folder, model)
-    plan = _plan(layout, pools)
     st = model.stat()
     header = {"format": FORMAT, "model": str(model.resolve()), "size": st.st_size,
-              "mtime_ns": st.st_mtime_ns, "layers": [_layer_json(p) for p in plan]}
+              "mtime_ns": st.st_mtime_ns,
+              "layers": [{"layout": asdict(pool.layout), "repack": list(pool.repack)}
+                         for pool in pools]}
+    blob = json.dumps(header).encode() + b"\0"  # its end: the header's pages are padded
+    plan = _plan(layout, pools, _up(len(blob)))
     scratch = _Scratch(prepare)
     try:
         first = _first_expert(model, layout, plan, lay, scratch)
-        if _read_header(path) == header and _copy_of_first(path, plan[0]) == first:
+        if _read_header(path, plan[0].base) == header and \
+                _copy_of_first(path, plan[0]) == first:
             return Prelaid(path, tuple(plan))
         if note is not None:
             size = _total(plan, layout[0].gate.shape[0])
             note(f"pre-laying {model.name}'s experts for ggml's repacked kernels into "
                  f"{path} (once, {size / 2**30:.2f} GiB)")
         t0 = time.perf_counter()
-        _write(path, header, model, layout, plan, lay, scratch, o_direct)
+        _write(path, blob, model, layout, plan, lay, scratch, o_direct)
         if note is not None:
             note(f"pre-laid in {time.perf_counter() - t0:.1f} s")
         return Prelaid(path, tuple(plan))
@@ -119,9 +122,10 @@ def open_prelaid(folder: Path, model: Path, layout: Sequence[LayerExperts],
         scratch.trim()
 
 
-def _plan(layout: Sequence[LayerExperts], pools: Sequence[SlotPool]) -> list[PrelaidLayer]:
-    """Each layer's place in the copy, one after another from the header on."""
-    plan, at = [], HEADER_BYTES
+def _plan(layout: Sequence[LayerExperts], pools: Sequence[SlotPool],
+          header_bytes: int) -> list[PrelaidLayer]:
+    """Each layer's place in the copy, one after another from the header's end on."""
+    plan, at = [], header_bytes
     for le, pool in zip(layout, pools):
         if pool.layout != le.slot_layout:
             raise EngineError("a layer's slot pool holds another layout than its experts'")
@@ -135,19 +139,16 @@ def _total(plan: Sequence[PrelaidLayer], n_expert: int) -> int:
     return last.base + last.layout.stride * n_expert
 
 
-def _layer_json(p: PrelaidLayer) -> dict[str, object]:
-    return {"layout": asdict(p.layout), "repack": list(p.repack), "base": p.base}
-
-
-def _read_header(path: Path) -> dict[str, object] | None:
-    """The copy's header, or None where there is no readable copy."""
+def _read_header(path: Path, nbytes: int) -> dict[str, object] | None:
+    """The copy's header, read from its first `nbytes`, or None where there is no
+    readable copy."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(HEADER_BYTES)
+            raw = f.read(nbytes)
     except OSError:
         return None
     try:
-        got = json.loads(raw.rstrip(b"\0").decode())
+        got = json.loads(raw.split(b"\0", 1)[0].decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     return got if isinstance(got, dict) else None
@@ -199,7 +200,7 @@ def _copy_of_first(path: Path, first: PrelaidLayer) -> bytes | None:
     return got if len(got) == first.layout.stride else None
 
 
-def _write(path: Path, header: dict[str, object], model: Path,
+def _write(path: Path, blob: bytes, model: Path,
            layout: Sequence[LayerExperts], plan: Sequence[PrelaidLayer], lay: Lay,
            scratch: _Scratch, o_direct: bool) -> None:
     """Every expert read from `model`, re-laid and written at its place, into a temporary
@@ -213,16 +214,12 @@ def _write(path: Path, header: dict[str, object], model: Path,
                           f"copy of the experts takes {size / 2**30:.1f} GiB",
                           tip="free some space, set ABBENCH_CACHE to another folder, or "
                           "run without --prelaid")
-    blob = json.dumps(header).encode()
-    if len(blob) > HEADER_BYTES:
-        raise EngineError(f"the pre-laid copy's header takes {len(blob)} bytes, over "
-                          f"{HEADER_BYTES}")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     reader = SliceReader(model, 4, o_direct)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.pwrite(fd, blob.ljust(HEADER_BYTES, b"\0"), 0)
+            os.pwrite(fd, blob.ljust(plan[0].base, b"\0"), 0)
             for le, p in zip(layout, plan):
                 slot = scratch.slot(p)
                 for e in range(n_expert):
