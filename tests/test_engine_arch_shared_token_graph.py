@@ -173,6 +173,26 @@ def test_a_prefill_batch_past_the_graph_budget_runs_a_graph_a_layer(
     np.testing.assert_array_equal(within, over)
 
 
+def test_a_pass_size_past_the_budget_is_not_built_toward_again(
+        files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second pass of a size that did not fit goes straight to a graph a layer."""
+    monkeypatch.setattr(graph, "PREFILL_GRAPH_BYTES", 64 << 10)
+    built: list[int] = []
+    make = graph.token_graph
+
+    def counted(*args: object, **kwargs: object) -> object:
+        built.append(1)
+        return make(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(graph, "token_graph", counted)
+    path = files["tiny"]
+    tokens = [5, 9, 30, 41, 7, 99, 12, 3]
+    with Engine(config(path), path) as engine:
+        for _ in range(2):
+            engine.model.prefill(tokens, 0)
+        assert len(built) == 1 and len(engine.model._over_budget) == 1
+
+
 def test_a_prefill_batch_whose_arenas_cannot_be_mapped_runs_a_graph_a_layer(
         files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """No address space for the arenas (`ulimit -v`): the pass runs a graph a layer."""

@@ -372,3 +372,26 @@ def test_rope_scalars_and_shapes_ggml_would_abort_on_are_refused() -> None:
     with pytest.raises(ggml.EngineError, match="rope_ext"):
         ctx.rope_ext(_tensor(ctx, x), _tensor(ctx, np.zeros(3, np.int32)),
                      ggml.Rope(8, ggml.ROPE_NEOX, 4096, 1e4))
+
+
+def test_an_arena_hands_out_aligned_memory_once_each_until_reset() -> None:
+    """`ggml.Arena`: 64-byte aligned pieces one after another, `ArenaFull` past its size,
+    all of it again after `reset`; contexts made inside `scratch_from` take their results
+    there, and only inside it."""
+    arena = ggml.Arena(1 << 16)
+    a, b = arena.take(100), arena.take(100)
+    assert a.ctypes.data % 64 == 0 and b.ctypes.data - a.ctypes.data == 128
+    with pytest.raises(ggml.ArenaFull):
+        arena.take(1 << 16)
+    arena.reset()
+    assert arena.take(100).ctypes.data == a.ctypes.data
+    g = ggml.lib()
+    x = np.arange(8, dtype=np.float32)
+    with ggml.scratch_from(arena):
+        inside = ggml.Context(g, 4, 0, 1 << 10)
+        t = inside.op("scale", inside.tensor(ggml.F32, (8,), x.ctypes.data), 2.0)
+    start = a.ctypes.data
+    assert start <= ggml.TensorStruct.from_address(t).data < start + (1 << 16)
+    outside = ggml.Context(g, 4, 0, 1 << 10)
+    u = outside.op("scale", outside.tensor(ggml.F32, (8,), x.ctypes.data), 2.0)
+    assert not start <= ggml.TensorStruct.from_address(u).data < start + (1 << 16)

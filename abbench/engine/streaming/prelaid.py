@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from abbench.engine.streaming.slots import ALIGN, RawSlot, SlotLayout, SlotPool
+from abbench.engine.streaming.slots import RawSlot, SlotLayout, SlotPool, whole_pages
 from abbench.engine.streaming.streamer import LayerExperts, Slice, SliceReader
 from abbench.errors import ConfigError, EngineError
 
@@ -42,10 +42,6 @@ FORMAT = "abbench-prelaid-2"
 
 Lay = Callable[[RawSlot], None]  # re-lay a slot read as the file has it (the team's)
 Prepare = Callable[[SlotPool], None]  # make a pool's slots re-laid (the team's)
-
-
-def _up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @dataclass(frozen=True)
@@ -62,8 +58,8 @@ class PrelaidLayer:
         range (three lanes may read them at once)."""
         lay = self.layout
         at = self.base + expert * lay.stride
-        out = [Slice(at + dest, _up(part.nbytes), part.ggml_type, (part.rows, part.cols),  # type: ignore[arg-type]
-                     dest, raw=True)
+        out = [Slice(at + dest, whole_pages(part.nbytes),
+                     part.ggml_type, (part.rows, part.cols), dest, raw=True)  # type: ignore[arg-type]
                for part, dest in zip((lay.gate, lay.up, lay.down), lay.offsets)]
         return out[0], out[1], out[2]
 
@@ -102,7 +98,7 @@ def open_prelaid(folder: Path, model: Path, layout: Sequence[LayerExperts],
               "layers": [{"layout": asdict(pool.layout), "repack": list(pool.repack)}
                          for pool in pools]}
     blob = json.dumps(header).encode() + b"\0"  # its end: the header's pages are padded
-    plan = _plan(layout, pools, _up(len(blob)))
+    plan = _plan(layout, pools, whole_pages(len(blob)))
     scratch = _Scratch(prepare)
     try:
         first = _first_expert(model, layout, plan, lay, scratch)

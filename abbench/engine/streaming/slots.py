@@ -32,7 +32,8 @@ HUGE_PAGE = 2 << 20
 _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
 
 
-def _up(n: int) -> int:
+def whole_pages(n: int) -> int:
+    """`n` bytes rounded up to whole 4 KiB pages (O_DIRECT's unit)."""
     return -(-n // ALIGN) * ALIGN
 
 
@@ -57,13 +58,13 @@ class SlotLayout:
     @property
     def offsets(self) -> tuple[int, int, int]:
         g = 0
-        u = _up(self.gate.nbytes)
-        d = u + _up(self.up.nbytes)
+        u = whole_pages(self.gate.nbytes)
+        d = u + whole_pages(self.up.nbytes)
         return g, u, d
 
     @property
     def stride(self) -> int:
-        return self.offsets[2] + _up(self.down.nbytes)
+        return self.offsets[2] + whole_pages(self.down.nbytes)
 
     @property
     def file_bytes(self) -> int:

@@ -264,8 +264,7 @@ class GraphFace:
         stacks = self._token_stacks(0)
         if stacks is None or (t, n_kv) in self._over_budget:
             return False
-        if not self._batch_arenas or self._batch_arenas[0].nbytes != PREFILL_GRAPH_BYTES // 2:
-            # the layers' results in turn; the last pass's graph is done with
+        if not self._batch_arenas:  # the layers' results in turn, kept from pass to pass
             self._batch_arenas = [ggml.Arena(PREFILL_GRAPH_BYTES // 2) for _ in range(2)]
         try:
             graph = token_graph(self, stacks, self._batch_layer(t, pos, n_kv), None, t,
