@@ -293,6 +293,19 @@ def test_state_and_metrics_and_logs_parse() -> None:
     assert parse_engine_log("nothing") is None
 
 
+@pytest.mark.parametrize("line", [
+    "generation: 256 tokens, 0.423 s/token (999999999999999999999999992.366 tok/s)",
+    "compute: 80% CPU occupancy (0.2 cpu-s/token over 9999999999999999999999 threads), "
+    "0 major faults/token",
+])
+def test_an_engine_log_number_past_what_a_record_holds_names_its_line(line: str) -> None:
+    """Found by the slow fuzz: a finite number past records' LIMIT reached the summary's
+    check, whose message names no file."""
+    text = "generation: 3 tokens, 0.5 s/token (2.000 tok/s)\n" + line
+    with pytest.raises(ForeignRunError, match=r"^a\.log:2: .*out of range"):
+        parse_engine_log(text, "a.log")
+
+
 PARSERS = [parse_bmoe_csv, parse_metrics, parse_state, parse_driver_log, parse_engine_log]
 ALPHABET = st.sampled_from(list("0123456789.,=:-/# \n\teE+abcdstepwall_msTemperature{}")
                            + ["step,wall_ms\n", "# summary ", "tok/s=", "--- BEFORE ---\n",

@@ -287,3 +287,16 @@ def test_a_driver_log_number_out_of_range_is_left_out_with_a_note() -> None:
     assert any("cpu_temp_c" in n and "finite" in n for n in notes), notes
     assert any("memavail" in n and "out of range" in n for n in notes), notes
     assert any("policy0" in n for n in notes), notes
+
+
+def test_a_driver_log_number_past_what_a_record_holds_is_left_out_with_a_note() -> None:
+    from abbench.importers.driverlog import parse_driver_log
+
+    notes: list[str] = []
+    (entry,) = parse_driver_log(  # finite, but past records' LIMIT (1e18)
+        "ENTRY STATE: cell=a cpu_temp_c=1e27 battery_temp_c=38.1 "
+        "caps=policy0:1e27/3321600,policy6:1651200/3801600\n", "driver.log", notes)
+    assert entry.cpu_temp_c is None and entry.battery_temp_c == 38.1
+    assert entry.caps_khz == {"policy6": 1651200}
+    assert any("cpu_temp_c" in n and "out of range" in n for n in notes), notes
+    assert any("policy0" in n for n in notes), notes

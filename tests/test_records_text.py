@@ -79,6 +79,8 @@ def test_number_reads_a_finite_number() -> None:
     ("abc", "'abc' is not a number"), ("", "'' is not a number"),
     ("nan", "'nan' is not a finite number"), ("-inf", "'-inf' is not a finite number"),
     ("1e999", "'1e999' is not a finite number"),
+    # finite, but past what a record holds: refused here, where the file is named
+    ("-2e18", "'-2e18' is out of range (at most 1e+18)"),
 ])
 def test_number_names_the_file_line_and_field(field: str, problem: str) -> None:
     with pytest.raises(ForeignRunError) as e:

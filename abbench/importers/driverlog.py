@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from abbench.records import keys
+from abbench.records.schema import is_number
 from abbench.records.text import clip, quote, read_text
 
 MARK = "ENTRY STATE:"
@@ -162,7 +163,7 @@ def _policies(body: str) -> tuple[dict[str, int], dict[str, int], list[str]]:
 
 def _khz(text: str) -> int:
     value = float(text)
-    if not math.isfinite(value) or value != int(value) or value < 0:
+    if not is_number(value) or value != int(value) or value < 0:
         raise ValueError(text)
     return int(value)
 
@@ -371,7 +372,7 @@ def _read(kv: dict[str, tuple[str, str]], keys: tuple[str, ...], units: dict[str
         if out is None:
             notes.append(f"{where}: `{key}` unit {quote(attached)} is not one abbench reads "
                          f"for {what}: left out")
-        elif not math.isfinite(out):
+        elif not is_number(out):  # a record refuses past LIMIT, naming no file
             notes.append(f"{where}: `{key}` {quote(text_value)} is out of range: {what} "
                          "left out")
             return None

@@ -70,7 +70,8 @@ def parse_engine_log(text: str, source: str | Path = "<text>") -> RunSummary | N
         elif m := COMPUTE.match(line):
             out = out.with_values(
                 cpu_occupancy=number(m[1], source, n, "compute occupancy") / 100.0,
-                cpu_s_per_tok=number(m[2], source, n, "compute cpu-s/token"), threads=int(m[3]),
+                cpu_s_per_tok=number(m[2], source, n, "compute cpu-s/token"),
+                threads=int(number(m[3], source, n, "compute threads")),
                 majflt_per_tok=number(m[4], source, n, "compute major faults/token"))
         elif m := STALL.search(line):
             out = out.with_values(stall_s_per_tok=number(m[1], source, n, "moe-overlap stall"))

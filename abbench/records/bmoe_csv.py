@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from abbench.errors import ForeignRunError
+from abbench.records.schema import LIMIT
 from abbench.records.summary import RunSummary
 from abbench.records.text import clip, number, quote, read_text
 
@@ -331,7 +332,7 @@ def _row(header: list[str], whats: list[str], fields: list[str], source: str | P
         except ValueError:
             pass
         else:
-            if all(math.isfinite(x) for x in fast):
+            if all(abs(x) <= LIMIT for x in fast):  # (False for NaN): `number`'s range
                 return fast  # type: ignore[return-value]
     row: list[float | None] = []
     for name, what, value in zip(header, whats, fields):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from abbench.errors import ForeignRunError
+from abbench.records.schema import LIMIT
 
 
 def quote(text: str, n: int = 40) -> str:
@@ -95,4 +96,7 @@ def number(text: str, source: str | Path, line: int | None, what: str) -> float:
         raise ForeignRunError(source, f"{what}: {quote(text)} is not a number", line) from None
     if value != value or value in (float("inf"), float("-inf")):
         raise ForeignRunError(source, f"{what}: {quote(text)} is not a finite number", line)
+    if abs(value) > LIMIT:  # a record refuses it later, without the file's name
+        raise ForeignRunError(source, f"{what}: {quote(text)} is out of range (at most "
+                              f"{LIMIT:g})", line)
     return value
