@@ -28,7 +28,7 @@ from abbench.analysis.cells import CellStats, DeviceDuring
 from abbench.analysis.decide import Decision
 from abbench.analysis.interleave import RunPair, SlicePair, interleaved_decision
 from abbench.analysis.matching import Criterion, PairMatch
-from abbench.analysis.noise import floor_noise
+from abbench.analysis.noise import campaign_noise, floor_noise
 from abbench.analysis.sequential import ALPHA, look_alpha
 from abbench.analysis.stats import Interval, log_rate, log_rate_token_variance
 from abbench.campaign.sequential import next_round
@@ -151,6 +151,13 @@ class Campaigns:
         burst = self._burst()
         return _cell(i, name, self._wall(name, burst), key, burst and self.load.visible)
 
+    def calibrated(self, cells: int = 6) -> NoiseFloor:
+        """The floor `abbench calibrate` records: `cells` cells of B in a row, their pooled
+        noise by the product's own code (one repeat group: `cells - 1` df)."""
+        group = [self._next(i, "B", "cfg-B") for i in range(cells)]
+        n = campaign_noise([group])
+        return NoiseFloor(n.variance, n.df, n.token_variance, n.repeats)
+
     def run(self, design: Design) -> tuple[str, int]:
         """(verdict, cells run) of one simulated campaign."""
         return self.run_decision(design)[0]
@@ -161,17 +168,16 @@ class Campaigns:
         names = list(design.order)
         self._burst_left = 0  # each campaign starts quiet
         cells = [self._next(i, nm, key[nm]) for i, nm in enumerate(names)]
-        prev = 0.0
+        fractions: list[float] = []
         while True:
             n = len(names)
             plan = Plan("sim", (), 0.0, 0, "sim", decisions=(self.decision,))
             if design.max_cells is None:
                 alpha, final = ALPHA, True
             else:
-                fraction = n / design.max_cells
+                fractions.append(n / design.max_cells)
                 final = n + len(next_round(names[-1], [("C", "B")])) > design.max_cells
-                alpha = look_alpha(prev, fraction, final)
-                prev = fraction
+                alpha = look_alpha(fractions, final)
             matches = _matches_with(cells) if self.load.visible else _matches(n)
             (d,), _ = decisions_at(plan, cells, matches, self.floor, n, alpha)
             if d.decided or final:
@@ -255,15 +261,14 @@ class InterleavedCampaigns(Campaigns):
         """((verdict, cells run), the decision) of one simulated interleaved campaign."""
         self._burst_left = 0
         pairs = [self._run_pair(k, design) for k in range(design.pairs)]
-        prev = 0.0
+        fractions: list[float] = []
         while True:
             if design.max_pairs is None:
                 alpha, final = ALPHA, True
             else:
-                fraction = len(pairs) / design.max_pairs
+                fractions.append(len(pairs) / design.max_pairs)
                 final = len(pairs) + 2 > design.max_pairs
-                alpha = look_alpha(prev, fraction, final)
-                prev = fraction
+                alpha = look_alpha(fractions, final)
             d = interleaved_decision(self.decision, pairs, floor_noise(self.floor), alpha)
             if d.decided or final:
                 return (d.verdict, 2 * len(pairs)), d

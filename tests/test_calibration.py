@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 
+import calibration_helper
 import pytest
-from calibration_helper import DESIGNS, Design, rates
+from calibration_helper import DESIGNS, Campaigns, Design, rates
 
 SIGMAS = (0.0, 0.02, 0.05, 0.10, 0.15)
 CAMPAIGNS = 2000
@@ -70,3 +71,53 @@ def test_a_a_rates_at_min_effect_0_and_one_configuration() -> None:
     same = [Design(d.name + " (one config)", d.order, d.max_cells, True) for d in DESIGNS]
     worst = max(_table(None, same).items(), key=lambda kv: kv[1])
     assert worst[1] <= BAR, f"{worst[0]}: {worst[1]:.2%} false verdicts"
+
+
+# P9 (docs/benches.md): a sequential campaign's cost per decided verdict against the fixed
+# ABBA x 3 that bench runs, each campaign starting from its own `abbench calibrate` floor
+# (six cells of B), for the bench's true effect (C about 15% slower: NO-GO).
+P9_FIXED = Design("ABBA x 3", ("B", "C", "C", "B", "C", "C", "B", "C", "C", "B"))
+P9_SEQUENTIAL = DESIGNS[-1]  # ABBA, then ABBA rounds, at most 16 cells
+P9_EFFECT = -0.15
+
+
+def _cells_per_decided(design: Design, sigma: float, campaigns: int = 400,
+                       seed: int = 9000) -> tuple[float, float]:
+    """Cells run per GO or NO-GO, and the share of campaigns decided."""
+    cells = decided = 0
+    for i in range(campaigns):
+        sim = Campaigns(sigma, P9_EFFECT, seed + i)
+        sim.floor = sim.calibrated()
+        verdict, n = sim.run(design)
+        cells += n
+        decided += verdict in ("GO", "NO-GO")
+    return cells / max(decided, 1), decided / campaigns
+
+
+def test_p9_a_quiet_device_decides_at_the_first_look_that_can() -> None:
+    """At the noise P9's bar was set at (±2.2% here on 2026-12-01), the sequential
+    campaigns stop at 7 cells (7.01 on average). That is their floor: after the planned
+    B C C B, no verdict may rest on C's one span (docs/method.md#bursts), so 7/10 of the
+    fixed design's cells is the least P9 can read, and reads."""
+    fixed, fixed_share = _cells_per_decided(P9_FIXED, 0.022)
+    seq, seq_share = _cells_per_decided(P9_SEQUENTIAL, 0.022)
+    print(f"P9 sim, sigma 2.2%: fixed {fixed:.2f} cells/decided ({fixed_share:.0%}), "
+          f"sequential {seq:.2f} ({seq_share:.0%}): {seq / fixed:.3f}")
+    assert fixed_share == seq_share == 1.0
+    assert seq / fixed <= 0.71
+
+
+def test_p9_at_8_percent_noise_no_valid_rule_reaches_its_bar() -> None:
+    """At this VM's ±8.4% (P9's runs on 2026-12-07), even testing every look at the full
+    5% — a rule that spends more than any valid one — costs more than 0.7 of the fixed
+    design per decided verdict; the product's boundaries cost no more than the fixed
+    design itself."""
+    fixed, _ = _cells_per_decided(P9_FIXED, 0.084)
+    seq, share = _cells_per_decided(P9_SEQUENTIAL, 0.084)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibration_helper, "look_alpha", lambda fractions, final: 0.05)
+        loose, _ = _cells_per_decided(P9_SEQUENTIAL, 0.084)
+    print(f"P9 sim, sigma 8.4%: sequential / fixed {seq / fixed:.3f} (decided {share:.0%}); "
+          f"every look at 5%: {loose / fixed:.3f}")
+    assert loose / fixed > 0.7
+    assert seq / fixed <= 1.0

@@ -93,8 +93,8 @@ def snapshot_floor(sentinels: Path) -> Callable[[Path, Device], None]:
 def take_look(folder: Path, plan: Plan, fraction: float, final: bool) -> LookOutcome:
     """A sequential campaign's look: the decisions on the cells so far, at the alpha this
     look spends (analysis.sequential), and the ones still open."""
-    previous = plan.looks[-1].fraction if plan.looks else 0.0
-    look = Look(len(plan.cells), fraction, look_alpha(previous, fraction, final), final)
+    fractions = [*(lk.fraction for lk in plan.looks), fraction]
+    look = Look(len(plan.cells), fraction, look_alpha(fractions, final), final)
     a = analyze(folder, dataclasses.replace(plan, looks=plan.looks + (look,)))
     lines = [f"look {len(plan.looks) + 1} after {look.cells} cells (alpha {look.alpha:.4f}"
              f"{', the last the budget allows' if final else ''}; cell-to-cell noise "

@@ -186,7 +186,7 @@ class Sequential:
 @dataclass(frozen=True)
 class Look:
     """One look of a sequential campaign: the decisions are read on the first `cells`
-    cells at a two-sided level of 1 - `alpha` (the alpha spent at this look)."""
+    cells at a two-sided level of 1 - `alpha` (this look's boundary, analysis.sequential)."""
 
     cells: int
     fraction: float  # of the budget spent at this look (cells or minutes, whichever is more)

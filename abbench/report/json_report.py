@@ -157,8 +157,9 @@ def build(a: CampaignAnalysis) -> dict[str, Any]:
                                  "between-cell variance of repeats; Student t on the "
                                  "noise's degrees of freedom",
             "alpha": ALPHA, "power": POWER,
-            "spending": f"alpha * fraction ** {RHO:g}, each look at its increment "
-                        "(union bound)",
+            "spending": f"alpha * fraction ** {RHO:g} (Lan-DeMets): exact group-sequential "
+                        "boundaries, the looks a Brownian motion at their budget fractions; "
+                        "each look tests at its boundary's two-sided level",
         },
         "exit_status": a.exit_status,
         "cells": [_cell(c, a) for c in a.cells],
