@@ -3,8 +3,6 @@ with known truth (no effect: a Brownian motion seen at the looks' budget fractio
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from scipy.special import ndtr
@@ -64,9 +62,19 @@ def test_the_first_look_matches_the_normal_quantile() -> None:
     assert 2 * ndtr(-c) == pytest.approx(spent(0.25), rel=1e-9)
 
 
-def test_looks_closer_than_the_least_step_still_give_a_level() -> None:
-    level = look_alpha([0.5, 0.5, 0.5 + 1e-12], False)
-    assert 0 < level < ALPHA and math.isfinite(level)
+def test_a_look_with_nothing_new_is_the_same_test_and_spends_nothing() -> None:
+    assert look_alpha([0.5, 0.5, 0.5 + 1e-12], False) == look_alpha([0.5], False)
+    assert look_alpha([0.5, 0.5, 0.75], False) == pytest.approx(look_alpha([0.5, 0.75], False),
+                                                                rel=1e-6)
+
+
+def test_many_small_looks_spend_as_their_fractions_say() -> None:
+    """A budget in minutes, or of many cells, looks often and a little apart: the grid
+    follows the steps."""
+    looks = tuple(np.round(np.linspace(0.02, 1.0, 50), 9))
+    got = _first_crossings(looks, True, paths=100_000, seed=3)
+    assert abs(got.sum() - ALPHA) <= 0.003, got.sum()
+    assert abs(got[:25].sum() - spent(looks[24])) <= 0.002, got[:25].sum()
 
 
 def test_no_look_is_refused() -> None:

@@ -33,8 +33,9 @@ from scipy.special import ndtr, ndtri
 ALPHA = 0.05  # two-sided: a 95% interval for a campaign with one look
 RHO = 2.0  # spending exponent: 2 keeps most of the alpha for the later, better-informed looks
 MIN_ALPHA = 1e-6  # a look always tests at some level
-_GRID = 401  # points across a continuation region (odd: Simpson's rule)
-_STEP = 1e-9  # the least information between two looks
+_GRID = 401  # the fewest points across a continuation region (odd: Simpson's rule)
+_MAX_GRID = 2001  # the most: a (G, G) kernel of float64 is 32 MB
+_SAME = 1e-6  # looks closer than this in budget fraction are one test
 
 
 def spent(fraction: float, alpha: float = ALPHA, rho: float = RHO) -> float:
@@ -77,10 +78,12 @@ def _boundaries(fractions: tuple[float, ...], final: bool, alpha: float,
     grid = weights = density = None  # the path's position at the last look, and its density
     t_prev = 0.0
     for k, t in enumerate(fractions):
-        t = max(t, t_prev + _STEP)
+        if cs and t - t_prev < _SAME:  # nothing learnt since: the same test, nothing spent
+            cs.append(cs[-1])
+            continue
         last = final and k == len(fractions) - 1
         upto = alpha if last else spent(t, alpha, rho)
-        target = max(upto - spent(t_prev, alpha, rho), MIN_ALPHA / 2)  # (0 at the first)
+        target = max(upto - spent(t_prev, alpha, rho), MIN_ALPHA / 2)  # spent(0) is 0
         sd = math.sqrt(t - t_prev)
         if grid is None:
             c = float(-ndtri(target / 2.0))
@@ -90,13 +93,16 @@ def _boundaries(fractions: tuple[float, ...], final: bool, alpha: float,
                        xtol=1e-7)
         cs.append(c)
         b = c * math.sqrt(t)
-        new_grid = np.linspace(-b, b, _GRID)  # (G,)
+        # a grid fine enough for the next step's kernel (4 points to its sd), odd
+        step = math.sqrt(max(fractions[k + 1] - t, 1e-4)) if k + 1 < len(fractions) else 1.0
+        points = min(_MAX_GRID, max(_GRID, 2 * math.ceil(2 * b / (step / 4) / 2) + 1))
+        new_grid = np.linspace(-b, b, points)  # (G,)
         if grid is None:
             density = np.exp(-new_grid**2 / (2 * t)) / math.sqrt(2 * math.pi * t)
         else:
             kernel = np.exp(-np.subtract.outer(new_grid, grid) ** 2 / (2 * sd * sd)) / (
-                sd * math.sqrt(2 * math.pi))  # (G, G): from y (columns) to x (rows)
+                sd * math.sqrt(2 * math.pi))  # (G', G): from y (columns) to x (rows)
             density = kernel @ (weights * density)
-        grid, weights = new_grid, _simpson(_GRID) * (new_grid[1] - new_grid[0])
+        grid, weights = new_grid, _simpson(points) * (new_grid[1] - new_grid[0])
         t_prev = t
     return tuple(cs)

@@ -7,8 +7,8 @@ each round is balanced over both orders and its baselines are sentinels. Where t
 candidate instead: the baseline that ended one block opens the next, as in `order =
 "abba"`. In an interleaved campaign a round is two more pairs of each open decision, the
 first started by the arm that did not start that decision's last pair, the second by the
-other (`interleaved_round`): ABBA blocks of invocations. The looks and the alpha each
-spends are the analysis's (`analysis.sequential`).
+other (`interleaved_round`): ABBA blocks of invocations. The looks' boundaries and the
+alpha each tests at are the analysis's (`analysis.sequential`).
 """
 
 from __future__ import annotations

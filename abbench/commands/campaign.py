@@ -91,8 +91,8 @@ def snapshot_floor(sentinels: Path) -> Callable[[Path, Device], None]:
 
 
 def take_look(folder: Path, plan: Plan, fraction: float, final: bool) -> LookOutcome:
-    """A sequential campaign's look: the decisions on the cells so far, at the alpha this
-    look spends (analysis.sequential), and the ones still open."""
+    """A sequential campaign's look: the decisions on the cells so far, at the alpha of
+    this look's boundary (analysis.sequential), and the ones still open."""
     fractions = [*(lk.fraction for lk in plan.looks), fraction]
     look = Look(len(plan.cells), fraction, look_alpha(fractions, final), final)
     a = analyze(folder, dataclasses.replace(plan, looks=plan.looks + (look,)))

@@ -255,7 +255,8 @@ def _unverified_pairs(a: CampaignAnalysis, d: Decision) -> tuple[str, ...]:
 
 
 def _looks(a: CampaignAnalysis) -> tuple[Block, ...]:
-    """A sequential campaign's looks: cells, alpha spent, each decision's interval."""
+    """A sequential campaign's looks: cells, the level each tested at, each decision's
+    interval."""
     s = a.plan.sequential
     budget = ", ".join(x for x in (f"max {s.max_cells} cells" if s and s.max_cells else "",
                                    f"max {s.max_minutes:g} min" if s and s.max_minutes
@@ -265,8 +266,8 @@ def _looks(a: CampaignAnalysis) -> tuple[Block, ...]:
                  for lk in a.looks for d in lk.decisions)
     out: list[Block] = [
         Paragraph((f"Sequential campaign ({budget}): {len(a.looks)} look"
-                   f"{'s' if len(a.looks) > 1 else ''}, each at the alpha it spends "
-                   "(docs/method.md).",)),
+                   f"{'s' if len(a.looks) > 1 else ''}, each testing at its group-sequential "
+                   "boundary's alpha (docs/method.md).",)),
         Table(columns("look", "cells", "alpha", "decision", "verdict", "interval"), rows)]
     if a.pending:
         out.append(Paragraph((f"Cells {', '.join(str(i + 1) for i in a.pending)} ran after "
