@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_campaign_run import abbench, run_folder, write_campaign
 
+from abbench.analysis.sequential import look_alpha
 from abbench.records import read_journal, read_plan, read_repeats
 
 
@@ -109,7 +110,13 @@ def test_sequential_campaign_appends_rounds_until_the_budget(tiny_model: Path,
     plan = read_plan(folder)
     assert [c.name for c in plan.cells] == list("BCCBCCBCCB")
     assert [lk.cells for lk in plan.looks] == [4, 7, 10]
-    assert plan.looks[-1].final and sum(lk.alpha for lk in plan.looks) <= 0.05 + 1e-12
+    # each look at its group-sequential boundary for the looks taken (their levels sum to
+    # more than 5%: the looks share their cells)
+    fractions = [lk.fraction for lk in plan.looks]
+    assert fractions == [0.4, 0.7, 1.0] and plan.looks[-1].final
+    assert [lk.alpha for lk in plan.looks] == [
+        look_alpha(fractions[: k + 1], k == 2) for k in range(3)]
+    assert all(lk.alpha < 0.05 for lk in plan.looks)
     assert "look 1 after 4 cells" in p.stderr and "round: 3 more cells" in p.stderr
     r = _report(folder)
     assert [lk["cells"] for lk in r["looks"]] == [4, 7, 10]
