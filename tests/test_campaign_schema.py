@@ -473,6 +473,31 @@ def test_model_paths(tmp_path: Path, tiny_model: Path) -> None:
     assert spec.cells["A"].config.model == "synthetic:small@3"
 
 
+def test_an_integer_past_what_python_reads_is_invalid_toml(tmp_path: Path) -> None:
+    """Found by the slow fuzz: tomllib raises a bare ValueError (not its TOMLDecodeError)
+    for an integer of over 4300 digits."""
+    e = problem(tmp_path, "[campaign]\nname = " + "9" * 5000 + "\n" + EXAMPLE)
+    assert e.message.startswith(f"{tmp_path / 'cells.toml'}: invalid TOML: a value Python "
+                                "cannot read"), e.message
+    assert len(e.message) < 300
+
+
+@pytest.mark.parametrize("where", ["order", "decision", "sweep"])
+def test_a_long_unknown_cell_name_is_shortened_in_the_message(tmp_path: Path,
+                                                             where: str) -> None:
+    """Found by the slow fuzz: a 5000-character name in `order` made a 5 KB message."""
+    name = "x" * 5000
+    head = '[campaign]\nname = "n"\n'
+    tail = '[cells.A]\nmodel = "synthetic:tiny"\n[cells.B]\nbase = "A"\ncache_mib = 8\n'
+    text = {"order": head + f'order = ["A", "{name}"]\n' + tail,
+            "decision": head + tail + f'[[decision]]\ncandidate = "{name}"\nbaseline = "A"\n',
+            "sweep": head + tail + f'[[sweep]]\ncell = "{name}"\nkey = "cache_mib"\n'
+                                   "values = [8, 16]\n"}[where]
+    e = problem(tmp_path, text)
+    assert "no cell `xxx" in e.message and "...`" in e.message, e.message[:200]
+    assert len(e.message) < 300, e.message[:200]
+
+
 def test_file_problems(tmp_path: Path) -> None:
     text = edit('dense = "pinned"', "dense = pinned")
     e = problem(tmp_path, text)

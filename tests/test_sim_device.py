@@ -84,6 +84,15 @@ def test_invalid_profiles_are_usage_errors(change: dict, match: str) -> None:
         Profile.from_dict(d, "test")
 
 
+def test_a_profile_past_what_toml_or_python_reads_is_a_usage_error() -> None:
+    from abbench.sim.profile import profile_from_text
+
+    for text, match in (("x = " + "9" * 5000, "a value Python cannot read"),
+                        ("x = " + "[" * 2000 + "]" * 2000, "nested too deeply|invalid")):
+        with pytest.raises(UsageError, match=match):
+            profile_from_text(text, "p.toml")
+
+
 def test_model_heats_under_load_and_cools_idle(sim) -> None:
     dev, clock = sim("phone")
     t0 = dev.sample()["temp.cpu_c"]

@@ -43,6 +43,7 @@ from abbench.engine.architectures import PRESET_NAMES
 from abbench.engine.config import EngineConfig
 from abbench.errors import AbbenchError, CampaignFileError, ConfigError, Key, render
 from abbench.records.schema import describe, did_you_mean, show
+from abbench.records.text import clip
 
 _SYNTHETIC = re.compile(r"synthetic:[A-Za-z0-9_-]+(@[0-9]+)?\Z")
 Layer = dict[str, tuple[Any, Key]]  # a cell's keys: TOML key -> (value, where it is written)
@@ -76,7 +77,7 @@ def _chain(name: str, layers: dict[str, Layer]) -> list[str]:
     while "base" in layers[chain[-1]]:
         base, at = layers[chain[-1]]["base"]
         if base not in layers:
-            fail(at, f"no cell `{base}`", tip=did_you_mean(base, layers, "cells"))
+            fail(at, f"no cell `{clip(base, 60)}`", tip=did_you_mean(base, layers, "cells"))
         if base in chain:
             cycle = " → ".join([*chain[chain.index(base):], base])
             fail(at, f"`base` cycle: {cycle}", tip="a cell cannot inherit from itself, "

@@ -52,6 +52,7 @@ from abbench.campaign.tables import (
 from abbench.errors import CampaignFileError, Key, format_key
 from abbench.records.plan import CELLS, SLICES
 from abbench.records.schema import did_you_mean, show
+from abbench.records.text import clip
 from abbench.records.toml import (
     KeyLines,
     TOMLDecodeError,
@@ -127,7 +128,7 @@ class CampaignSpec:
         if isinstance(order, tuple):
             for i, name in enumerate(order):
                 if name not in self.cells:
-                    fail(("campaign", "order", i), f"no cell `{name}`",
+                    fail(("campaign", "order", i), f"no cell `{clip(name, 60)}`",
                          tip=did_you_mean(name, self.cells, "cells"))
         elif order == "abba" and len(self.cells) < 2:
             fail(("campaign", "order"), '"abba" needs at least two cells')
@@ -135,10 +136,11 @@ class CampaignSpec:
             for role in ("candidate", "baseline"):
                 name = getattr(d, role)
                 if name not in self.cells:
-                    fail(("decision", i, role), f"no cell `{name}`",
+                    fail(("decision", i, role), f"no cell `{clip(name, 60)}`",
                          tip=did_you_mean(name, self.cells, "cells"))
                 if isinstance(order, tuple) and name not in order:
-                    fail(("decision", i, role), f"cell `{name}` is not in `campaign.order`",
+                    fail(("decision", i, role),
+                         f"cell `{clip(name, 60)}` is not in `campaign.order`",
                          tip="add it to `order`: a decision needs both cells in the plan")
         transport = self.device.transport
         if transport.startswith("adb:"):
@@ -282,7 +284,7 @@ def _spec(path: Path, text: str, doc: dict[str, Any]) -> CampaignSpec:
     sweeps = [build(Sweep, raw, ("sweep", i)) for i, raw in enumerate(raw_sweeps)]
     for i, sweep in enumerate(sweeps):
         if sweep.cell not in declared:
-            fail(("sweep", i, "cell"), f"no cell `{sweep.cell}`",
+            fail(("sweep", i, "cell"), f"no cell `{clip(sweep.cell, 60)}`",
                  tip=did_you_mean(sweep.cell, declared, "cells"))
         for j, value in enumerate(sweep.values):
             at: Key = ("sweep", i, "values", j)

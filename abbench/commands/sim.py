@@ -18,7 +18,7 @@ from abbench import __version__
 from abbench.commands.args import fraction, positive
 from abbench.errors import FitError, UsageError
 from abbench.fsutil import atomic_write_text
-from abbench.records.toml import dump_value, tomllib
+from abbench.records.toml import TOMLDecodeError, dump_value, parse
 from abbench.sim.fit import THERMAL, Estimate, SimFit, fit_run
 from abbench.sim.profile import Profile
 from abbench.textsafe import shown
@@ -78,8 +78,8 @@ def run_sim_fit(args: argparse.Namespace) -> int:
     fit = fit_run(Path(args.run), args.time_scale, args.idle_load)
     text = render_toml(fit.profile_dict(name), _header(fit, out), fit.params)
     try:  # exactly what `sim:PATH.toml` will do with the file, before it replaces anything
-        profile = Profile.from_dict(tomllib.loads(text), str(out))
-    except (tomllib.TOMLDecodeError, UsageError) as e:
+        profile = Profile.from_dict(parse(text), str(out))
+    except (TOMLDecodeError, UsageError) as e:
         raise FitError(f"{fit.run}: the fitted profile does not load ({e})") from None
     try:
         atomic_write_text(out, text)

@@ -37,7 +37,12 @@ _AT_END = re.compile(r"\s*\(at end of document\)\s*\Z")
 
 def parse(text: str) -> dict[str, Any]:
     """The document as a dict. Raises `TOMLDecodeError` or `RecursionError`."""
-    return tomllib.loads(text)
+    try:
+        return tomllib.loads(text)
+    except TOMLDecodeError:
+        raise
+    except ValueError as e:  # past what Python reads: an integer of over 4300 digits
+        raise TOMLDecodeError(f"a value Python cannot read ({e})") from None
 
 
 def error_position(e: TOMLDecodeError, text: str) -> tuple[str, int | None, int | None]:

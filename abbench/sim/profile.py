@@ -13,7 +13,7 @@ from typing import Any
 
 from abbench.errors import BadField, UsageError
 from abbench.records.schema import build, fail, show
-from abbench.records.toml import tomllib
+from abbench.records.toml import TOMLDecodeError, parse
 from abbench.sim.bursts import Bursts
 
 STEP_S = 0.25            # s (simulated): Euler integration step, well below every tau
@@ -152,9 +152,11 @@ def load_profile(spec: str) -> Profile:
 def profile_from_text(text: str, source: str) -> Profile:
     """A profile from its TOML text; `source` names it in error messages."""
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+        data = parse(text)
+    except TOMLDecodeError as e:
         raise UsageError(f"simulated device profile {source}: {e}") from None
+    except RecursionError:
+        raise UsageError(f"simulated device profile {source}: nested too deeply") from None
     return Profile.from_dict(data, source)
 
 
