@@ -128,6 +128,7 @@ def test_a_damaged_copy_is_written_again(q4km: Path, cache: Path, damage: Damage
     assert header is not None and header["format"] == prelaid.FORMAT
 
 
+@pytest.mark.slow  # 26 s on one worker (three runs of a 48-layer file): the slow phase has it
 def test_a_copy_of_many_layers_has_a_header_past_one_page(cache: Path,
                                                          tmp_path: Path) -> None:
     """48 layers (as Qwen3-30B-A3B has) describe themselves in more than 4 KiB: the
