@@ -5,7 +5,9 @@ A/A campaigns — no true effect, a lognormal cell effect of sigma per cell, AR(
 (tests/calibration_helper.py) — decided by the product's own analysis: GO or NO-GO in at most
 5% of 2000 campaigns at every sigma, for the designs B,C,B, ABBA, ABABAB and a sequential
 campaign (`until = "decided"`, ABBA rounds, at most 16 cells). A true 15% effect at sigma 3%
-is found (GO) in at least 80% of ABBA x 2 campaigns. Every rate is printed (`-s`);
+is found (GO) in at least 80% of ABBA x 2 campaigns. P9's cost, sequential over fixed
+cells per decided verdict, at the noise its bar was set at and at this VM's
+(docs/method.md#what-a-sequential-campaign-can-save-p9). Every rate is printed (`-s`);
 docs/method.md quotes them.
 """
 

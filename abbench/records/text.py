@@ -89,7 +89,7 @@ def read_text_lossy(path: Path) -> tuple[str, str | None]:
 
 
 def number(text: str, source: str | Path, line: int | None, what: str) -> float:
-    """A finite number, or ForeignRunError naming `what`."""
+    """A finite number within records' `LIMIT`, or ForeignRunError naming `what`."""
     try:
         value = float(text)
     except ValueError:
