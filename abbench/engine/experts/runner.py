@@ -26,8 +26,7 @@ resident, when reads finished, or who computed. The steps' bookkeeping (settling
 policies, lookups, read issue, trace rows) is the pass's *mgmt* time.
 
 A prompt's batch takes its own path through the same lookups and reads (`prefill.py`);
-the speculation of step 2 is `speculation.py`; what a pass did and holds (its counters, a
-layer's `Selection` and `Load`) is `selection.py`.
+step 2's speculation is `speculation.py`; a pass's counters, `Selection`, `Load`: `selection.py`.
 """
 
 from __future__ import annotations
@@ -109,11 +108,12 @@ class ExpertRunner:
         d = max((le.d for le in layout), default=1)
         self.team: ComputeTeam | partner.Partner | QuantTeam = self._team(team, ff, max_k)
         self.raw = team is not None
-        self.kinds = buffer_kinds(layout, self.raw, self.n_expert, max_k)
+        budget = None if resident else int(cache_mib * MIB)
+        self.kinds = buffer_kinds(layout, self.raw, self.n_expert, max_k, budget or 0)
         self.prelaid: Prelaid | None = None
         self.reader = self._reader(mf, team, io_lanes, o_direct, prelaid, note)
-        total = sum(kind.nbytes * self.n_expert for kind in self.kinds)
-        self.cache = ExpertCache(total if resident else int(cache_mib * MIB))
+        self.cache = ExpertCache(budget if budget is not None else sum(
+            kind.nbytes * self.n_expert for kind in self.kinds))
         self.out = np.zeros((max_k, d), np.float32)  # (k, d) expert outputs, routing order
         self.tok = TokenCounters()
         self.load_read_bytes = 0

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from abbench.engine.streaming.slots import SlotPool
+from abbench.engine.streaming.slots import SlotPool, fault_in
 from abbench.engine.streaming.streamer import Buffer, BufferArena, F32Kind, LayerExperts
 
 Key = tuple[int, int]  # (layer, expert)
@@ -31,12 +31,13 @@ class BufferKind(Protocol):
     def new(self) -> Any: ...
 
 
-def buffer_kinds(layout: list[LayerExperts], raw: bool, n_expert: int,
-                 max_k: int) -> list[BufferKind]:
+def buffer_kinds(layout: list[LayerExperts], raw: bool, n_expert: int, max_k: int,
+                 fault_bytes: int = 0) -> list[BufferKind]:
     """Each layer's buffer kind: F32 buffers of its shape from one arena, or (`raw`: the
     file's own bytes) slots of its layout, one pool per layout with room for every expert
     of the layers that have it, a prefill batch's scratch and a layer's (address space,
-    not memory)."""
+    not memory), `fault_bytes` of them (a streaming cache's budget) mapped in now
+    (`slots.fault_in`)."""
     if not raw:
         arena = BufferArena()
         f32: dict[tuple[int, int], F32Kind] = {}
@@ -44,7 +45,10 @@ def buffer_kinds(layout: list[LayerExperts], raw: bool, n_expert: int,
     layouts = [le.slot_layout for le in layout]
     pools = {lay: SlotPool(lay, layouts.count(lay) * n_expert + n_expert + 2 * max_k)
              for lay in dict.fromkeys(layouts)}
-    return [pools[lay] for lay in layouts]
+    kinds = [pools[lay] for lay in layouts]
+    if fault_bytes:
+        fault_in(kinds, fault_bytes, n_expert)
+    return list[BufferKind](kinds)
 
 
 @dataclass
