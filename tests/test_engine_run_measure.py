@@ -3,13 +3,14 @@ is its own, not the process's that started it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from abbench.engine.run.measure import peak_rss_mib
+from abbench.engine.run.measure import peak_rss_mib, rss_mib
 
 CHILD = "from abbench.engine.run.measure import peak_rss_mib; print(peak_rss_mib())"
 
@@ -32,3 +33,29 @@ def test_without_vmhwm_the_peak_is_ru_maxrss(tmp_path: Path) -> None:
     assert peak_rss_mib(str(status)) == peak_rss_mib(str(tmp_path / "absent")) > 0
     status.write_text("VmHWM:\t2048 kB\n")
     assert peak_rss_mib(str(status)) == 2.0
+
+
+def test_resident_memory_now_follows_what_is_touched() -> None:
+    before = rss_mib()
+    held = np.ones(96 * 2**20 // 8)  # (12582912,) touched: resident
+    assert rss_mib() - before > 90
+    del held
+
+
+def test_a_forked_child_reads_its_own_resident_memory() -> None:
+    """The descriptor kept open names the parent's /proc/self/statm: a forked child opens
+    its own, so memory only the child touches shows in the child's reading alone."""
+    parent = rss_mib()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: touch 128 MiB, report, leave without cleanup handlers
+        held = np.ones(128 * 2**20 // 8)
+        os.write(write, f"{rss_mib()}".encode())
+        del held
+        os._exit(0)
+    os.close(write)
+    child = float(os.read(read, 64))
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert child - parent > 64  # the parent's statm would read about 0 more
+    assert rss_mib() - parent < 64
