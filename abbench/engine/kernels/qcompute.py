@@ -33,7 +33,6 @@ import numpy as np
 
 from abbench.engine.kernels import ggml
 from abbench.engine.kernels.compute import SWIGLU, Job, matmul_t, matvec, private_vectors
-from abbench.engine.kernels.relay import SlotRelay
 from abbench.engine.streaming.slots import RawSlot, SlotPool
 from abbench.engine.streaming.streamer import BufferArena, ExpertBuffer
 from abbench.errors import EngineError
@@ -162,9 +161,9 @@ class QuantTeam:
         self.threads = max(1, threads)
         self.threads_pool = ggml.Threads(self.g, self.threads)
         self.repacker = ggml.Repacker(self.g) if repack else None
-        # per pool (which its graphs and relays keep alive): decode's graphs by the
-        # number of experts, and what re-lays its slots
-        self._relays: dict[SlotPool, SlotRelay] = {}
+        # per pool (which its graphs and writers keep alive): decode's graphs by the
+        # number of experts, and the headers and scratch that re-lay its slots
+        self._writers: dict[SlotPool, tuple[ggml.Context, list[int | None], np.ndarray]] = {}
         self.input = private_vectors()
         self._graphs: dict[tuple[SlotPool, int], ExpertGraph] = {}
         self._arena = BufferArena()  # pinned dense matrices' bytes
@@ -253,20 +252,30 @@ class QuantTeam:
         CPU has a layout for the part's type and shape (write them with `repack_slot`)."""
         if self.repacker is None:
             return
-        ctx = ggml.Context(self.g, 3)
-        pool.repack = tuple(  # type: ignore[assignment]
-            self.repacker.attach(ctx.tensor(part.ggml_type, (part.cols, part.rows),
-                                            pool.part_address(i)))
-            for i, part in enumerate((pool.layout.gate, pool.layout.up, pool.layout.down)))
-        if any(pool.repack):
-            self._relays[pool] = SlotRelay(self.g, self.threads_pool, self.repacker, pool)
+        ctx = ggml.Context(self.g, 4)
+        heads: list[int | None] = []
+        for i, part in enumerate((pool.layout.gate, pool.layout.up, pool.layout.down)):
+            t = ctx.tensor(part.ggml_type, (part.cols, part.rows), pool.part_address(i))
+            heads.append(t if self.repacker.attach(t) else None)
+        pool.repack = tuple(h is not None for h in heads)  # type: ignore[assignment]
+        scratch = np.empty(max(p.nbytes for p in (pool.layout.gate, pool.layout.up,
+                                                  pool.layout.down)), np.uint8)
+        self._writers[pool] = (ctx, heads, scratch)
 
     def repack_slot(self, slot: RawSlot) -> None:
-        """Re-lay a slot just read as the file has it (parts its pool repacks), on the
-        team's threads (`relay.py`)."""
-        relay = self._relays.get(slot.kind)
-        if relay is not None:
-            relay(slot)
+        """Re-lay a slot just read as the file has it (parts its pool repacks)."""
+        entry = self._writers.get(slot.kind)
+        if entry is None or self.repacker is None:
+            return
+        ctx, heads, scratch = entry
+        lay = slot.kind.layout
+        for head, part, offset in zip(heads, (lay.gate, lay.up, lay.down), lay.offsets):
+            if head is None:
+                continue
+            where = slot.data[offset : offset + part.nbytes]
+            np.copyto(scratch[: part.nbytes], where)
+            ctx.set_data(head, where.ctypes.data)
+            self.repacker.write(head, scratch.ctypes.data)
 
     def matrix(self, mf: ModelFile, name: str, pinned: bool) -> Weight:
         """A dense matrix as the file stores it, or re-laid for the repacked kernels (when

@@ -7,7 +7,6 @@ function.
 - `context.py`: tensors and graphs over memory this process owns (`Context`, `Graph`,
   `Threads`; a pass's memory kept from pass to pass: `Arena`, `scratch_from`) and the
   repacked layout (`Repacker`);
-- `parallel.py`: a Python function run on every thread of a ggml pool (`OnThreads`);
 - `quantizer.py`: ggml's quantizer and its check of quantized rows.
 
 Callers import this face (`from abbench.engine import ggml`; `ggml.lib()`,
@@ -69,7 +68,6 @@ from abbench.engine.kernels.ggml.library import (
     row_bytes,
     type_name,
 )
-from abbench.engine.kernels.ggml.parallel import OnThreads
 from abbench.engine.kernels.ggml.quantizer import quantize, valid_rows
 from abbench.errors import ArenaFull, EngineError, GgmlUnavailable
 
@@ -80,8 +78,7 @@ __all__ = [
     "LOG_CALLBACK", "LOG_WARN", "MXFP4", "Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "Q5_0",
     "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K", "ROPE_NEOX", "ROPE_NORMAL", "SORT_DESC",
     "STATUS_SUCCESS", "CPlan", "Context", "EngineError", "GgmlUnavailable", "Graph",
-    "InitParams", "Lib", "OnThreads", "Repacker", "Rope", "TensorStruct", "Threads",
-    "ThreadpoolParams",
+    "InitParams", "Lib", "Repacker", "Rope", "TensorStruct", "Threads", "ThreadpoolParams",
     "block_size", "lib", "library_dir", "quantize", "rope_sections", "row_bytes", "scratch_from",
     "type_name", "valid_rows",
 ]

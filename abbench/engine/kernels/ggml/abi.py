@@ -136,9 +136,6 @@ class ThreadpoolParams(Structure):
 #                                   void * user_data);
 LOG_CALLBACK = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
 LOG_WARN = 3  # enum ggml_log_level: NONE, DEBUG, INFO, WARN, ERROR, CONT
-# typedef void (*ggml_custom1_op_t)(struct ggml_tensor * dst, const struct ggml_tensor * a,
-#                                   int ith, int nth, void * userdata);
-CUSTOM1_OP = ctypes.CFUNCTYPE(None, c_void_p, c_void_p, c_int, c_int, c_void_p)
 
 T = c_void_p  # struct ggml_tensor *
 P = c_void_p  # any other pointer: a context, graph, buffer, threadpool, ...
@@ -259,9 +256,6 @@ PROTOTYPES: tuple[tuple[str, str, object, tuple[object, ...]], ...] = (
     # void ggml_backend_tensor_set(tensor, const void * data, size_t offset,
     #                              size_t size);
     ("base", "ggml_backend_tensor_set", None, (T, P, c_size_t, c_size_t)),
-    # struct ggml_tensor * ggml_map_custom1(ctx, a, ggml_custom1_op_t fun, int n_tasks,
-    #                                       void * userdata);
-    ("base", "ggml_map_custom1", T, (P, T, CUSTOM1_OP, c_int, P)),
     # void ggml_log_set(ggml_log_callback log_callback, void * user_data);
     ("base", "ggml_log_set", None, (P, P)),
     ("cpu", "ggml_cpu_init", None, ()),
