@@ -125,6 +125,7 @@ def test_sequential_campaign_appends_rounds_until_the_budget(tiny_model: Path,
     assert "Sequential campaign (max 10 cells): 3 looks" in md
 
 
+@pytest.mark.slow  # 14 s: three engine cells, killed and resumed; the slow run covers it
 def test_sequential_campaign_resumes_its_rounds(tiny_model: Path, tmp_path: Path) -> None:
     cells = write_campaign(tmp_path, tiny_model, SEQUENTIAL,
                            head='order = "abba"\nuntil = "decided"\nmax_cells = 7')

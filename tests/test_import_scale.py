@@ -58,6 +58,7 @@ def timed_import(src: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> fl
     return elapsed
 
 
+@pytest.mark.slow  # 12-15 s of timed imports: a scaling check, run by the slow phase
 def test_ten_times_the_runs_costs_about_ten_times_the_time(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
