@@ -40,6 +40,12 @@ controller (v1 or v2), and says why it cannot run otherwise.
 
     python benches/p14_past_memory.py                   # 12 and 48 layers, 2 rounds
     python benches/p14_past_memory.py --depths 12 --rounds 1
+    python benches/p14_past_memory.py --depths 48 --prelaid --speculate 4
+
+`--prelaid`: the streaming runs read the copy laid out for the repacked kernels.
+`--speculate N`: they also read ahead the stale gate's prediction of the next layer's
+experts (`--predict-prefetch --predict-spec-max N`); the bound's disk then counts every
+expert read, the misses and the speculative reads.
 """
 
 from __future__ import annotations
@@ -205,7 +211,9 @@ def one_round(r: int, model: Path, limit: float, cache_mib: float, per_expert: f
         out = Path(tmp) / "run.json"
         stream = engine_argv(model, out, a.tokens, a.threads, f"--cache-mib={cache_mib:.0f}",
                              "--overlap", f"--io-lanes={LANES}",
-                             *(("--prelaid",) if a.prelaid else ()))
+                             *(("--prelaid",) if a.prelaid else ()),
+                             *(("--predict-prefetch", f"--predict-spec-max={a.speculate}")
+                               if a.speculate else ()))
         bw = raw_bandwidth(model, 48)
         runs: dict[str, Limited] = {}
         mmap: float | None = None
@@ -231,7 +239,9 @@ def one_round(r: int, model: Path, limit: float, cache_mib: float, per_expert: f
     if doc["output_ids"] != home["output_ids"] or doc["text"] != home["text"]:
         raise SystemExit("the streaming run's text differs from the resident run's")
     misses = s["misses"] / s["tokens"]
-    disk_s = misses * per_expert / MIB / bw
+    # every expert read counts against the disk: the misses, and what speculation read
+    reads = misses + (s.get("spec_experts") or 0) / s["tokens"]
+    disk_s = reads * per_expert / MIB / bw
     bound_s = max(disk_s, compute_s)
     peak = runs["engine"].memory.peak_mib
     got = {"bound": s["tok/s"] * bound_s,
@@ -240,7 +250,8 @@ def one_round(r: int, model: Path, limit: float, cache_mib: float, per_expert: f
     floor = mmap if mmap is not None else a.tokens / runs["mmap"].seconds
     got["mmap"] = s["tok/s"] / floor
     got["mmap_given_up"] = float(mmap is None)
-    print(f"  text byte-equal to the resident run's; {misses:.1f} misses/token | bound "
+    print(f"  text byte-equal to the resident run's; {misses:.1f} misses/token, "
+          f"{reads:.1f} reads/token | bound "
           f"{1 / bound_s:.2f} tok/s: disk {1 / disk_s:.2f} at {bw:.0f} MiB/s, compute "
           f"{1 / compute_s:.2f} (resident) | engine / mmap "
           f"{'' if mmap is not None else '> '}{got['mmap']:.1f}x, / bound {got['bound']:.3f}",
@@ -262,6 +273,10 @@ def main() -> None:
                     help="the streaming runs read the experts from the copy pre-laid for "
                     "the repacked kernels (engine run --prelaid; written before the rounds, "
                     "outside the limit)")
+    ap.add_argument("--speculate", type=int, default=0, metavar="N",
+                    help="the streaming runs read ahead what the stale gate predicts for "
+                    "the next layer (engine run --predict-prefetch --predict-spec-max N); "
+                    "the bound's disk counts those reads too")
     a = ap.parse_args()
     if a.rounds < 1 or a.threads < 1 or a.tokens < 2:
         ap.error("--rounds, --threads >= 1, --tokens >= 2")
