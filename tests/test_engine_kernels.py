@@ -98,6 +98,23 @@ def test_streaming_and_resident_give_the_same_bits(q4km_model: Path, repack: boo
     np.testing.assert_array_equal(streamed, resident)
 
 
+def test_a_streaming_run_maps_its_budget_in_at_load_and_a_resident_one_does_not(
+        q4km_model: Path) -> None:
+    """The runner hands its slot pools the streaming cache's budget (`slots.fault_in`):
+    each pool's share is mapped before the first read, within the budget; a resident run
+    maps nothing ahead (its preload writes every slot)."""
+    info = model_info(ModelFile(q4km_model))
+    budget = 10 * max(info["expert_resident_bytes"])
+    base = dict(model=str(q4km_model), prompt_tokens=(5, 9), n_tokens=1, kernels="ggml")
+    with Engine(EngineConfig(cache_mib=budget / MIB, **base), q4km_model) as engine:  # type: ignore[arg-type]
+        pools = list(dict.fromkeys(engine.runner.kinds))
+        assert all(p.faulted > 0 for p in pools)  # type: ignore[attr-defined]
+        mapped = sum(p.faulted * p.nbytes for p in pools)  # type: ignore[attr-defined]
+        assert budget - len(pools) * max(p.nbytes for p in pools) < mapped <= budget
+    with Engine(EngineConfig(resident=True, **base), q4km_model) as engine:  # type: ignore[arg-type]
+        assert all(p.faulted == 0 for p in engine.runner.kinds)  # type: ignore[attr-defined]
+
+
 def test_a_resident_ggml_run_takes_the_short_way_and_counts_as_the_general_one(
         q4km_model: Path) -> None:
     """With every expert resident, the ggml team runs a layer's experts by their buffers

@@ -9,10 +9,8 @@ import mmap
 import os
 import platform
 
+from abbench.engine.streaming.slots import MADV_POPULATE_READ, MADV_POPULATE_WRITE
 from abbench.engine.streaming.streamer import ExpertBuffer
-
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Python < 3.12 lacks the names
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def supported() -> bool:

@@ -10,8 +10,9 @@ index is what the compute is given. Experts of one layout (the three parts' type
 shapes) share a pool; a file whose layers differ (Q4_K_M keeps some layers' `down` in
 Q6_K) has one pool per layout.
 
-The mapping reserves address space for every slot the pool may ever hand out
-(`MAP_NORESERVE`: nothing is committed). A streaming cache faults its budget in at load
+The mapping reserves address space for every slot the pool may ever hand out (nothing is
+committed until touched; `MAP_NORESERVE` where Python names it, 3.12 on). A streaming
+cache faults its budget in at load
 (`fault_in`), each pool its layers' share, so that no read lands in a page never touched:
 an O_DIRECT read into fresh memory cost 1.4-1.5 ms of kernel time per expert here (2.5
 MiB zeroed and mapped, in the reader's thread beside the compute), against 0.03 ms into a
@@ -36,7 +37,9 @@ from abbench.errors import EngineError
 ALIGN = 4096  # O_DIRECT's alignment, and a page
 HUGE_PAGE = 2 << 20
 _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Python < 3.12 lacks it
+# Linux >= 5.14: map pages in now (Python < 3.12 lacks the names; partner_os.py uses them)
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def whole_pages(n: int) -> int:
