@@ -42,12 +42,21 @@ def test_calibrate_records_a_floor_the_next_campaign_uses(tiny_model: Path,
     assert "the device's noise floor is now ±" in p.stdout
     (history,) = (tmp_path / "s").glob("*.jsonl")
     records = read_repeats(history)
-    assert len(records) == 3  # every consecutive pair of the four cells, counted or not
+    calibration = run_folder(tmp_path / "cal")
+    labels = [c.label for c in sorted(read_journal(calibration), key=lambda c: c.index)]
+    pairs = [(r.first, r.second) for r in records]
+    # Every consecutive pair of the four cells is recorded, counted or not; a repeat group
+    # with a gap (a cell the host's noise left out of it) adds its own consecutive members.
+    consecutive = set(zip(labels, labels[1:]))
+    assert len(labels) == 4 and consecutive <= set(pairs) and len(set(pairs)) == len(pairs)
+    assert all(r.group is not None for r in records if (r.first, r.second) not in consecutive)
     repeats = [r for r in records if r.group is not None]
-    assert repeats and all(r.fingerprints_equal and r.comparable for r in repeats)
+    # A group's consecutive members need not be comparable with each other: a cell joins
+    # through any member it is (analysis.noise.repeat_groups). Two consecutive cells left
+    # apart must not be.
+    assert repeats and all(r.fingerprints_equal for r in repeats)
     assert all(not (r.comparable and r.fingerprints_equal) for r in records if r.group is None)
     df = len(repeats)  # one group of n cells has n - 1 degrees of freedom
-    calibration = run_folder(tmp_path / "cal")
     assert _report(calibration)["own_noise"]["df"] == df
 
     # A campaign with no repeat of its own: its verdict's cell level is the device's floor.
