@@ -27,8 +27,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import ndtr, ndtri
 
 ALPHA = 0.05  # two-sided: a 95% interval for a campaign with one look
 RHO = 2.0  # spending exponent: 2 keeps most of the alpha for the later, better-informed looks
@@ -51,7 +49,11 @@ def look_alpha(fractions: Sequence[float], final: bool, alpha: float = ALPHA,
     if not key:
         raise ValueError("a look needs its budget fraction")
     c = _boundaries(key, final, alpha, rho)[-1]
-    return max(2.0 * float(ndtr(-c)), MIN_ALPHA)
+    return max(2.0 * _normal_cdf(-c), MIN_ALPHA)
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
 
 
 def _simpson(n: int) -> np.ndarray:
@@ -65,6 +67,8 @@ def _excess(c: float, scale: float, grid: np.ndarray, mass: np.ndarray, sd: floa
     """How far the chance that the unstopped paths — at `grid` (G,) with `mass` (G,) at the
     last look — cross |Z| >= c at this look (|x| >= c * `scale` after a step of `sd`)
     exceeds `target`."""
+    from scipy.special import ndtr  # scipy: imported where a boundary is first computed
+
     b = c * scale
     return float(np.sum(mass * (ndtr((-b - grid) / sd) + ndtr((grid - b) / sd)))) - target
 
@@ -74,6 +78,11 @@ def _boundaries(fractions: tuple[float, ...], final: bool, alpha: float,
                 rho: float) -> tuple[float, ...]:
     """c_1..c_k on |Z| for looks at `fractions`: the sub-density of the unstopped path,
     carried from look to look on a grid, gives each look's first-crossing chance."""
+    # scipy.optimize costs ~0.3 s to import: every command line (and every engine cell, run
+    # through the CLI) would pay it, where only a sequential campaign's looks need it.
+    from scipy.optimize import brentq
+    from scipy.special import ndtri
+
     cs: list[float] = []
     grid = weights = density = None  # the path's position at the last look, and its density
     t_prev = 0.0
