@@ -160,14 +160,16 @@ def _random_kill_then_resume(seed: int, baseline: tuple[dict, float], tmp: Path)
     check_resumed(run, tmp, before, doc)
 
 
-@pytest.mark.parametrize("seed", range(3))
+# One random moment in the default run (the fixed points above cover each file's write);
+# the slow run draws thirty more.
+@pytest.mark.parametrize("seed", range(1))
 def test_kill_9_at_a_random_moment_then_resume(seed: int, baseline: tuple[dict, float],
                                                tmp_path: Path) -> None:
     _random_kill_then_resume(seed, baseline, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(3, 33))
+@pytest.mark.parametrize("seed", range(1, 33))
 def test_kill_9_at_a_random_moment_then_resume_many(seed: int, baseline: tuple[dict, float],
                                                     tmp_path: Path) -> None:
     _random_kill_then_resume(seed, baseline, tmp_path)
