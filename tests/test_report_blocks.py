@@ -71,7 +71,7 @@ def test_html_lays_out_any_block_list() -> None:
                         "</table><ul><li>a note</li></ul>"]
     assert body[3:6] == ["<p><b>lead</b></p>", "<ul><li>drift — it&#x27;s</li></ul>",
                          "<p><b>C vs B</b> — why</p><ul><li><b>WARNING:</b> x&lt;y</li></ul>"]
-    assert body[6].startswith('<img alt="plot"')  # the figure, drawn
+    assert body[6].startswith('<svg ') and body[6].endswith("</svg>")  # the figure, drawn
     assert body[7:] == ["<pre>in &lt;pre&gt;", "</pre>"]  # report.md's lines, escaped
 
 

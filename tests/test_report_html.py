@@ -1,16 +1,17 @@
-"""report.html: self-contained, three embedded PNG plots, escaped text, verdicts and the
+"""report.html: self-contained, three inline SVG plots (well-formed, referring to nothing
+outside), escaped text, verdicts and the
 reasons a pair was not compared; written by write_reports and `abbench report`; and
 (where chromium is installed) a headless screenshot that is not blank."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from abbench.report.html import render_html
 
 DECIDE = [{"candidate": "C", "baseline": "B", "min_effect": 0.03}]
 CAPPED = {"policy0": 2_000_000, "policy4": 2_200_000}
-IMG = re.compile(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+SVG = re.compile(r"<svg .*?</svg>")
 EVIL = "x<script>alert(1)"
 
 
@@ -35,10 +36,14 @@ def assert_self_contained_with_plots(page: str) -> None:
     low = page.lower()
     assert 'src="http' not in low and "<link" not in low and "<script src" not in low
     assert "url(http" not in low
-    images = IMG.findall(page)
-    assert len(images) == 3
-    for b64 in images:
-        assert base64.b64decode(b64).startswith(b"\x89PNG\r\n\x1a\n")
+    plots = SVG.findall(page)
+    assert len(plots) == 3 and page.count("<svg") == 3
+    for svg in plots:
+        root = ET.fromstring(svg)  # well-formed: a stray '<' or '&' in a name would not be
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        # the only reference is to its own hatch pattern
+        assert set(re.findall(r'url\(#([^)]*)\)', svg)) <= set(re.findall(r'id="([^"]*)"', svg))
+        assert "href" not in svg and "<image" not in svg and "<script" not in svg
 
 
 def with_gate_wait(run: Path, index: int, waited: float) -> None:
@@ -161,10 +166,11 @@ def test_headless_screenshot_is_not_blank(tmp_path: Path) -> None:
          "--window-size=1200,2400", (run / "report.html").resolve().as_uri()],
         capture_output=True, text=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 0, p.stderr[-2000:]
-    import matplotlib.image
     import numpy as np
+    from PIL import Image
 
-    px = matplotlib.image.imread(str(shot))
+    with Image.open(shot) as im:
+        px = np.asarray(im.convert("RGB"))
     assert px.shape[0] >= 2000 and px.shape[1] >= 1000
-    rgb = (np.asarray(px)[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
+    rgb = px.reshape(-1, 3)
     assert len(np.unique(rgb, axis=0)) > 50  # text, tables and plots, not a blank page

@@ -12,7 +12,7 @@ from pathlib import Path
 from abbench.analysis.campaign import CampaignAnalysis, analyze
 from abbench.errors import WriteError
 from abbench.fsutil import atomic_write_text
-from abbench.report import json_report, markdown, model
+from abbench.report import html, json_report, markdown, model
 from abbench.report.terminal import print_report
 
 
@@ -28,8 +28,6 @@ def write_reports(run: Path) -> tuple[CampaignAnalysis, int]:
         report = model.build(a, model.samples_of(run))
         atomic_write_text(run / "report.json", json_report.dumps(a))
         atomic_write_text(run / "report.md", markdown.emit(report))
-        from abbench.report import html  # matplotlib: only where a page is drawn
-
         atomic_write_text(run / "report.html", html.emit(report))
     except OSError as e:
         raise WriteError.from_os(e, f"retry with: abbench report {run} (the run folder's "

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import abbench.report.html as html
 import abbench.report.markdown as md
 from abbench.analysis.fleet import Combined, DeviceOutcome, FleetAnalysis
 from abbench.analysis.noise import floor_noise
@@ -132,8 +133,6 @@ def markdown(a: FleetAnalysis) -> str:
 
 
 def html_page(a: FleetAnalysis) -> str:
-    from abbench.report import html  # matplotlib: only where a page is drawn
-
     return html.page(_title(a), (Paragraph((Value(_intro(a)),)), *sections(a)))
 
 

@@ -1,4 +1,4 @@
-"""report.html: one self-contained page (inline CSS, plots as base64 PNG). Lays out any
+"""report.html: one self-contained page (inline CSS, plots as inline SVG). Lays out any
 block list (`blocks.lay_out`), drawing its figures (`plots.py`); the campaign's is
 `report.model`'s: banners, verdicts, cells, the three plots (the device timeline, per-cell
 tokens/s with 95% intervals, per-token times), pairs, drift, tells."""
@@ -26,7 +26,8 @@ th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#f0f0f0}.banner{background:#fff3cd;border:2px solid #d39e00;padding:8px;
 margin:6px 0;font-weight:bold}.GO{color:#1a7f37;font-weight:bold}
 .NO-GO{color:#c62828;font-weight:bold}.other{color:#a15c00;font-weight:bold}
-img{max-width:100%;border:1px solid #ddd;margin:6px 0}.muted{color:#666}
+svg.plot{max-width:100%;height:auto;border:1px solid #ddd;margin:6px 0;display:block}
+.muted{color:#666}
 """
 DRAW: dict[type, Callable[[Any], str]] = {Timeline: plots.timeline, Rates: plots.rates}
 
