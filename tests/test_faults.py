@@ -76,6 +76,7 @@ def check_resumed(run: Path, tmp: Path, before: list[str], baseline: dict) -> No
 
 # point -> cells journaled when it fires (None: depends on timing)
 KILL_POINTS: dict[str, int | None] = {
+    "noise-floor.json:1": 0,     # between the plan and the noise-floor snapshot: no cell
     "before-cell:3": 2,          # between cells: cell 3's folder not yet made
     "journal.jsonl:2": 1,        # half of cell 2's journal line written
     "SENTINELS:1": 1,            # half of cell 1's sentinel history line written

@@ -437,11 +437,14 @@ def start(plan: Plan, resolved_toml: str, opts: RunOptions, hz: float,
 
 
 def resume(folder: Path, opts: RunOptions, hz: float, gate: GateSpec | None,
-           root: str) -> int:
-    """Run the cells a run folder's journal lacks, on the device its plan names."""
+           root: str, prepare: Prepare | None = None) -> int:
+    """Run the cells a run folder's journal lacks, on the device its plan names, after
+    `prepare` (what a campaign stopped between its plan and its first cell did not write)."""
     plan = read_plan(folder)
     device = open_device(plan.device, root)
     try:
+        if prepare is not None:
+            prepare(folder, device)
         return CampaignRun(folder, plan, device, opts, hz, gate).run()
     finally:
         device.close()

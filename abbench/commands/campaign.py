@@ -170,8 +170,13 @@ def run(a: argparse.Namespace) -> int:
         spec = load_campaign(folder / "campaign.toml")
         done = len(read_journal(folder))
         print(f"resuming {folder}: {done} cells already in the journal", file=sys.stderr)
+        # killed between its plan and its noise-floor snapshot: taken now, as the first
+        # cell had not run (else the run would have no floor and add nothing to the history)
+        snapshot = (None if (folder / NOISE_FLOOR_FILE).is_file()
+                    else snapshot_floor(opts.sentinels_dir))
         try:
-            resume(folder, opts, spec.device.sample_hz, gate_spec(spec), spec.device.root)
+            resume(folder, opts, spec.device.sample_hz, gate_spec(spec), spec.device.root,
+                   snapshot)
         except Interrupted:
             _write_reports(folder, interrupted=True)
             record_repeats(folder)
