@@ -72,6 +72,33 @@ def test_a_run_reading_the_copy_computes_the_bits_of_one_that_relays(
     assert misses > 0 or extra.get("resident")
 
 
+def test_a_lane_lays_each_part_as_the_compute_thread_would(q4km: Path, cache: Path) -> None:
+    """Re-laid by the reader lane that reads each part (`QuantTeam.relay_part`), a slot
+    holds the bytes `repack_slot` lays from the plain read, on every lane at once, and the
+    part a pool keeps as the file has it lands as it is."""
+    with Engine(streamed(q4km), q4km) as engine:
+        runner, team = engine.runner, engine.runner.team
+        assert runner.reader.relay is not None and runner.prelaid is None
+        plain = SliceReader(q4km, 1, False)
+        try:
+            for layer in (0, 3):
+                pool = runner.kinds[layer]
+                assert any(pool.repack) and not all(pool.repack)  # type: ignore[union-attr]
+                slots = [pool.new() for _ in range(4)]  # type: ignore[union-attr]
+                tickets = [runner.reader.submit(runner.layout[layer].slices(e, True), slot)
+                           for e, slot in enumerate(slots)]  # four lanes at once
+                for e, (ticket, slot) in enumerate(zip(tickets, slots)):
+                    ticket.wait()
+                    want = pool.new()  # type: ignore[union-attr]
+                    plain.read_now(runner.layout[layer].slices(e, True), want)
+                    before = want.data.copy()
+                    team.repack_slot(want)  # type: ignore[union-attr]
+                    assert not np.array_equal(before, want.data)
+                    np.testing.assert_array_equal(slot.data, want.data)
+        finally:
+            plain.close()
+
+
 def test_the_copy_is_written_once_and_read_as_it_is(q4km: Path, cache: Path) -> None:
     """Each expert in the copy is the slot a read from the model re-lays; the runner
     reads the copy with nothing left to do on the compute thread; a second run opens
@@ -80,7 +107,7 @@ def test_the_copy_is_written_once_and_read_as_it_is(q4km: Path, cache: Path) -> 
         copy = engine.runner.prelaid
         assert copy is not None and copy.path.parent == cache
         assert engine.runner.reader.path == str(copy.path)
-        assert engine.runner.reader.finish is None
+        assert engine.runner.reader.relay is None
         runner, team = engine.runner, engine.runner.team
         layer, expert = 3, 5
         slot, want = (runner.kinds[layer].new() for _ in range(2))  # type: ignore[union-attr]

@@ -136,18 +136,18 @@ class ExpertRunner:
     def _reader(self, mf: ModelFile, team: QuantTeam | None, io_lanes: int, o_direct: bool,
                 prelaid: Path | None, note: Callable[[str], None] | None) -> SliceReader:
         """The reader lanes, over the model file or its pre-laid copy (`self.prelaid`)."""
-        finish = None
+        relay = None
         if team is not None and team.repacker is not None:
-            # re-laid as llama.cpp's --repack does: a slot as its read is waited for
+            # re-laid as llama.cpp's --repack does, by the lane that reads each part
             for pool in dict.fromkeys(self.kinds):
                 team.repack_pool(pool)  # type: ignore[arg-type]
-            finish = team.repack_slot
+            relay = team.relay_part
         if prelaid is not None and team is not None:  # the session refuses F32 experts
             self.prelaid = open_prelaid(prelaid, mf.path, self.layout, self.kinds,  # type: ignore[arg-type]
                                         team.repack_slot, team.repack_pool, o_direct, note)
-            finish = None  # read as they are computed from
+            relay = None  # read as they are computed from
         source = mf.path if self.prelaid is None else self.prelaid.path
-        return SliceReader(source, io_lanes, o_direct, finish)  # type: ignore[arg-type]
+        return SliceReader(source, io_lanes, o_direct, relay)
 
     def _team(self, team: QuantTeam | None, ff: int, max_k: int) -> ComputeTeam | QuantTeam:
         """The ggml team given, which must run this runner's FFN, or the numpy team."""

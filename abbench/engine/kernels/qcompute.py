@@ -25,6 +25,7 @@ expert runner uses it as it uses `ComputeTeam`; ggml's own threads split each GE
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -164,6 +165,7 @@ class QuantTeam:
         # per pool (which its graphs and writers keep alive): decode's graphs by the
         # number of experts, and the headers and scratch that re-lay its slots
         self._writers: dict[SlotPool, tuple[ggml.Context, list[int | None], np.ndarray]] = {}
+        self._lane = threading.local()  # per reader lane: its own headers (`relay_part`)
         self.input = private_vectors()
         self._graphs: dict[tuple[SlotPool, int], ExpertGraph] = {}
         self._arena = BufferArena()  # pinned dense matrices' bytes
@@ -249,7 +251,8 @@ class QuantTeam:
 
     def repack_pool(self, pool: SlotPool) -> None:
         """Hold `pool`'s slots re-laid for the repacked kernels, part by part where this
-        CPU has a layout for the part's type and shape (write them with `repack_slot`)."""
+        CPU has a layout for the part's type and shape (lanes write them with `relay_part`,
+        the pre-laid copy's writer with `repack_slot`)."""
         if self.repacker is None:
             return
         ctx = ggml.Context(self.g, 4)
@@ -276,6 +279,31 @@ class QuantTeam:
             np.copyto(scratch[: part.nbytes], where)
             ctx.set_data(head, where.ctypes.data)
             self.repacker.write(head, scratch.ctypes.data)
+
+    def relay_part(self, slot: RawSlot, part: int, src: np.ndarray) -> bool:
+        """Lay part `part` (0 gate, 1 up, 2 down) of `slot` from `src`, its bytes as the
+        file has them, on the calling thread → whether its pool re-lays that part (else
+        nothing is written). Reader lanes call it as a read lands: ggml's repack runs
+        without the GIL, each thread on tensor headers of its own, and the compute thread
+        neither waits for it nor copies the part first (`repack_slot` does both)."""
+        pool = slot.kind
+        if self.repacker is None or not pool.repack[part]:
+            return False
+        heads: dict[SlotPool, tuple[ggml.Context, list[int]]] = \
+            self._lane.__dict__.setdefault("heads", {})
+        entry = heads.get(pool)
+        if entry is None:
+            ctx = ggml.Context(self.g, 3)
+            parts = (pool.layout.gate, pool.layout.up, pool.layout.down)
+            ts = [ctx.tensor(p.ggml_type, (p.cols, p.rows), pool.part_address(i))
+                  for i, p in enumerate(parts)]
+            if not all(self.repacker.attach(t) for t, r in zip(ts, pool.repack) if r):
+                raise EngineError("ggml refused a layout it gave this pool")
+            entry = heads[pool] = (ctx, ts)
+        ctx, ts = entry
+        ctx.set_data(ts[part], slot.data[pool.layout.offsets[part]:].ctypes.data)
+        self.repacker.write(ts[part], src.ctypes.data)
+        return True
 
     def matrix(self, mf: ModelFile, name: str, pinned: bool) -> Weight:
         """A dense matrix as the file stores it, or re-laid for the repacked kernels (when

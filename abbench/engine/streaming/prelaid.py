@@ -2,9 +2,9 @@
 re-laid for ggml's repacked kernels (`--prelaid`), written once into the model cache, so
 that a streamed expert is read ready to compute.
 
-Why: a quantized expert read from the model file is re-laid on the thread that computes
-from it (`ReadTicket.wait`, `QuantTeam.repack_slot`): 1.1-1.7 ms of CPU per Q4_K expert of
-the Qwen3-30B-A3B geometry, paid on every miss, on the cores the decode runs on. Read
+Why: a quantized expert read from the model file is re-laid by the reader lane that reads
+it (`QuantTeam.relay_part`): about 1.1 ms of CPU per Q4_K expert of the Qwen3-30B-A3B
+geometry, paid on every miss, on the cores the decode runs on where it has no others. Read
 from the copy, a miss costs its read alone; without re-laying at all, the experts run on
 ggml's plain kernels, about 1.4x slower (docs/engine.md, `--repack`). The copy takes the
 experts' bytes again on disk.

@@ -13,7 +13,8 @@ file offset, the length and the buffer address aligned to the device block; when
 is kept as it is (F32 into an F32 buffer, any type into a slot) and aligned (the synthetic
 models are written so) it is read straight into the buffer the compute uses. Otherwise the
 lane reads the aligned range that covers the slice into its own bounce buffer and copies or
-converts from there.
+converts from there; a part its slot holds re-laid for ggml's repacked kernels is read
+there too and laid into the slot from it (`SliceReader`'s `relay`).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class Slice:
     shape: tuple[int, int]  # numpy shape once converted to F32
     dest: int  # byte offset inside the expert's buffer
     raw: bool = False  # kept as the file has it (a slot), not converted to F32
+    part: int = 0  # 0 gate, 1 up, 2 down
 
     @property
     def dest_bytes(self) -> int:
@@ -152,10 +154,10 @@ class LayerExperts:
         fd = self.ff * self.d * 4
         dests = self.slot_layout.offsets if raw else (0, fd, 2 * fd)
         out = []
-        for t, dest in zip((self.gate, self.up, self.down), dests):
+        for part, (t, dest) in enumerate(zip((self.gate, self.up, self.down), dests)):
             per = t.nbytes // t.shape[0]
             out.append(Slice(t.offset + expert * per, per, t.ggml_type, t.shape[1:], dest,  # type: ignore[arg-type]
-                             raw))
+                             raw, part))
         return out[0], out[1], out[2]
 
 
@@ -221,27 +223,26 @@ class F32Kind:
 
 Buffer = ExpertBuffer | RawSlot  # where an expert's bytes land: F32, or the file's own
 
-# What a buffer needs once its bytes have landed, before anything computes from it: a
-# slot's parts re-laid for ggml's repacked kernels (`QuantTeam.repack_slot`).
-Finish = Callable[[Buffer], None]
+# Lays part `part` of a slot from `src`, that part's bytes as the file has them, re-laid
+# for ggml's repacked kernels → False where the slot keeps the part as the file has it
+# (`QuantTeam.relay_part`). A lane calls it as the part lands.
+Relay = Callable[[RawSlot, int, np.ndarray], bool]
 
 
 class ReadTicket:
-    """A queued read of one expert. `wait()` returns when its bytes are in the buffer,
-    finished (`finish`, once, by the first thread that waits for it).
+    """A queued read of one expert. `wait()` returns when its bytes are in the buffer (and
+    re-laid, where the reader re-lays them).
 
     Its slices are separate queue items, so an expert's three projections are read by up
     to three lanes at once; the last lane to finish one completes the ticket.
     """
 
     __slots__ = ("slices", "buffer", "event", "t_issued", "t_done", "nbytes", "error",
-                 "cancelled", "skipped", "_pending", "_lock", "_finish")
+                 "cancelled", "skipped", "_pending", "_lock")
 
-    def __init__(self, slices: tuple[Slice, ...], buffer: Buffer,
-                 finish: Finish | None = None) -> None:
+    def __init__(self, slices: tuple[Slice, ...], buffer: Buffer) -> None:
         self.slices = slices
         self.buffer = buffer
-        self._finish = finish
         self.event = threading.Event()
         self.t_issued = time.perf_counter()
         self.t_done = 0.0
@@ -265,23 +266,21 @@ class ReadTicket:
             self.event.set()
 
     def wait(self) -> None:
-        """Until the bytes are in the buffer and finished; raises if the read failed."""
+        """Until the bytes are in the buffer; raises if the read failed."""
         self.event.wait()
         if self.error is not None:
             raise EngineError(f"expert read failed: {self.error}") from self.error
-        finish, self._finish = self._finish, None
-        if finish is not None:
-            finish(self.buffer)
 
 
 class SliceReader:
     """`lanes` reader threads, each with its own descriptor, pulling from one queue."""
 
     def __init__(self, path: str | os.PathLike[str], lanes: int, o_direct: bool,
-                 finish: Finish | None = None) -> None:
-        """`finish`: given to every ticket (`ReadTicket.wait`)."""
+                 relay: Relay | None = None) -> None:
+        """`relay`: lays each raw part a lane reads into its slot, where the slot's pool
+        re-lays that part (the part is read into the lane's own buffer first)."""
         self.path = str(path)
-        self.finish = finish
+        self.relay = relay
         self.lanes = lanes
         self.o_direct = o_direct and hasattr(os, "O_DIRECT") and self._o_direct_works()
         if o_direct and not self.o_direct:
@@ -317,7 +316,7 @@ class SliceReader:
             os.close(fd)
 
     def submit(self, slices: tuple[Slice, ...], buffer: Buffer) -> ReadTicket:
-        ticket = ReadTicket(slices, buffer, self.finish)
+        ticket = ReadTicket(slices, buffer)
         for s in slices:
             self._queue.put((ticket, s))
         return ticket
@@ -347,8 +346,11 @@ class SliceReader:
                 got = 0
                 error: BaseException | None = None
                 try:
-                    dest = ticket.buffer.data[s.dest : s.dest + s.dest_bytes]
-                    if (s.raw or s.ggml_type == GGMLQuantizationType.F32) and (
+                    buffer = ticket.buffer
+                    dest = buffer.data[s.dest : s.dest + s.dest_bytes]
+                    relaid = (self.relay is not None and isinstance(buffer, RawSlot)
+                              and buffer.kind.repack[s.part])
+                    if (s.raw or s.ggml_type == GGMLQuantizationType.F32) and not relaid and (
                         not self.o_direct or (s.offset % ALIGN == 0 and s.nbytes % ALIGN == 0)
                     ):
                         got = _pread_full(fd, dest, s.offset)
@@ -363,7 +365,9 @@ class SliceReader:
                         if got < s.offset - start + s.nbytes:  # the file ended inside the slice
                             raise EngineError(f"{self.path}: short read at offset {s.offset}")
                         raw = bounce[s.offset - start : s.offset - start + s.nbytes]
-                        if s.raw:
+                        if relaid:
+                            self.relay(buffer, s.part, raw)  # type: ignore[misc,arg-type]
+                        elif s.raw:
                             dest[...] = raw
                         else:
                             f32 = dest.view(np.float32).reshape(s.shape)
