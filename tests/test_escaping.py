@@ -131,7 +131,8 @@ def test_the_campaign_view_shows_a_resumed_run_folders_names_escaped(
 def test_a_run_folders_hostile_cell_name_is_escaped_in_the_report(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`abbench report` of a run folder made elsewhere: the terminal report and report.md
-    show the name, and neither lets it restyle, reorder or inject HTML."""
+    show the name, and neither lets it restyle, reorder or inject HTML; report.html's plots
+    draw it as text."""
     name = EVIL + SVG + " | [bold red]styled[/]"
     run = make_run(tmp_path, [cell("B", 40), cell("C", 44)])
     doc = json.loads((run / "plan.json").read_text())
@@ -148,6 +149,11 @@ def test_a_run_folders_hostile_cell_name_is_escaped_in_the_report(
     assert not raw_controls(md) and SVG not in md
     (row,) = [ln for ln in md.splitlines() if ln.startswith("| 2 |")]
     assert f"| {SEEN}&lt;svg onload=alert(1)> \\| [bold red]styled[/] |" in row
+    page = (run / "report.html").read_text(encoding="utf-8")
+    # the page's plots are SVG elements of its own: the name is text in them, never one
+    assert SVG not in page and page.count("<svg ") == 3
+    plots = page[page.index("<svg "):page.rindex("</svg>")]
+    assert "&lt;svg onload=alert(1)&gt;" in plots  # its tick label, as text
 
 
 def test_what_an_external_cell_wrote_reaches_report_md_as_text(tmp_path: Path) -> None:
