@@ -162,10 +162,7 @@ class QuantTeam:
         self.threads = max(1, threads)
         self.threads_pool = ggml.Threads(self.g, self.threads)
         self.repacker = ggml.Repacker(self.g) if repack else None
-        # per pool (which its graphs and writers keep alive): decode's graphs by the
-        # number of experts, and the headers and scratch that re-lay its slots
-        self._writers: dict[SlotPool, tuple[ggml.Context, list[int | None], np.ndarray]] = {}
-        self._lane = threading.local()  # per reader lane: its own headers (`relay_part`)
+        self._lane = threading.local()  # per thread: its own headers (`relay_part`)
         self.input = private_vectors()
         self._graphs: dict[tuple[SlotPool, int], ExpertGraph] = {}
         self._arena = BufferArena()  # pinned dense matrices' bytes
@@ -253,57 +250,49 @@ class QuantTeam:
         """Hold `pool`'s slots re-laid for the repacked kernels, part by part where this
         CPU has a layout for the part's type and shape (lanes write them with `relay_part`,
         the pre-laid copy's writer with `repack_slot`)."""
-        if self.repacker is None:
-            return
-        ctx = ggml.Context(self.g, 4)
-        heads: list[int | None] = []
-        for i, part in enumerate((pool.layout.gate, pool.layout.up, pool.layout.down)):
-            t = ctx.tensor(part.ggml_type, (part.cols, part.rows), pool.part_address(i))
-            heads.append(t if self.repacker.attach(t) else None)
-        pool.repack = tuple(h is not None for h in heads)  # type: ignore[assignment]
-        scratch = np.empty(max(p.nbytes for p in (pool.layout.gate, pool.layout.up,
-                                                  pool.layout.down)), np.uint8)
-        self._writers[pool] = (ctx, heads, scratch)
+        if self.repacker is not None:
+            _, heads = self._part_heads(pool)
+            pool.repack = tuple(h is not None for h in heads)  # type: ignore[assignment]
 
     def repack_slot(self, slot: RawSlot) -> None:
-        """Re-lay a slot just read as the file has it (parts its pool repacks)."""
-        entry = self._writers.get(slot.kind)
-        if entry is None or self.repacker is None:
-            return
-        ctx, heads, scratch = entry
+        """Re-lay a slot read as the file has it, in place (the parts its pool re-lays),
+        each from a copy: a part cannot be laid into its own memory."""
         lay = slot.kind.layout
-        for head, part, offset in zip(heads, (lay.gate, lay.up, lay.down), lay.offsets):
-            if head is None:
-                continue
-            where = slot.data[offset : offset + part.nbytes]
-            np.copyto(scratch[: part.nbytes], where)
-            ctx.set_data(head, where.ctypes.data)
-            self.repacker.write(head, scratch.ctypes.data)
+        for i, (part, offset) in enumerate(zip((lay.gate, lay.up, lay.down), lay.offsets)):
+            if slot.kind.repack[i]:
+                self.relay_part(slot, i, slot.data[offset : offset + part.nbytes].copy())
 
     def relay_part(self, slot: RawSlot, part: int, src: np.ndarray) -> bool:
         """Lay part `part` (0 gate, 1 up, 2 down) of `slot` from `src`, its bytes as the
         file has them, on the calling thread → whether its pool re-lays that part (else
         nothing is written). Reader lanes call it as a read lands: ggml's repack runs
         without the GIL, each thread on tensor headers of its own, and the compute thread
-        neither waits for it nor copies the part first (`repack_slot` does both)."""
+        neither waits for it nor copies the part first (`repack_slot` copies)."""
         pool = slot.kind
         if self.repacker is None or not pool.repack[part]:
             return False
-        heads: dict[SlotPool, tuple[ggml.Context, list[int]]] = \
+        heads: dict[SlotPool, tuple[ggml.Context, list[int | None]]] = \
             self._lane.__dict__.setdefault("heads", {})
-        entry = heads.get(pool)
-        if entry is None:
-            ctx = ggml.Context(self.g, 3)
-            parts = (pool.layout.gate, pool.layout.up, pool.layout.down)
-            ts = [ctx.tensor(p.ggml_type, (p.cols, p.rows), pool.part_address(i))
-                  for i, p in enumerate(parts)]
-            if not all(self.repacker.attach(t) for t, r in zip(ts, pool.repack) if r):
-                raise EngineError("ggml refused a layout it gave this pool")
-            entry = heads[pool] = (ctx, ts)
-        ctx, ts = entry
-        ctx.set_data(ts[part], slot.data[pool.layout.offsets[part]:].ctypes.data)
-        self.repacker.write(ts[part], src.ctypes.data)
+        if pool not in heads:
+            heads[pool] = self._part_heads(pool)
+        ctx, ts = heads[pool]
+        head = ts[part]
+        if head is None:
+            raise EngineError("ggml refused a layout it gave this pool")
+        ctx.set_data(head, slot.data[pool.layout.offsets[part]:].ctypes.data)
+        self.repacker.write(head, src.ctypes.data)
         return True
+
+    def _part_heads(self, pool: SlotPool) -> tuple[ggml.Context, list[int | None]]:
+        """Tensor headers of `pool`'s three parts, each marked repacked where this CPU has
+        a layout for it (else None); their data pointed at a slot as it is laid."""
+        assert self.repacker is not None
+        ctx = ggml.Context(self.g, 3)
+        heads: list[int | None] = []
+        for i, part in enumerate((pool.layout.gate, pool.layout.up, pool.layout.down)):
+            t = ctx.tensor(part.ggml_type, (part.cols, part.rows), pool.part_address(i))
+            heads.append(t if self.repacker.attach(t) else None)
+        return ctx, heads
 
     def matrix(self, mf: ModelFile, name: str, pinned: bool) -> Weight:
         """A dense matrix as the file stores it, or re-laid for the repacked kernels (when
