@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from abbench.engine.experts.policies import Policies
 from abbench.engine.experts.runner import ExpertRunner
 from abbench.engine.gguf.model_file import ModelFile
 from abbench.engine.run.session import model_info
-from abbench.engine.streaming.streamer import SliceReader, expert_layout
+from abbench.engine.streaming.streamer import ReadTicket, SliceReader, expert_layout
 from abbench.errors import EngineError
 
 
@@ -92,5 +93,46 @@ def test_a_failed_read_in_a_prefill_batch_leaves_no_entry_behind(tiny_model: Pat
         assert not r.cache.peek((3, 7))
         y = r.prefill(3, x, ids[:, ::-1][:, 1:], w[:, :1])  # experts 0, 1, 2: still served
         assert y.shape == (3, le.d) and np.isfinite(y).all()
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_speculative_read_under_way_for_a_routed_expert_is_adopted(tiny_model: Path,
+                                                                    overlap: bool) -> None:
+    """Settling before a layer leaves a speculative read still in flight for an expert
+    the layer routed to go on: the layer waits for it as it lands instead of cancelling
+    it and reading the expert again. It is read once, counted as speculation's, and the
+    output is the bits of the same expert read as a miss; one not routed is cancelled."""
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    w = np.array([0.6, 0.4], np.float32)
+    plain = runner(tiny_model, overlap)
+    try:
+        want = plain(2, x, plain.select(2, np.array([5, 1]), w, 1), 1).copy()
+    finally:
+        plain.close()
+    r = runner(tiny_model, overlap, Policies(predict_prefetch=True, spec_max=2))
+    try:
+        held = {}
+        for e in (5, 6):  # speculative reads of layer 2's experts 5 and 6, not yet started
+            buf, cached = r.cache.admit((2, e), r.kinds[2], set(), speculative=True)
+            assert cached
+            held[e] = ReadTicket(r.slices(2, e), buf)
+            r.spec.pending.append(((2, e), held[e]))
+        # The lanes get both reads only once settling has begun (the timer).
+        lands = threading.Timer(0.2, lambda: [r.reader._queue.put((t, s)) for t in
+                                               held.values() for s in t.slices])
+        lands.start()
+        chosen = r.select(2, np.array([5, 1]), w, 1)
+        assert list(r.spec.adopted) == [(2, 5)] and not r.spec.pending
+        assert held[6].cancelled and not r.cache.peek((2, 6))  # not routed: cancelled
+        assert r.tok.spec_cancelled == 1
+        y = r(2, x, chosen, 1)
+        lands.join()
+        np.testing.assert_array_equal(y, want)
+        assert r.tok.misses == 1 and r.tok.hits == 1  # expert 1 read; 5 a speculation's hit
+        assert r.tok.spec_useful == 1 and r.tok.spec_experts == 1 and not r.spec.adopted
+        assert r.tok.spec_read_bytes == held[5].nbytes > 0
+        assert r.tok.read_bytes < 2 * held[5].nbytes  # expert 5 was not read again
     finally:
         r.close()

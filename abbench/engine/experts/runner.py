@@ -2,10 +2,10 @@
 
 The architecture's sparse MoE block routes, then calls the two steps here with the routing:
 
-1. `select` — speculation left from the previous layer is *settled* (real reads always
-   win: finished speculative reads join the cache, the rest are cancelled), then the *drop
-   policy* (`policies.cold_keep`) decides which routed experts to keep and the survivors'
-   weights are renormalised (`policies.kept_weights`);
+1. `select` — speculation left from the previous layer is *settled* (finished reads join
+   the cache, those under way for a routed expert go on, the rest are cancelled), then the
+   *drop policy* (`policies.cold_keep`) keeps some of the routed experts, their weights
+   renormalised (`policies.kept_weights`);
 2. `__call__` — each kept expert is looked up (one lookup per unique expert; a hit
    refreshes recency) and the misses' reads are issued at once on the reader lanes;
    *speculation* for the next layers is issued behind them (`policies.prev_token_prefetch`
@@ -22,11 +22,9 @@ The architecture's sparse MoE block routes, then calls the two steps here with t
    measures ("The resident short ways").
 
 The block sums the outputs in routing order, so the result is bit-identical whatever was
-resident, when reads finished, or who computed. The steps' bookkeeping (settling, the
-policies, lookups, read issue, trace rows) is the pass's *mgmt* time.
+resident, when reads finished, or who computed. The steps' bookkeeping is *mgmt* time.
 
-A prompt's batch takes its own path through the same lookups and reads (`prefill.py`);
-step 2's speculation is `speculation.py`; a pass's counters, `Selection`, `Load`: `selection.py`.
+A prompt's batch: `prefill.py`; speculation: `speculation.py`; counters, `Load`: `selection.py`.
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ from abbench.engine.gguf.model_file import ModelFile
 from abbench.engine.kernels import partner
 from abbench.engine.kernels.compute import SWIGLU, ComputeTeam, Job
 from abbench.engine.kernels.qcompute import QuantTeam
-from abbench.engine.streaming.cache import ExpertCache, buffer_kinds
+from abbench.engine.streaming.cache import ExpertCache, Key, buffer_kinds
 from abbench.engine.streaming.prelaid import Prelaid, open_prelaid
 from abbench.engine.streaming.streamer import LayerExperts, Slice, SliceReader
 from abbench.engine.units import MIB
@@ -65,8 +63,7 @@ if TYPE_CHECKING:
     from abbench.engine.kernels.expert_ffn import ExpertFFN
     from abbench.records.route_trace import RouteTraceWriter
 
-# Re-exported: what one pass did and holds (`selection.py`), imported from here too.
-__all__ = ["Direct", "ExpertRunner", "Load", "Miss", "Selection", "TokenCounters"]
+__all__ = ["Direct", "ExpertRunner", "Load", "Miss", "Selection", "TokenCounters"]  # re-exported
 
 
 class ExpertRunner:
@@ -211,10 +208,11 @@ class ExpertRunner:
         ids and weights (n, k) → (n, d)."""
         return self.batch.prefill(layer, x, ids, weights)
 
-    def settle(self) -> None:
-        """Speculative reads in flight are settled before any lookup (real reads win)."""
+    def settle(self, routed: set[Key] | None = None) -> None:
+        """Speculative reads in flight are settled before any lookup (real reads win; those
+        for experts `routed` here go on: `Speculator.settle`)."""
         if self.spec.pending:
-            self.spec.settle()
+            self.spec.settle(routed=routed)
 
     def finish(self) -> None:
         """Settle what speculation is still in flight (end of run)."""
@@ -305,8 +303,8 @@ class ExpertRunner:
         the lanes, and the drop rule must see what is resident after it.
         """
         t0 = time.perf_counter()
-        self.settle()
         routed = ids.tolist()
+        self.settle({(layer, e) for e in routed})
         self.tok.experts_routed += len(routed)
         if phase == 1:
             self.spec.routing[layer] = routed  # the next token's --prefetch reads these
@@ -376,8 +374,8 @@ class ExpertRunner:
             key = (layer, e)
             was_spec = key in speculative
             buf = cache.lookup(key)
-            if buf is not None:
-                load.resident.append(Job(slot, buf, None, e))
+            if buf is not None:  # a speculative read still under way: waited for as it lands
+                load.resident.append(Job(slot, buf, self.spec.adopted.get(key), e))
                 load.residency.append(2 if was_spec else 1)
                 continue
             if load.batch is None:
@@ -418,6 +416,7 @@ class ExpertRunner:
         except BaseException:
             self._abandon(layer, load)
             raise
+        self.spec.adopted_done()
         if load.missing:
             self._account_reads(layer, load)
         self.tok.stall_s += stall
@@ -430,6 +429,7 @@ class ExpertRunner:
         for _, e, _, cached in load.missing:
             if cached:
                 self.cache.drop((layer, e))
+        self.spec.adopted_done(failed=True)
 
     def _account_reads(self, layer: int, load: Load) -> None:
         """The layer's reads into the counters; scratch buffers back to the free list."""

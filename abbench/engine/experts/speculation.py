@@ -50,6 +50,8 @@ class Speculator:
         self.prev_routing: list[list[int]] = [[] for _ in range(n_layer)]  # previous token's
         self.routing: list[list[int]] = [[] for _ in range(n_layer)]  # this token's
         self.pending: list[tuple[Key, ReadTicket]] = []  # speculative reads in flight
+        # Those the layer being run routed, still in flight: it waits for them (`settle`).
+        self.adopted: dict[Key, ReadTicket] = {}
         # Retention only: the layer and experts predicted for it, refreshed at its lookups.
         self.retain_at: tuple[int, list[int]] | None = None
 
@@ -135,10 +137,18 @@ class Speculator:
             pinned.add(key)
             self.pending.append((key, host.reader.submit(host.slices(*key), buf)))
 
-    def settle(self, cancel: bool = True) -> None:
-        """Finished speculative reads join the cache; the rest are cancelled."""
+    def settle(self, cancel: bool = True, routed: set[Key] | None = None) -> None:
+        """Finished speculative reads join the cache; the rest are cancelled — except
+        those still in flight for an expert the layer routed (`routed`, its keys): these
+        are *adopted*, their reads go on, and the layer waits for each as for a miss's
+        (`adopted`, settled by `adopted_done`). Cancelling one would throw away a read
+        already under way only to read the same expert again from its start."""
         tok, cache = self.host.tok, self.host.cache
         for key, ticket in self.pending:
+            if routed is not None and key in routed and not ticket.event.is_set():
+                self.adopted[key] = ticket
+                cache.speculative.add(key)  # its lookup counts a useful speculation
+                continue
             if cancel and not ticket.event.is_set():
                 ticket.cancelled = True
             ticket.event.wait()
@@ -152,9 +162,24 @@ class Speculator:
                 tok.spec_experts += 1
         self.pending.clear()
 
+    def adopted_done(self, failed: bool = False) -> None:
+        """The layer that adopted reads has run (`failed`: it was abandoned, and the
+        adopted entries leave the cache once their reads end): count them as speculation's."""
+        tok, cache = self.host.tok, self.host.cache
+        for key, ticket in self.adopted.items():
+            ticket.event.wait()
+            tok.spec_read_bytes += ticket.nbytes
+            if failed or ticket.error is not None:
+                cache.drop(key)
+                tok.spec_cancelled += 1
+            else:
+                tok.spec_experts += 1
+        self.adopted.clear()
+
     def finish(self) -> None:
         """Settle what speculation is still in flight (end of run)."""
         if self.retain_at is not None:
             self.retain(*self.retain_at)
         if self.pending:
             self.settle()
+        self.adopted_done()

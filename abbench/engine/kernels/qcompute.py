@@ -176,25 +176,28 @@ class QuantTeam:
 
     def run(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, layer: int = 0) -> float:
         """Compute every job of `layer` into `out[slot]` (x: (d,), out: (k, d)); returns
-        stall seconds. Resident experts run first, in one graph; each one still being read
-        runs as it lands (the caller waits for it: that wait is the stall, ggml's threads
-        are idle then too)."""
-        if not jobs:
-            return 0.0
-        ready = [j for j in jobs if j.ticket is None]
-        late = [j for j in jobs if j.ticket is not None]
-        if ready:
-            self._compute(ready, x, out, layer)
+        stall seconds. Resident experts run first, in one graph, with those whose reads
+        have landed; then the caller waits for the first still being read (that wait is
+        the stall, ggml's threads are idle then too) and runs it with every other landed
+        by then, and so on. An expert's output does not depend on what runs beside it."""
+        def landed(j: Job) -> bool:
+            return j.ticket is None or j.ticket.event.is_set()
+
         stall = 0.0
-        for job in late:
-            ticket = job.ticket
-            assert ticket is not None
-            if not ticket.event.is_set():
+        while jobs:
+            if not any(landed(j) for j in jobs):
                 w0 = time.perf_counter()
-                ticket.event.wait()
+                jobs[0].ticket.event.wait()  # type: ignore[union-attr]
                 stall += time.perf_counter() - w0
-            ticket.wait()  # raises if the read failed
-            self._compute([job], x, out, layer)
+            ready: list[Job] = []
+            rest: list[Job] = []
+            for j in jobs:  # one look each: a read may land meanwhile
+                (ready if landed(j) else rest).append(j)
+            jobs = rest
+            for j in ready:
+                if j.ticket is not None:
+                    j.ticket.wait()  # raises if the read failed
+            self._compute(ready, x, out, layer)
         return stall
 
     def _compute(self, jobs: list[Job], x: np.ndarray, out: np.ndarray, layer: int) -> None:
