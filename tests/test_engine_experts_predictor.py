@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from abbench.engine.arch.shared.plain_graph import PlainGraphModel
 from abbench.engine.config import EngineConfig
 from abbench.engine.experts.predictor import (
     MAX_SCORED_K,
@@ -365,3 +366,39 @@ def test_the_fused_router_gemv_predicts_and_routes_as_two_gemvs(
     assert _predicted_run(path, fused=True) == _predicted_run(path, fused=False)
     assert _predicted_run(path, True, resident=True) == _predicted_run(path, False,
                                                                       resident=True)
+
+
+def _graph_predicted_run(path: Path, fused: bool) -> tuple[Any, ...]:
+    """`_predicted_run` on llama.cpp's graph (`--kernels ggml`): the next layer's router in
+    each decode layer's graph, or (not fused) the predictor's own GEMV after it."""
+    cfg = EngineConfig(model=str(path), prompt="Predict me", n_tokens=N_TOKENS, seed=3,
+                       cache_mib=1.0, threads=2, kernels="ggml",
+                       predict_log=True, predict_prefetch=True)
+    with Engine(cfg, path) as engine:
+        predictor, model = engine.predictor, engine.model
+        assert predictor is not None and isinstance(model, PlainGraphModel) and model._fused
+        if not fused:
+            model._fused = False
+        n_layer = len(model.weights)
+        seen: list[list[int]] = []
+        calls = {True: 0, False: 0}
+
+        def hook(layer: int, x: np.ndarray, ids: np.ndarray, w: np.ndarray, phase: int,
+                 *given: np.ndarray) -> None:
+            if phase == 1 and layer + 1 < n_layer:
+                calls[bool(given)] += 1
+            predictor(layer, x, ids, w, phase, *given)
+            nxt = predictor.pred_ids[layer + 1] if layer + 1 < n_layer else None
+            seen.append([*ids.tolist(), *(nxt.tolist() if nxt is not None else [])])
+
+        model.routing_hook = hook
+        result = engine.run()
+    assert calls[not fused] == 0 and calls[fused] > 0  # who made each prediction
+    return result.output_ids, seen, result.extra["predict"]["per_layer"][0]
+
+
+def test_the_graphs_next_router_predicts_as_the_predictors_own_gemv(small_model: Path) -> None:
+    # The stale gate's GEMV among the layer graph's nodes (ggml's F32 product) ranks the
+    # next layer's experts as the predictor's numpy GEMV ranks them, on this file; the
+    # routing and the tokens are the layer graph's either way.
+    assert _graph_predicted_run(small_model, True) == _graph_predicted_run(small_model, False)

@@ -288,6 +288,11 @@ class GraphFace:
     def fuse_next_routers(self) -> None:
         """Nothing to fuse: a predictor computes the next layer's routing itself."""
 
+    def _next_routing(self, g: Any) -> tuple[np.ndarray, np.ndarray] | tuple[()]:
+        """What a fused next router made of layer graph `g`'s input: its top k (k,) and
+        logits (n_expert,); or nothing, where none is fused."""
+        return ()
+
     def gemv_matrices(self) -> list[Any]:
         return []
 
@@ -321,8 +326,8 @@ class GraphFace:
         for layer, g in enumerate(self._layer_graphs(pos, n_kv)):
             g.graph.compute()
             x, seen, ids, weights = self._routed(g)  # (d,), what the hook sees, (k,), (k,)
-            if hook is not None:
-                hook(layer, seen, ids, weights, phase)
+            if hook is not None:  # with what a fused next router made of `seen`, if any
+                hook(layer, seen, ids, weights, phase, *self._next_routing(g))
             kept, y = self.experts.run_routed(layer, x, ids, weights, phase)  # (k',), (k', d)
             self._finish_layer(layer, g, kept, y)
         return self._logits()

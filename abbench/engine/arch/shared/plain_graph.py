@@ -40,6 +40,7 @@ from abbench.engine.arch.shared.masks import attended, causal_mask
 from abbench.engine.arch.shared.pieces import Pieces
 from abbench.engine.arch.shared.plain_args import PlainArgs
 from abbench.engine.arch.shared.token_graph import ExpertNodes, TokenGraph, token_graph
+from abbench.engine.experts.predictor import top_k
 from abbench.engine.kernels import ggml
 from abbench.engine.kernels.qcompute import WEIGHT_SUM_MIN, QuantTeam, Weight, routing, weighted_sum
 
@@ -73,11 +74,14 @@ class LayerGraph:
     (t, d) and the router's probabilities and ranking (t, n_expert)."""
 
     def __init__(self, model: PlainGraphModel, w: LayerWeights, layer: int, t: int,
-                 n_kv: int, stream: int | None = None, in_token: bool = False) -> None:
+                 n_kv: int, stream: int | None = None, in_token: bool = False,
+                 next_router: np.ndarray | None = None) -> None:
         """stream: the layer before's end (d, 1), or None: the stream in `model.inputs(t)`.
         in_token: a part of a token's one graph (`token_graph`), which then computes this
         layer's nodes, the routing weights among them (this one builds no graph of its
-        own)."""
+        own). next_router: the next layer's router (n_expert, d), multiplied by this
+        layer's FFN input among the graph's nodes (`next_logits`: a stale-gate
+        prediction, made on the graph's threads rather than on the caller after them)."""
         a = model.args
         d, hd, nq, nkv = a.embedding_length, a.key_length, a.head_count, a.head_count_kv
         n_expert = a.expert_count
@@ -117,13 +121,26 @@ class LayerGraph:
             self.nodes = (xf, *self._weights(probs, order, model.k, t, a.PLAIN.renormalise),
                           ffn_inp)
         else:
-            self.graph = ctx.graph([*writes, order], model.team.threads_pool)
+            outs = [*writes, order, *self._next_logits(next_router, xf, t)]
+            self.graph = ctx.graph(outs, model.team.threads_pool)
         self.write_nodes = writes
         self.ffn_inp = ctx.array(ffn_inp, (t, d), np.float32)
         self.x = ctx.array(xf, (t, d), np.float32)
         self.probs = ctx.array(probs, (t, n_expert), np.float32)
         self.order = ctx.array(order, (t, n_expert), np.int32)
         self.top = self.order[:, : model.k]  # (t, k) each token's experts
+
+    def _next_logits(self, router: np.ndarray | None, xf: int, t: int) -> list[int]:
+        """The next layer's `router` (n_expert, d) times `xf` (d, t) → its node, the
+        logits (n_expert, t), in `next_logits`; none without a router."""
+        self.next_logits: np.ndarray | None = None
+        if router is None:
+            return []
+        n_expert, d = router.shape
+        node = self.ctx.op("mul_mat", self.ctx.tensor(ggml.F32, (d, n_expert),
+                                                      router.ctypes.data), xf)
+        self.next_logits = self.ctx.array(node, (t, n_expert), np.float32)
+        return [node]
 
     def end(self, experts: ExpertNodes) -> int:
         """This layer's end (d, 1) in a token's one graph, as llama.cpp ends it: its
@@ -166,6 +183,7 @@ class PlainGraphModel(GraphFace):
         # read, and the causal mask (t, n_kv) per cache length.
         self._masks: dict[tuple[int, int], np.ndarray] = {}
         self._graphs: DecodeGraphs[list[LayerGraph]] = DecodeGraphs()
+        self._fused = False  # the next layer's router in each decode graph (a predictor's)
         name = "output.weight" if "output.weight" in mf.tensors else "token_embd.weight"
         self._output = (mf.read_dense("output_norm.weight", True), team.matrix(mf, name, pinned))
         self._output_graph: OutputGraph | None = None
@@ -200,8 +218,10 @@ class PlainGraphModel(GraphFace):
 
     def _decode_graphs(self, pos: int, n_kv: int) -> list[LayerGraph]:
         """The layers' graphs for one token, built once per attended length."""
-        graphs = self._graphs.get(n_kv, lambda: [LayerGraph(self, w, i, 1, n_kv)
-                                                 for i, w in enumerate(self.weights)])
+        nxt = [w.router if self._fused else None for w in self.weights[1:]] + [None]
+        graphs = self._graphs.get(n_kv, lambda: [
+            LayerGraph(self, w, i, 1, n_kv, next_router=r)
+            for i, (w, r) in enumerate(zip(self.weights, nxt))])
         for g in graphs:
             g.set_position(pos)
         return graphs
@@ -209,6 +229,18 @@ class PlainGraphModel(GraphFace):
     def _routed(self, g: LayerGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         ids, weights = routing(g.probs[0], g.order[0], self.k, self.args.PLAIN.renormalise)
         return g.x[0], g.x[0], ids, weights  # (d,), (d,), (k,), (k,)
+
+    def fuse_next_routers(self) -> None:
+        """The next layer's router into each decode layer's graph, for a stale-gate
+        predictor: the hook receives its logits and their ranking (`_next_routing`)."""
+        self._fused = True
+        self._graphs = DecodeGraphs()  # any built before are built again with it
+
+    def _next_routing(self, g: LayerGraph) -> tuple[np.ndarray, np.ndarray] | tuple[()]:
+        if g.next_logits is None:
+            return ()
+        logits = g.next_logits[0]  # (n_expert,)
+        return top_k(logits, self.k), logits
 
     def _finish_layer(self, layer: int, g: LayerGraph, kept: np.ndarray, y: np.ndarray) -> None:
         h = self.inputs(1)[0]  # (1, d): the stream
