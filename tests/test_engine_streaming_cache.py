@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from abbench.engine.streaming.cache import ExpertCache, Key
-from abbench.engine.streaming.streamer import BufferArena, ExpertBuffer, F32Kind
+from abbench.engine.gguf.model_file import ModelFile
+from abbench.engine.run.session import model_info
+from abbench.engine.streaming.cache import ExpertCache, Key, buffer_kinds
+from abbench.engine.streaming.slots import SlotPool
+from abbench.engine.streaming.streamer import BufferArena, ExpertBuffer, F32Kind, expert_layout
 
 FF, D = 4, 8
 NBYTES = 3 * FF * D * 4  # one expert's F32 buffer
@@ -286,3 +290,32 @@ def test_property_budget_pinning_and_lru_counts(
     assert (c.hits, c.misses, c.evictions, c.rereads, c.uncached) == (
         ref.hits, ref.misses, ref.evictions, ref.rereads, ref.uncached
     )
+
+
+def test_a_streaming_pool_holds_what_its_budget_holds_and_never_runs_out(
+        tiny_model: Path) -> None:
+    """A pool is sized by what the cache's budget can hold of its layout (where that is
+    fewer than its layers' experts), plus a prefill batch's scratch: ggml's `mul_mat_id`
+    loops over every slot of it on every call. A cache of that budget reading every
+    expert of every layer, a decode layer's and a prefill batch's worth at a time,
+    finds a slot for each."""
+    mf = ModelFile(tiny_model)
+    info = model_info(mf)
+    n_layer, n_expert = int(info["n_layer"]), int(info["n_expert"])
+    layout = expert_layout(mf, n_layer, n_expert)
+    whole = buffer_kinds(layout, True, n_expert, 4, 0)  # resident: every expert
+    pool = whole[0]
+    assert isinstance(pool, SlotPool) and pool.capacity == n_layer * n_expert + n_expert + 8
+    one = layout[0].slot_layout.file_bytes
+    kinds = buffer_kinds(layout, True, n_expert, 4, 5 * one)
+    small = kinds[0]
+    assert isinstance(small, SlotPool) and small.capacity == 5 + n_expert + 8
+    cache = ExpertCache(5 * one)
+    for batch in (4, n_expert):  # a decode layer's reads, then a prefill batch's
+        for layer in range(n_layer):
+            pinned = {(layer, e) for e in range(batch)}
+            bufs = [cache.admit(key, kinds[layer], pinned) for key in sorted(pinned)]
+            for buf, cached in bufs:
+                if not cached:
+                    cache.release(buf)
+    assert cache.resident_bytes <= 5 * one

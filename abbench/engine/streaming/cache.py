@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from abbench.engine.streaming.slots import SlotPool, fault_in
+from abbench.engine.streaming.slots import SlotLayout, SlotPool, fault_in
 from abbench.engine.streaming.streamer import Buffer, BufferArena, F32Kind, LayerExperts
 
 Key = tuple[int, int]  # (layer, expert)
@@ -35,15 +35,22 @@ def buffer_kinds(layout: list[LayerExperts], raw: bool, n_expert: int, max_k: in
                  fault_bytes: int = 0) -> list[BufferKind]:
     """Each layer's buffer kind: F32 buffers of its shape from one arena, or (`raw`: the
     file's own bytes) slots of its layout, one pool per layout with room for every expert
-    of the layers that have it, a prefill batch's scratch and a layer's (address space,
-    not memory), `fault_bytes` of them (a streaming cache's budget) mapped in now
-    (`slots.fault_in`)."""
+    of the layers that have it — or, for a streaming cache (`fault_bytes`: its budget),
+    for as many as the budget holds, where that is fewer — and a prefill batch's scratch
+    and a layer's (address space, not memory), `fault_bytes` of them mapped in now
+    (`slots.fault_in`). A pool no larger than it needs to be: ggml's `mul_mat_id` loops
+    over every slot of the pool on every call."""
     if not raw:
         arena = BufferArena()
         f32: dict[tuple[int, int], F32Kind] = {}
         return [f32.setdefault((le.ff, le.d), F32Kind(le.ff, le.d, arena)) for le in layout]
     layouts = [le.slot_layout for le in layout]
-    pools = {lay: SlotPool(lay, layouts.count(lay) * n_expert + n_expert + 2 * max_k)
+
+    def held(lay: SlotLayout) -> int:  # the most experts of this layout the cache holds
+        every = layouts.count(lay) * n_expert
+        return min(every, fault_bytes // lay.file_bytes) if fault_bytes else every
+
+    pools = {lay: SlotPool(lay, held(lay) + n_expert + 2 * max_k)
              for lay in dict.fromkeys(layouts)}
     kinds = [pools[lay] for lay in layouts]
     if fault_bytes:
