@@ -163,6 +163,36 @@ def test_late_experts_run_as_their_reads_land_and_the_wait_is_stall(team: QuantT
         assert close(out[j], reference(experts[j][1], x))
 
 
+def test_landed_reads_run_in_one_graph_with_the_resident_experts(
+        team: QuantTeam, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expert whose read has landed runs in the resident experts' graph; those still
+    being read run together once the first of them lands, not one graph each."""
+    rng = np.random.default_rng(7)
+    pool = SlotPool(layout_of(ggml.Q8_0), 8)
+    experts = fill(pool, rng, 5)
+    x = rng.standard_normal(D).astype(np.float32)
+    slices = (Slice(0, 1, GGMLQuantizationType.Q8_0, (1, 1), 0, raw=True),)
+    tickets = [ReadTicket(slices, experts[e][0]) for e in (2, 3, 4)]
+    tickets[0]._slice_done(1, None)  # landed before the run
+
+    def land() -> None:
+        for t in tickets[1:]:
+            t._slice_done(1, None)
+
+    threading.Timer(0.3, land).start()
+    graphs: list[list[int]] = []
+    compute = team._compute
+    monkeypatch.setattr(team, "_compute", lambda jobs, *a: (
+        graphs.append([j.slot for j in jobs]), compute(jobs, *a)))
+    out = np.zeros((5, D), np.float32)
+    jobs = [Job(0, experts[0][0], None), Job(1, experts[1][0], None),
+            *(Job(e, experts[e][0], t) for e, t in zip((2, 3, 4), tickets))]
+    assert team.run(jobs, x, out) > 0.1
+    assert graphs == [[0, 1, 2], [3, 4]]
+    for j in range(5):
+        assert close(out[j], reference(experts[j][1], x))
+
+
 def test_a_failed_read_raises_from_run(team: QuantTeam) -> None:
     pool = SlotPool(layout_of(ggml.Q8_0), 2)
     slot = pool.new()

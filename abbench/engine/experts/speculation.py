@@ -143,7 +143,7 @@ class Speculator:
         are *adopted*, their reads go on, and the layer waits for each as for a miss's
         (`adopted`, settled by `adopted_done`). Cancelling one would throw away a read
         already under way only to read the same expert again from its start."""
-        tok, cache = self.host.tok, self.host.cache
+        cache = self.host.cache
         for key, ticket in self.pending:
             if routed is not None and key in routed and not ticket.event.is_set():
                 self.adopted[key] = ticket
@@ -151,30 +151,30 @@ class Speculator:
                 continue
             if cancel and not ticket.event.is_set():
                 ticket.cancelled = True
-            ticket.event.wait()
-            tok.spec_read_bytes += ticket.nbytes
-            if ticket.error is not None or ticket.skipped:
-                cache.drop(key)  # partly read or failed: not trustworthy
-                tok.spec_cancelled += 1
-            else:
-                ticket.wait()  # finished (re-laid) before a lookup computes from it
+            if self._ended(key, ticket):
                 cache.speculative.add(key)
-                tok.spec_experts += 1
         self.pending.clear()
 
     def adopted_done(self, failed: bool = False) -> None:
         """The layer that adopted reads has run (`failed`: it was abandoned, and the
         adopted entries leave the cache once their reads end): count them as speculation's."""
-        tok, cache = self.host.tok, self.host.cache
         for key, ticket in self.adopted.items():
-            ticket.event.wait()
-            tok.spec_read_bytes += ticket.nbytes
-            if failed or ticket.error is not None:
-                cache.drop(key)
-                tok.spec_cancelled += 1
-            else:
-                tok.spec_experts += 1
+            self._ended(key, ticket, failed)
         self.adopted.clear()
+
+    def _ended(self, key: Key, ticket: ReadTicket, failed: bool = False) -> bool:
+        """A speculative read, once it has ended, counted: → whether its entry stays (else
+        it was dropped: it failed, was partly read or its layer `failed`: not trustworthy)."""
+        tok = self.host.tok
+        ticket.event.wait()
+        tok.spec_read_bytes += ticket.nbytes
+        if failed or ticket.error is not None or ticket.skipped:
+            self.host.cache.drop(key)
+            tok.spec_cancelled += 1
+            return False
+        ticket.wait()  # finished (re-laid) before a lookup computes from it
+        tok.spec_experts += 1
+        return True
 
     def finish(self) -> None:
         """Settle what speculation is still in flight (end of run)."""

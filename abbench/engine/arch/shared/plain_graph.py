@@ -218,10 +218,9 @@ class PlainGraphModel(GraphFace):
 
     def _decode_graphs(self, pos: int, n_kv: int) -> list[LayerGraph]:
         """The layers' graphs for one token, built once per attended length."""
-        nxt = [w.router if self._fused else None for w in self.weights[1:]] + [None]
         graphs = self._graphs.get(n_kv, lambda: [
             LayerGraph(self, w, i, 1, n_kv, next_router=r)
-            for i, (w, r) in enumerate(zip(self.weights, nxt))])
+            for i, (w, r) in enumerate(zip(self.weights, self._next_routers()))])
         for g in graphs:
             g.set_position(pos)
         return graphs
@@ -235,6 +234,11 @@ class PlainGraphModel(GraphFace):
         predictor: the hook receives its logits and their ranking (`_next_routing`)."""
         self._fused = True
         self._graphs = DecodeGraphs()  # any built before are built again with it
+
+    def _next_routers(self) -> list[np.ndarray | None]:
+        """Per layer, the router its decode graph multiplies too: the next layer's, where
+        they are fused (the last layer's: none)."""
+        return [w.router if self._fused else None for w in self.weights[1:]] + [None]
 
     def _next_routing(self, g: LayerGraph) -> tuple[np.ndarray, np.ndarray] | tuple[()]:
         if g.next_logits is None:
