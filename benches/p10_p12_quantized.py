@@ -24,11 +24,12 @@ Each round runs ABBA (engine, llama-bench, llama-bench, engine; the host's speed
 printed figure is the median of the rounds' ratios, with their range.
 
     python benches/p10_p12_quantized.py [--types Q4_K_M Q8_0] [--rounds 5] [--layers 4]
-        [--prelaid]
+        [--prelaid | --relay auto|lanes|off]
 
 `--prelaid`: P11's streaming runs read the experts from the copy laid out for the
 repacked kernels (docs/engine.md, `--prelaid`), written once before the rounds, rather
-than re-laying each expert they read.
+than re-laying each expert they read. `--relay`: the streaming runs' `--relay` (default:
+the engine's, `auto`); each round says which experts its streaming run re-laid.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def engine(model: Path, threads: int, tokens: int, *flags: str) -> dict[str, Any
         doc = json.loads(out.read_text())
     if doc["kernels"]["backend"] != "ggml":
         raise SystemExit(f"the engine computed with {doc['kernels']['backend']}, not ggml")
-    return dict(doc["summary"])
+    relaid = doc["kernels"].get("repacked", {}).get("experts", [])
+    return dict(doc["summary"]) | {"relaid": ",".join(relaid) or "none"}
 
 
 def llama_bench(binary: Path, model: Path, threads: int, tokens: int) -> float:
@@ -119,7 +121,12 @@ def main() -> None:
     ap.add_argument("--prelaid", action="store_true",
                     help="P11's runs read the experts from the copy pre-laid for the "
                     "repacked kernels (engine run --prelaid; written before the rounds)")
+    ap.add_argument("--relay", choices=["auto", "lanes", "off"], default=None,
+                    help="P11's runs re-lay streamed experts on the reader lanes or keep "
+                    "the file's layout (engine run --relay; default: the engine's, auto)")
     a = ap.parse_args()
+    if a.prelaid and a.relay is not None:
+        ap.error("--prelaid reads experts already laid out: no --relay with it")
     if a.rounds < 1 or a.threads < 1 or a.tokens < 2 or not 0 < a.cache_share < 1:
         ap.error("--rounds, --threads >= 1, --tokens >= 2, 0 < --cache-share < 1")
     binary = build() / "llama-bench"
@@ -135,7 +142,7 @@ def main() -> None:
               f"{dense_mib:.1f} MiB; {a.threads} threads, {a.tokens} tokens, {a.rounds} rounds;"
               f" P11 cache {cache_mib:.0f} MiB ({a.cache_share:.0%})")
         p10, p11, p12 = [], [], []
-        extra = ("--prelaid",) if a.prelaid else ()
+        extra = ("--prelaid",) if a.prelaid else (f"--relay={a.relay}",) if a.relay else ()
         if a.prelaid:  # the copy written (or found) before anything is timed
             engine(model, a.threads, 2, "--prelaid", "--cache-mib=64")
         for i in range(a.rounds):
@@ -159,7 +166,8 @@ def main() -> None:
             p12.append(max(ratios.values()))
             print(f"round {i + 1}: P10 resident {ours:6.1f} vs llama-bench {theirs:6.1f} tok/s "
                   f"({p10[-1]:.3f}) | P11 streaming {stream['tok/s']:6.2f} tok/s, "
-                  f"{misses:.1f} misses/token, raw {bw:.0f} MiB/s, bound "
+                  f"{misses:.1f} misses/token, re-laid {stream['relaid']}, raw {bw:.0f} "
+                  f"MiB/s, bound "
                   f"{1 / bound_s:6.2f} tok/s ({p11[-1]:.3f}) | P12 peak RSS "
                   f"{held['P10'][0]:.0f} / {held['P11'][0]:.0f} MiB "
                   f"({ratios['P10']:.3f} / {ratios['P11']:.3f})", flush=True)

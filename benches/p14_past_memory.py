@@ -28,7 +28,8 @@ starts from the disk. Per depth and round:
   token of a resident run of the same file (`--resident`, no limit: every expert in
   memory), which also gives the text the streaming run must reproduce byte for byte. Both
   decode greedily (`--temp 0`). Streamed experts are re-laid for the repacked kernels as
-  resident ones are (`--repack`), so the two runs compute the same bits (tested on a small
+  resident ones are (`--relay lanes`, whatever the engine's `auto` would choose on this
+  machine, or `--prelaid`), so the two runs compute the same bits (tested on a small
   file); before that they rounded differently in the last bits, and a temperature-1 draw
   over this synthetic model's near-flat distribution differed from the first token while
   the argmax held. Greedy keeps the comparison to the text either way.
@@ -211,7 +212,7 @@ def one_round(r: int, model: Path, limit: float, cache_mib: float, per_expert: f
         out = Path(tmp) / "run.json"
         stream = engine_argv(model, out, a.tokens, a.threads, f"--cache-mib={cache_mib:.0f}",
                              "--overlap", f"--io-lanes={LANES}",
-                             *(("--prelaid",) if a.prelaid else ()),
+                             "--prelaid" if a.prelaid else "--relay=lanes",
                              *(("--predict-prefetch", f"--predict-spec-max={a.speculate}")
                                if a.speculate else ()))
         bw = raw_bandwidth(model, 48)

@@ -1,5 +1,6 @@
 """`--prelaid` (engine/streaming/prelaid.py): quantized experts read from a copy laid out
-for ggml's repacked kernels, written once into the model cache. A run reading the copy
+for ggml's repacked kernels, written once into the model cache; `--relay`: re-laid by the
+reader lanes as they land, or kept as the file has them. A run reading the copy
 computes the bits of one that re-lays each expert as it is read; the copy is written
 once, read as it is, and written again where it no longer fits the model, the pools or
 this CPU; what cannot work is refused with one message."""
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import run_main
 
+from abbench.engine import config as config_module
 from abbench.engine import synth
 from abbench.engine.config import EngineConfig
 from abbench.engine.gguf.model_file import ModelFile
@@ -44,8 +46,10 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def streamed(path: Path, **extra: object) -> EngineConfig:
-    """A streaming run whose cache holds a few experts: misses on every layer."""
+    """A streaming run whose cache holds a few experts: misses on every layer; the lanes
+    re-lay what they read (`--relay lanes`) unless `relay` or `prelaid` says otherwise."""
     budget = 6 * max(model_info(ModelFile(path))["expert_resident_bytes"]) / MIB
+    extra = {"relay": "auto" if extra.get("prelaid") else "lanes", **extra}
     return EngineConfig(model=str(path), prompt_tokens=(5, 9, 30, 41, 7, 99), n_tokens=8,
                         temp=0.0, ignore_eos=True, kernels="ggml", cache_mib=budget,
                         **extra)  # type: ignore[arg-type]
@@ -97,6 +101,58 @@ def test_a_lane_lays_each_part_as_the_compute_thread_would(q4km: Path, cache: Pa
                     np.testing.assert_array_equal(slot.data, want.data)
         finally:
             plain.close()
+
+
+def test_relay_off_keeps_streamed_experts_as_the_file_has_them(q4km: Path,
+                                                                cache: Path) -> None:
+    """`--relay off`: the lanes lay nothing and the slots hold the file's bytes, computed
+    by ggml's plain kernels to the re-laid run's values in all but the last places; a
+    resident run still re-lays its experts."""
+    with Engine(streamed(q4km, relay="off"), q4km) as engine:
+        runner = engine.runner
+        assert not any(any(k.repack) for k in runner.kinds)  # type: ignore[union-attr]
+        assert runner.repacked == []
+        slot = runner.kinds[0].new()  # type: ignore[union-attr]
+        runner.reader.submit(runner.layout[0].slices(2, True), slot).wait()
+        want = runner.kinds[0].new()  # type: ignore[union-attr]
+        plain = SliceReader(q4km, 1, False)
+        try:
+            plain.read_now(runner.layout[0].slices(2, True), want)
+        finally:
+            plain.close()
+        np.testing.assert_array_equal(slot.data, want.data)
+    off, misses, _ = logits(streamed(q4km, relay="off"), q4km)
+    lanes, _, _ = logits(streamed(q4km, relay="lanes"), q4km)
+    assert misses > 0
+    np.testing.assert_allclose(off, lanes, rtol=1e-3, atol=1e-3 * np.abs(lanes).max())
+    with Engine(streamed(q4km, relay="off", resident=True), q4km) as engine:
+        assert "gate" in engine.runner.repacked
+
+
+@pytest.mark.parametrize("cores,threads,relays", [(2, 2, False), (2, 1, True),
+                                                  (8, 4, True), (1, 0, False)])
+def test_relay_auto_lays_where_a_core_is_left_beside_the_compute_threads(
+        monkeypatch: pytest.MonkeyPatch, cores: int, threads: int, relays: bool) -> None:
+    monkeypatch.setattr(config_module, "workers", lambda: cores)
+    monkeypatch.setattr(config_module.os, "cpu_count", lambda: cores)
+    cfg = EngineConfig(model="m.gguf", threads=threads)
+    assert cfg.relays_streamed is relays
+    assert EngineConfig(model="m.gguf", threads=threads, relay="lanes").relays_streamed
+    assert not EngineConfig(model="m.gguf", threads=threads, relay="off").relays_streamed
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--relay", "off", "--prelaid"], "--prelaid"),
+    (["--relay", "lanes", "--no-repack"], "--no-repack"),
+    (["--relay", "lanes", "--kernels", "numpy"], "--kernels numpy"),
+])
+def test_relay_where_it_cannot_hold_is_refused(
+        q4km: Path, cache: Path, flags: list[str], says: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["engine", "run", "-m", str(q4km), "-p", "hi", "-n", "2",
+                             *flags], capsys)
+    assert code == 2 and "relay" in err and says in err and "Traceback" not in err
+    assert not cache.exists()
 
 
 def test_the_copy_is_written_once_and_read_as_it_is(q4km: Path, cache: Path) -> None:

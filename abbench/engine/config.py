@@ -14,6 +14,7 @@ from typing import Any, get_type_hints
 
 from abbench.engine.architectures import PRESET_NAMES
 from abbench.errors import ConfigError, Setting
+from abbench.workers import workers
 
 DEFAULT_PROMPT = "Explain how a mixture-of-experts model routes each token."
 MAX_REPEAT_PENALTY = 100.0
@@ -28,6 +29,7 @@ MODEL, STREAMING, POLICIES = "model and workload", "streaming", "policies (all o
 TURNS = "turn-taking (interleaved campaigns)"
 MAX_TURN_TOKENS = 1_000_000
 KERNELS = ("auto", "ggml", "numpy")
+RELAYS = ("auto", "lanes", "off")
 
 
 def option(default: Any, help: str, group: str, *, short: str | None = None,
@@ -118,6 +120,13 @@ class EngineConfig:
                            "($ABBENCH_CACHE/prelaid: the experts' size again on disk), "
                            "instead of re-laying each one as it is read (needs ggml kernels "
                            "and --repack)", STREAMING)
+    relay: str = option("auto", "streamed quantized experts: re-laid for ggml's repacked "
+                        "kernels by the reader lanes as each lands (lanes: the resident "
+                        "run's kernels and bits, for about 1 ms of CPU per expert), or kept "
+                        "as the file has them (off: ggml's plain kernels, their bits the "
+                        "same in all but the last place); auto (default): lanes where this "
+                        "process has a core beyond the compute threads to lay on, else off",
+                        STREAMING, choices=RELAYS)
     flash_attn: bool = option(False, "attention as llama.cpp's default computes it on CPU: "
                               "flash attention over an F16 KV cache (llama-completion's "
                               "-fa on); default off: KQ, the masked softmax and KQV over an "
@@ -219,6 +228,14 @@ class EngineConfig:
         if self.prelaid and (self.kernels == "numpy" or not self.repack):
             raise bad("prelaid", "is a copy laid out for ggml's repacked kernels: not with "
                       + ("--kernels numpy" if self.kernels == "numpy" else "--no-repack"))
+        if self.relay not in RELAYS:
+            raise bad("relay", f"must be one of {', '.join(RELAYS)} (got `{self.relay}`)")
+        if self.relay == "off" and self.prelaid:
+            raise bad("relay", "off keeps streamed experts as the file has them; --prelaid "
+                      "reads them already re-laid: not both")
+        if self.relay == "lanes" and (self.kernels == "numpy" or not self.repack):
+            raise bad("relay", "lanes re-lays experts for ggml's repacked kernels: not with "
+                      + ("--kernels numpy" if self.kernels == "numpy" else "--no-repack"))
         if not self.cache_mib >= 0:
             raise bad("cache_mib", f"must be >= 0 (got {self.cache_mib})")
         if not 1 <= self.io_lanes <= 64:
@@ -233,6 +250,16 @@ class EngineConfig:
     @property
     def compute_threads(self) -> int:
         return self.threads or default_threads()
+
+    @property
+    def relays_streamed(self) -> bool:
+        """Whether the reader lanes re-lay streamed quantized experts (`--relay`). `auto`
+        asks for a core beside the compute threads: on a machine they fill, laying competes
+        with the decode for its cores and costs more than the repacked kernels save
+        (docs/engine.md, "What re-laying a streamed expert costs")."""
+        if self.relay == "auto":
+            return workers() > self.compute_threads
+        return self.relay == "lanes"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

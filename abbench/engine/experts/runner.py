@@ -134,8 +134,8 @@ class ExpertRunner:
                 prelaid: Path | None, note: Callable[[str], None] | None) -> SliceReader:
         """The reader lanes, over the model file or its pre-laid copy (`self.prelaid`)."""
         relay = None
-        if team is not None and team.repacker is not None:
-            # re-laid as llama.cpp's --repack does, by the lane that reads each part
+        if team is not None and (self.resident or team.relay or prelaid is not None):
+            # re-laid as llama.cpp's --repack does, by the lane reading each part (`--relay`)
             for pool in dict.fromkeys(self.kinds):
                 team.repack_pool(pool)  # type: ignore[arg-type]
             relay = team.relay_part

@@ -153,12 +153,16 @@ class QuantTeam:
     `threads` threads, the caller being one of them. It also loads the dense matrices the
     graph model multiplies (`matrix`) and re-lays resident weights (`repack_pool`)."""
 
-    def __init__(self, threads: int, repack: bool = False, ffn: ExpertFFN = SWIGLU) -> None:
+    def __init__(self, threads: int, repack: bool = False, ffn: ExpertFFN = SWIGLU,
+                 relay: bool = True) -> None:
         """repack: lay resident weights out for ggml's repacked kernels where this CPU
         has them (`ggml.Repacker`; llama.cpp's default). ffn: the architecture's expert
-        FFN, whose steps every expert graph takes."""
+        FFN, whose steps every expert graph takes. relay: with repack, streamed experts
+        too, as the reader lanes read them (`relay_part`); else those stay as the file
+        has them."""
         self.g = ggml.lib()
         self.ffn = ffn
+        self.relay = repack and relay
         self.threads = max(1, threads)
         self.threads_pool = ggml.Threads(self.g, self.threads)
         self.repacker = ggml.Repacker(self.g) if repack else None

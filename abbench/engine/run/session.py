@@ -112,7 +112,7 @@ class Engine:
                               "compute its quantized experts with",
                               tip="--kernels numpy converts them to F32")
         ffn = arch.expert_ffn(self.mf, args)
-        team = (QuantTeam(config.compute_threads, config.repack, ffn)
+        team = (QuantTeam(config.compute_threads, config.repack, ffn, config.relays_streamed)
                 if self.kernels == "ggml" else None)
         if config.prelaid and team is None:
             raise ConfigError(f"{self.mf.path}: --prelaid pre-lays quantized experts for "
