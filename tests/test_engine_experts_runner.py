@@ -6,15 +6,18 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from abbench.engine import synth
+from abbench.engine.config import EngineConfig
 from abbench.engine.experts.policies import Policies
 from abbench.engine.experts.runner import ExpertRunner
 from abbench.engine.gguf.model_file import ModelFile
-from abbench.engine.run.session import model_info
+from abbench.engine.run.session import Engine, model_info
 from abbench.engine.streaming.streamer import ReadTicket, SliceReader, expert_layout
 from abbench.errors import EngineError
 
@@ -136,3 +139,29 @@ def test_a_speculative_read_under_way_for_a_routed_expert_is_adopted(tiny_model:
         assert r.tok.read_bytes < 2 * held[5].nbytes  # expert 5 was not read again
     finally:
         r.close()
+
+
+def _present_pages(address: int, nbytes: int) -> int:
+    """How many of the pages over [address, address + nbytes) are in memory now: bit 63 of
+    each page's entry in /proc/self/pagemap (readable without privileges)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    first, last = address // page, (address + nbytes - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        raw = np.frombuffer(f.read((last - first + 1) * 8), np.uint64)
+    return int(np.count_nonzero(raw >> np.uint64(63)))
+
+
+@pytest.mark.parametrize("expert_type", ["F32", "Q8_0"])
+def test_closing_gives_the_caches_memory_back(tmp_path: Path, expert_type: str) -> None:
+    """A closed runner's expert buffers leave the process's memory as it closes, not when
+    Python's collector finds what holds them (an engine's objects refer to each other)."""
+    path = tmp_path / f"small-{expert_type}.gguf"
+    synth.write_model(replace(synth.preset("small"), expert_type=expert_type), path)
+    with Engine(EngineConfig(model=str(path), prompt_tokens=(5, 9, 30), n_tokens=4,
+                             ignore_eos=True, cache_mib=64, overlap=True), path) as engine:
+        engine.run()
+        held = [(b.data.ctypes.data, b.data.nbytes)
+                for b in engine.runner.cache.entries.values()]
+        assert held and all(_present_pages(*b) > 0 for b in held)
+    assert sum(_present_pages(*b) for b in held) == 0

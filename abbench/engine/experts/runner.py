@@ -157,8 +157,7 @@ class ExpertRunner:
     @property
     def repacked(self) -> list[str]:
         """The expert projections held re-laid for ggml's repacked kernels (any layer's)."""
-        parts = ("gate", "up", "down")
-        return [p for i, p in enumerate(parts)
+        return [p for i, p in enumerate(("gate", "up", "down"))
                 if any(getattr(k, "repack", (False,) * 3)[i] for k in self.kinds)]
 
     @property
@@ -176,7 +175,6 @@ class ExpertRunner:
         `max_rows` the most tokens a prefill pass gives it. The ggml team (no partner)
         takes the same short way to a complete cache's buffers (`direct`)."""
         if self.resident and isinstance(self.team, QuantTeam):
-            # the ggml team runs a complete cache's experts by their buffers alone, too
             self.direct = (self.team, by_expert_id(self.cache, len(self.layout), self.n_expert))
             return False
         if not (self.resident and isinstance(self.team, ComputeTeam) and self.team.threads > 1
@@ -448,3 +446,5 @@ class ExpertRunner:
         self.reader.close()
         self.team.close()
         self.batch.close()
+        for kind in dict.fromkeys(self.kinds):  # the cache's memory, now
+            kind.release()

@@ -23,12 +23,16 @@ Key = tuple[int, int]  # (layer, expert)
 
 
 class BufferKind(Protocol):
-    """What makes an expert's buffers: their bytes against the budget, and a new one."""
+    """What makes an expert's buffers: their bytes against the budget, a new one, and
+    their memory given back at the end."""
 
     @property
     def nbytes(self) -> int: ...
 
     def new(self) -> Any: ...
+
+    def release(self) -> None:
+        """Give the memory of every buffer made back, once none will be used again."""
 
 
 def buffer_kinds(layout: list[LayerExperts], raw: bool, n_expert: int, max_k: int,

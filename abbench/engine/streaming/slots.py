@@ -131,6 +131,13 @@ class SlotPool:
         """What one slot counts against a cache budget: the expert's bytes in the file."""
         return self.layout.file_bytes
 
+    def release(self) -> None:
+        """Give every slot's pages back (the pool's contents are gone), as a runner closes:
+        a closed engine's cache leaves the process's memory then, not whenever Python's
+        collector finds the objects that hold the pool."""
+        with contextlib.suppress(OSError, ValueError):
+            self.mm.madvise(mmap.MADV_DONTNEED)
+
     def new(self) -> RawSlot:
         if self._next >= self.capacity:
             raise EngineError(f"expert slot pool exhausted ({self.capacity} slots)")

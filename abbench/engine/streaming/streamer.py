@@ -69,6 +69,7 @@ class BufferArena:
     def __init__(self, chunk_bytes: int = 64 << 20) -> None:
         self.chunk_bytes = chunk_bytes
         self._mm: mmap.mmap | None = None
+        self._chunks: list[mmap.mmap] = []
         self._next = 0
         self._end = 0
 
@@ -88,9 +89,17 @@ class BufferArena:
             start = -probe.ctypes.data % HUGE_PAGE  # the first buffer starts a huge page
             del probe
             self._mm, self._next, self._end = mm, start, start + length
+            self._chunks.append(mm)
         offset = self._next
         self._next += size
         return self._mm, offset
+
+    def release(self) -> None:
+        """Give every page of the arena back (what its buffers held is gone): memory that
+        would otherwise stay until the collector finds the buffers' owners."""
+        for mm in self._chunks:
+            with contextlib.suppress(OSError, ValueError):
+                mm.madvise(mmap.MADV_DONTNEED)
 
 
 def arena_copy(arena: BufferArena, a: np.ndarray) -> np.ndarray:
@@ -219,6 +228,9 @@ class F32Kind:
 
     def new(self) -> ExpertBuffer:
         return ExpertBuffer(self.ff, self.d, self.arena, self)
+
+    def release(self) -> None:
+        self.arena.release()
 
 
 Buffer = ExpertBuffer | RawSlot  # where an expert's bytes land: F32, or the file's own
