@@ -225,17 +225,20 @@ class EngineConfig:
         if self.flash_attn and self.kernels == "numpy":
             raise bad("flash_attn", "is computed on ggml's graph model: not with --kernels "
                       "numpy")
-        if self.prelaid and (self.kernels == "numpy" or not self.repack):
-            raise bad("prelaid", "is a copy laid out for ggml's repacked kernels: not with "
-                      + ("--kernels numpy" if self.kernels == "numpy" else "--no-repack"))
+        # what rules out ggml's repacked kernels, if anything
+        plain = "--kernels numpy" if self.kernels == "numpy" else None if self.repack \
+            else "--no-repack"
+        if self.prelaid and plain:
+            raise bad("prelaid", f"is a copy laid out for ggml's repacked kernels: not with "
+                      f"{plain}")
         if self.relay not in RELAYS:
             raise bad("relay", f"must be one of {', '.join(RELAYS)} (got `{self.relay}`)")
         if self.relay == "off" and self.prelaid:
             raise bad("relay", "off keeps streamed experts as the file has them; --prelaid "
                       "reads them already re-laid: not both")
-        if self.relay == "lanes" and (self.kernels == "numpy" or not self.repack):
-            raise bad("relay", "lanes re-lays experts for ggml's repacked kernels: not with "
-                      + ("--kernels numpy" if self.kernels == "numpy" else "--no-repack"))
+        if self.relay == "lanes" and plain:
+            raise bad("relay", f"lanes re-lays experts for ggml's repacked kernels: not with "
+                      f"{plain}")
         if not self.cache_mib >= 0:
             raise bad("cache_mib", f"must be >= 0 (got {self.cache_mib})")
         if not 1 <= self.io_lanes <= 64:
