@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -67,12 +68,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llamacpp import build  # noqa: E402  (tests/llamacpp.py: the pinned llama.cpp build)
-from p10_p12_quantized import LANES, raw_bandwidth  # noqa: E402  (P1's raw O_DIRECT reader)
+from p1_io_bound import RawLanes  # noqa: E402  (P1's raw O_DIRECT reader)
+from p10_p12_quantized import LANES, raw_bandwidth  # noqa: E402
 
 from abbench.campaign import cgroup  # noqa: E402
 from abbench.engine.gguf.model_file import ModelFile  # noqa: E402
 from abbench.engine.run.models import resolve_model  # noqa: E402
 from abbench.engine.run.session import model_info  # noqa: E402
+from abbench.engine.streaming.streamer import expert_layout  # noqa: E402
 from abbench.records import MemoryUse  # noqa: E402
 
 MIB = 2**20
@@ -80,6 +83,9 @@ PROCESS_MIB = 1024  # what the engine's process holds besides dense weights and 
 # depth -> the memory limit (MiB) that depth runs in, and its bars
 DEPTHS = {12: 2048, 48: 8192}
 BARS = {12: {"mmap": 10.0}, 48: {"mmap": 10.0, "bound": 0.8}}
+LABELS = {"mmap": "engine / mmap", "bound": "engine / bound",
+          "beside": "engine / bound with the resident run beside the engine's reads",
+          "toll": "what those reads cost the resident run (its time beside them / alone)"}
 
 
 @dataclass(frozen=True)
@@ -160,15 +166,44 @@ def llama_bench(binary: Path, model: Path, threads: int, tokens: int, repack: in
     return (float(json.loads(run.stdout)[0]["avg_ts"]) if run.finished else None), run
 
 
-def resident(model: Path, tokens: int, threads: int) -> dict[str, Any]:
+def resident(model: Path, tokens: int, threads: int,
+             beside_mib_s: float | None = None) -> dict[str, Any]:
     """A resident run of the file, no limit: the compute's seconds per token, and the
-    text a streaming run must give."""
+    text a streaming run must give. beside_mib_s: with a reader beside it, reading random
+    experts of the file at that rate (`paced_reads`), from its start to its end."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         drop_caches()
-        subprocess.run(engine_argv(model, out, tokens, threads, "--resident"), check=True,
-                       timeout=3600)
+        reader = None if beside_mib_s is None else subprocess.Popen(
+            [sys.executable, __file__, "--read-beside", str(model), f"{beside_mib_s:.3f}"])
+        try:
+            subprocess.run(engine_argv(model, out, tokens, threads, "--resident"),
+                           check=True, timeout=3600)
+        finally:
+            if reader is not None:
+                reader.kill()
+                reader.wait()
         return engine_doc(out)
+
+
+def paced_reads(model: Path, mib_s: float) -> None:
+    """Read random experts of `model` with O_DIRECT at `mib_s` MiB/s, one expert's slices
+    at a time on LANES lanes (P1's reader, as a miss is read), until killed."""
+    mf = ModelFile(model)
+    info = model_info(mf)
+    layout = expert_layout(mf, info["n_layer"], info["n_expert"])
+    slice_bytes = max(s.nbytes for le in layout for s in le.slices(0, raw=True))
+    lanes = RawLanes(str(model), LANES, slice_bytes, 64 * slice_bytes)
+    rng = random.Random(1)
+    t0, total = time.monotonic(), 0
+    while True:
+        slices = list(layout[rng.randrange(len(layout))].slices(
+            rng.randrange(info["n_expert"]), raw=True))
+        lanes.read_batch(slices)
+        total += sum(s.nbytes for s in slices)
+        ahead = t0 + total / MIB / mib_s - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
 
 
 def one_depth(depth: int, a: argparse.Namespace, binary: Path) -> dict[str, list[float]]:
@@ -193,7 +228,8 @@ def one_depth(depth: int, a: argparse.Namespace, binary: Path) -> dict[str, list
                                        "--prelaid", "--cache-mib=64"), check=True)
         print(f"the pre-laid copy ready ({time.monotonic() - t0:.0f} s)", flush=True)
     # "mmap_given_up": 1 for a round whose mmap ratio is a lower bound (llama.cpp given up)
-    ratios: dict[str, list[float]] = {"mmap": [], "bound": [], "peak": [], "mmap_given_up": []}
+    ratios: dict[str, list[float]] = {"mmap": [], "bound": [], "beside": [], "toll": [],
+                                      "peak": [], "mmap_given_up": []}
     for r in range(a.rounds):
         for name, value in one_round(r, model, limit, cache_mib, per_expert, a,
                                      binary).items():
@@ -203,9 +239,57 @@ def one_depth(depth: int, a: argparse.Namespace, binary: Path) -> dict[str, list
 
 def one_round(r: int, model: Path, limit: float, cache_mib: float, per_expert: float,
               a: argparse.Namespace, binary: Path) -> dict[str, float]:
-    """One round, each figure printed as it is measured: → its ratios."""
-    home = resident(model, a.tokens, a.threads)
+    """One round, each figure printed as it is measured: → its ratios. The engine's run
+    sits between the two resident runs it is divided by (drift between them is the host's,
+    and they are minutes apart at most); llama.cpp's runs come after them in odd rounds
+    and before them in even ones."""
+    if r % 2:
+        mmap, runs = llama_side(model, limit, a, binary)
+    home, doc, engine_run, bw, beside = engine_side(r, model, limit, cache_mib, per_expert, a)
+    if not r % 2:
+        mmap, runs = llama_side(model, limit, a, binary)
+    runs["engine"] = engine_run
+    s = doc["summary"]
+    if doc["output_ids"] != home["output_ids"] or doc["text"] != home["text"]:
+        raise SystemExit("the streaming run's text differs from the resident run's")
+    misses, reads = _reads(s)
     compute_s = 1 / home["summary"]["tok/s"]
+    disk_s = reads * per_expert / MIB / bw
+    bound_s = max(disk_s, compute_s)
+    beside_s = max(disk_s, 1 / beside["summary"]["tok/s"])
+    peak = runs["engine"].memory.peak_mib
+    got = {"bound": s["tok/s"] * bound_s, "beside": s["tok/s"] * beside_s,
+           "toll": home["summary"]["tok/s"] / beside["summary"]["tok/s"],
+           "peak": peak / limit if peak is not None else float("nan")}
+    # llama.cpp given up: it ran slower than its tokens over the timeout (a bound)
+    floor = mmap if mmap is not None else a.tokens / runs["mmap"].seconds
+    got["mmap"] = s["tok/s"] / floor
+    got["mmap_given_up"] = float(mmap is None)
+    print(f"  text byte-equal to the resident run's; {misses:.1f} misses/token, "
+          f"{reads:.1f} reads/token | bound "
+          f"{1 / bound_s:.2f} tok/s: disk {1 / disk_s:.2f} at {bw:.0f} MiB/s, compute "
+          f"{1 / compute_s:.2f} (resident) | engine / mmap "
+          f"{'' if mmap is not None else '> '}{got['mmap']:.1f}x, / bound {got['bound']:.3f}"
+          f" | the resident run beside the engine's reads {1 / beside_s:.2f} tok/s (the "
+          f"reads cost it {got['toll']:.3f}x its time), engine / that {got['beside']:.3f}",
+          flush=True)
+    return got
+
+
+def _reads(summary: dict[str, Any]) -> tuple[float, float]:
+    """→ (misses, expert reads) per token; every read counts against the disk: the
+    misses, and what speculation read."""
+    misses = summary["misses"] / summary["tokens"]
+    return misses, misses + (summary.get("spec_experts") or 0) / summary["tokens"]
+
+
+def engine_side(r: int, model: Path, limit: float, cache_mib: float, per_expert: float,
+                a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], Limited,
+                                                float, dict[str, Any]]:
+    """The resident run, the streaming run in its limit between two raw-bandwidth passes,
+    then the resident run again beside a reader reading what the streaming run read, as
+    fast as it read it → (resident doc, streaming doc, its run, MiB/s, beside doc)."""
+    home = resident(model, a.tokens, a.threads)
     print(f"round {r + 1}: resident (no limit) {home['summary']['tok/s']:.2f} tok/s",
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -216,48 +300,31 @@ def one_round(r: int, model: Path, limit: float, cache_mib: float, per_expert: f
                              *(("--predict-prefetch", f"--predict-spec-max={a.speculate}")
                                if a.speculate else ()))
         bw = raw_bandwidth(model, 48)
-        runs: dict[str, Limited] = {}
-        mmap: float | None = None
-        for who in (("mmap", "engine") if r % 2 else ("engine", "mmap")):
-            if who == "engine":
-                runs[who] = limited(stream, limit)
-                if runs[who].oom_killed:
-                    raise SystemExit(f"the engine was OOM-killed in {limit} MiB")
-                doc = engine_doc(out)
-                print(f"  engine in {limit} MiB: "
-                      f"{runs[who].outcome(doc['summary']['tok/s'])}", flush=True)
-            else:
-                mmap, runs[who] = llama_bench(binary, model, a.threads, a.tokens, 0, limit,
-                                              a.mmap_timeout)
-                print(f"  llama.cpp mmap (--repack 0) in {limit} MiB: "
-                      f"{runs[who].outcome(mmap)}", flush=True)
+        run = limited(stream, limit)
+        if run.oom_killed:
+            raise SystemExit(f"the engine was OOM-killed in {limit} MiB")
+        doc = engine_doc(out)
         bw = (bw + raw_bandwidth(model, 48)) / 2
+    print(f"  engine in {limit} MiB: {run.outcome(doc['summary']['tok/s'])}", flush=True)
+    s = doc["summary"]
+    mib_s = _reads(s)[1] * per_expert / MIB * s["tok/s"]
+    beside = resident(model, a.tokens, a.threads, mib_s)
+    print(f"  resident beside {mib_s:.0f} MiB/s of reads: {beside['summary']['tok/s']:.2f} "
+          "tok/s", flush=True)
+    return home, doc, run, bw, beside
+
+
+def llama_side(model: Path, limit: float, a: argparse.Namespace,
+               binary: Path) -> tuple[float | None, dict[str, Limited]]:
+    """llama.cpp with mmap, then with its default, in the limit → (mmap tok/s or None,
+    their runs)."""
+    mmap, mrun = llama_bench(binary, model, a.threads, a.tokens, 0, limit, a.mmap_timeout)
+    print(f"  llama.cpp mmap (--repack 0) in {limit} MiB: {mrun.outcome(mmap)}", flush=True)
     repacked, rrun = llama_bench(binary, model, a.threads, a.tokens, 1, limit,
-                                 max(120.0, 3 * runs["mmap"].seconds))
+                                 min(a.mmap_timeout, max(120.0, 3 * mrun.seconds)))
     print(f"  llama.cpp default (--repack 1) in {limit} MiB: {rrun.outcome(repacked)}",
           flush=True)
-    s = doc["summary"]
-    if doc["output_ids"] != home["output_ids"] or doc["text"] != home["text"]:
-        raise SystemExit("the streaming run's text differs from the resident run's")
-    misses = s["misses"] / s["tokens"]
-    # every expert read counts against the disk: the misses, and what speculation read
-    reads = misses + (s.get("spec_experts") or 0) / s["tokens"]
-    disk_s = reads * per_expert / MIB / bw
-    bound_s = max(disk_s, compute_s)
-    peak = runs["engine"].memory.peak_mib
-    got = {"bound": s["tok/s"] * bound_s,
-           "peak": peak / limit if peak is not None else float("nan")}
-    # llama.cpp given up: it ran slower than its tokens over the timeout (a bound)
-    floor = mmap if mmap is not None else a.tokens / runs["mmap"].seconds
-    got["mmap"] = s["tok/s"] / floor
-    got["mmap_given_up"] = float(mmap is None)
-    print(f"  text byte-equal to the resident run's; {misses:.1f} misses/token, "
-          f"{reads:.1f} reads/token | bound "
-          f"{1 / bound_s:.2f} tok/s: disk {1 / disk_s:.2f} at {bw:.0f} MiB/s, compute "
-          f"{1 / compute_s:.2f} (resident) | engine / mmap "
-          f"{'' if mmap is not None else '> '}{got['mmap']:.1f}x, / bound {got['bound']:.3f}",
-          flush=True)
-    return got
+    return mmap, {"mmap": mrun, "default": rrun}
 
 
 def main() -> None:
@@ -266,10 +333,14 @@ def main() -> None:
                     choices=sorted(DEPTHS))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--mmap-timeout", type=float, default=900.0,
-                    help="seconds after which llama.cpp's mmap run is given up (then the "
-                    "ratio is a lower bound: its tokens over this time)")
+    ap.add_argument("--tokens", type=int, default=256,
+                    help="tokens each run decodes (default 256, the field's protocol: "
+                    "fewer measure the cache filling)")
+    ap.add_argument("--mmap-timeout", type=float, default=600.0,
+                    help="seconds after which llama.cpp's runs are given up (then the mmap "
+                    "ratio is a lower bound: its tokens over this time); its default's run "
+                    "is given up after three times its mmap run's, at least 120 s, at most "
+                    "this")
     ap.add_argument("--prelaid", action="store_true",
                     help="the streaming runs read the experts from the copy pre-laid for "
                     "the repacked kernels (engine run --prelaid; written before the rounds, "
@@ -278,7 +349,11 @@ def main() -> None:
                     help="the streaming runs read ahead what the stale gate predicts for "
                     "the next layer (engine run --predict-prefetch --predict-spec-max N); "
                     "the bound's disk counts those reads too")
+    ap.add_argument("--read-beside", nargs=2, metavar=("MODEL", "MIB_S"),
+                    help=argparse.SUPPRESS)  # the reader beside a resident run
     a = ap.parse_args()
+    if a.read_beside:
+        paced_reads(Path(a.read_beside[0]), float(a.read_beside[1]))
     if a.rounds < 1 or a.threads < 1 or a.tokens < 2:
         ap.error("--rounds, --threads >= 1, --tokens >= 2")
     why = cgroup.unavailable()
@@ -289,7 +364,7 @@ def main() -> None:
     binary = build() / "llama-bench"
     for depth in a.depths:
         ratios = one_depth(depth, a, binary)
-        for name in ("mmap", "bound"):
+        for name in ("mmap", "bound", "beside", "toll"):
             got = ratios[name]
             text = (f"median {statistics.median(got):.3f} (rounds {min(got):.3f}-"
                     f"{max(got):.3f})" if got else "none")
@@ -297,8 +372,8 @@ def main() -> None:
                 text = (f"at least {text} ({sum(ratios['mmap_given_up']):.0f} rounds gave "
                         "llama.cpp up: their ratio is its tokens over the timeout)")
             bar = BARS[depth].get(name)
-            print(f"P14 {depth} layers, engine / {name}: {text}  "
-                  + (f"bar >= {bar:g}" if bar is not None else "(no bar at this depth)"))
+            print(f"P14 {depth} layers, {LABELS[name]}: {text}  "
+                  + (f"bar >= {bar:g}" if bar is not None else "(no bar)"))
         peaks = [x for x in ratios["peak"] if x == x]  # NaN: the kernel keeps no peak
         worst = f"worst {max(peaks):.3f}" if peaks else "unknown (no memory.peak here)"
         print(f"P14 {depth} layers, cgroup peak / limit: {worst}  bar <= 1")
