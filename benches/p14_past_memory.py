@@ -20,7 +20,7 @@ starts from the disk. Per depth and round:
   bound: its tokens over that time) and with its default (`--repack 1` copies the
   repackable weights to anonymous memory, which cannot leave the limit: the OOM killer
   ends it or the rest thrashes; given up after three times the mmap run's time, at least
-  120 s), each outcome reported as such;
+  120 s and at most `--mmap-timeout`), each outcome reported as such;
 - the engine's bound: the slower of the disk and the compute. The disk's: the misses per
   token the streaming run measured times one expert's bytes, over the raw O_DIRECT
   bandwidth of the same file (P1's reader: 4 lanes, one expert's slices at a time, random
@@ -32,9 +32,19 @@ starts from the disk. Per depth and round:
   machine, or `--prelaid`), so the two runs compute the same bits (tested on a small
   file); before that they rounded differently in the last bits, and a temperature-1 draw
   over this synthetic model's near-flat distribution differed from the first token while
-  the argmax held. Greedy keeps the comparison to the text either way.
+  the argmax held. Greedy keeps the comparison to the text either way;
+- what reading costs the compute on this machine: the resident run again, beside a
+  reader (another process, P1's reader) reading random experts of the file at the rate
+  the streaming run read them (its expert reads per token x one expert's bytes x its
+  tok/s). Its seconds per token in place of the resident run's give a second bound,
+  printed beside the first; the bar is against the first. On a VM whose disk is served
+  by the host, reads cost the guest's cores time it cannot see (docs/benches.md, P14).
 
-The engine and llama.cpp's mmap alternate (engine first in odd rounds, last in even).
+Every run decodes 256 tokens (`--tokens`), the field's protocol: a shorter run measures
+the cache filling, where nearly every routed expert is read for the first time, and is a
+floor rather than a result. The streaming run sits between the two resident runs; the
+engine's three runs and llama.cpp's two alternate (the engine's first in odd rounds, last
+in even).
 Bars: at 48 layers in 8 GiB, engine / bound >= 0.8 and engine / mmap >= 10, peak within
 the limit; at 12 layers in 2 GiB, engine / mmap >= 10. It needs root and a memory cgroup
 controller (v1 or v2), and says why it cannot run otherwise.
