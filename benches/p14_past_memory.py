@@ -198,7 +198,9 @@ def resident(model: Path, tokens: int, threads: int,
 
 def paced_reads(model: Path, mib_s: float) -> None:
     """Read random experts of `model` with O_DIRECT at `mib_s` MiB/s, one expert's slices
-    at a time on LANES lanes (P1's reader, as a miss is read), until killed."""
+    at a time on LANES lanes (P1's reader, as a miss is read), until killed or orphaned
+    (the bench itself killed: nothing would end this process otherwise)."""
+    parent = os.getppid()
     mf = ModelFile(model)
     info = model_info(mf)
     layout = expert_layout(mf, info["n_layer"], info["n_expert"])
@@ -206,7 +208,7 @@ def paced_reads(model: Path, mib_s: float) -> None:
     lanes = RawLanes(str(model), LANES, slice_bytes, 64 * slice_bytes)
     rng = random.Random(1)
     t0, total = time.monotonic(), 0
-    while True:
+    while os.getppid() == parent:
         slices = list(layout[rng.randrange(len(layout))].slices(
             rng.randrange(info["n_expert"]), raw=True))
         lanes.read_batch(slices)
@@ -214,6 +216,7 @@ def paced_reads(model: Path, mib_s: float) -> None:
         ahead = t0 + total / MIB / mib_s - time.monotonic()
         if ahead > 0:
             time.sleep(ahead)
+    lanes.close()
 
 
 def one_depth(depth: int, a: argparse.Namespace, binary: Path) -> dict[str, list[float]]:
@@ -364,6 +367,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.read_beside:
         paced_reads(Path(a.read_beside[0]), float(a.read_beside[1]))
+        return
     if a.rounds < 1 or a.threads < 1 or a.tokens < 2:
         ap.error("--rounds, --threads >= 1, --tokens >= 2")
     why = cgroup.unavailable()
