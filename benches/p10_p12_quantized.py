@@ -14,7 +14,9 @@ makes from the pinned source.
   inverse of (misses per token x bytes per expert / raw O_DIRECT bandwidth + the resident
   run's seconds per token). The raw bandwidth is measured as P1 measures it (RawLanes:
   4 lanes, own descriptors, preadv of one expert's slices at a time, into arena memory)
-  over random experts of the same file, in the same round. Bar >= 0.7.
+  over random experts of the file the streaming run reads them from (the model, or with
+  `--prelaid` the copy, whose disk blocks the host may cache or not as it does the
+  model's), before and after it in the same round. Bar >= 0.7.
 - P12: peak RSS of the P10 and P11 runs (the child's `getrusage` high-water mark) against
   the bytes they must hold: (peak - 100 MiB) / (dense bytes + expert bytes held: all of
   them for P10, the cache budget for P11). Bar <= 1.10.
@@ -42,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,9 @@ from abbench.engine import synth  # noqa: E402
 from abbench.engine.gguf.model_file import ModelFile  # noqa: E402
 from abbench.engine.run.models import resolve_model  # noqa: E402
 from abbench.engine.run.session import model_info  # noqa: E402
-from abbench.engine.streaming.streamer import expert_layout  # noqa: E402
+from abbench.engine.streaming.prelaid import PrelaidLayer  # noqa: E402
+from abbench.engine.streaming.slots import whole_pages  # noqa: E402
+from abbench.engine.streaming.streamer import LayerExperts, Slice, expert_layout  # noqa: E402
 
 MIB = 2**20
 LANES = 4
@@ -77,8 +82,10 @@ def engine(model: Path, threads: int, tokens: int, *flags: str) -> dict[str, Any
         doc = json.loads(out.read_text())
     if doc["kernels"]["backend"] != "ggml":
         raise SystemExit(f"the engine computed with {doc['kernels']['backend']}, not ggml")
-    relaid = doc["kernels"].get("repacked", {}).get("experts", [])
-    return dict(doc["summary"]) | {"relaid": ",".join(relaid) or "none"}
+    repacked = doc["kernels"].get("repacked", {})
+    relaid = repacked.get("experts", [])
+    return dict(doc["summary"]) | {"relaid": ",".join(relaid) or "none",
+                                   "prelaid": repacked.get("prelaid")}
 
 
 def llama_bench(binary: Path, model: Path, threads: int, tokens: int) -> float:
@@ -88,21 +95,58 @@ def llama_bench(binary: Path, model: Path, threads: int, tokens: int) -> float:
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
-def raw_bandwidth(model: Path, n_experts: int) -> float:
+@dataclass(frozen=True)
+class ExpertReads:
+    """Where a streaming run reads its experts — the model, or its pre-laid copy — and each
+    expert's reads there, as the engine issues them (`slices`)."""
+
+    path: Path
+    n_layer: int
+    n_expert: int
+    per_layer: tuple[Any, ...]  # LayerExperts of the model, or PrelaidLayer of the copy
+
+    @classmethod
+    def of(cls, model: Path, copy: Path | None = None) -> ExpertReads:
+        mf = ModelFile(model)
+        info = model_info(mf)
+        layout = expert_layout(mf, info["n_layer"], info["n_expert"])
+        if copy is None:
+            return cls(model, len(layout), info["n_expert"], tuple(layout))
+        with copy.open("rb") as f:  # the copy's header, a JSON text ended by a NUL
+            head = f.read(1 << 20)
+        if b"\0" not in head:
+            raise SystemExit(f"{copy}: not a pre-laid copy (no header)")
+        at, plan = whole_pages(head.index(b"\0") + 1), []
+        for le in layout:  # each layer's experts after the last, as the engine lays them
+            plan.append(PrelaidLayer(le.slot_layout, (False, False, False), at))
+            at += le.slot_layout.stride * info["n_expert"]
+        if at > copy.stat().st_size:
+            raise SystemExit(f"{copy}: shorter than {model.name}'s experts laid out")
+        return cls(copy, len(layout), info["n_expert"], tuple(plan))
+
+    @property
+    def largest_slice(self) -> int:
+        """The bytes of the largest read (a layer's parts may be of other types)."""
+        return max(s.nbytes for layer in range(self.n_layer) for s in self.slices(layer, 0))
+
+    def slices(self, layer: int, expert: int) -> list[Slice]:
+        le = self.per_layer[layer]
+        return list(le.slices(expert, raw=True) if isinstance(le, LayerExperts)
+                    else le.slices(expert))
+
+
+def raw_bandwidth(reads: ExpertReads, n_experts: int) -> float:
     """MiB/s of reading `n_experts` random experts' slices, one expert's three slices at a
     time on LANES lanes (as a miss is read), into arena memory of the cache's kind."""
-    mf = ModelFile(model)
-    info = model_info(mf)
-    layout = expert_layout(mf, info["n_layer"], info["n_expert"])
     rng = random.Random(0)
-    picks = [(rng.randrange(len(layout)), rng.randrange(info["n_expert"]))
+    picks = [(rng.randrange(reads.n_layer), rng.randrange(reads.n_expert))
              for _ in range(n_experts)]
-    slice_bytes = max(s.nbytes for le in layout for s in le.slices(0, raw=True))
-    lanes = RawLanes(str(model), LANES, slice_bytes, 64 * slice_bytes)
+    slice_bytes = reads.largest_slice
+    lanes = RawLanes(str(reads.path), LANES, slice_bytes, 64 * slice_bytes)
     seconds = 0.0
     total = 0
     for layer, e in picks:
-        slices = list(layout[layer].slices(e, raw=True))
+        slices = reads.slices(layer, e)
         seconds += lanes.read_batch(slices)
         total += sum(s.nbytes for s in slices)
     lanes.close()
@@ -143,8 +187,10 @@ def main() -> None:
               f" P11 cache {cache_mib:.0f} MiB ({a.cache_share:.0%})")
         p10, p11, p12 = [], [], []
         extra = ("--prelaid",) if a.prelaid else (f"--relay={a.relay}",) if a.relay else ()
+        copy = None
         if a.prelaid:  # the copy written (or found) before anything is timed
-            engine(model, a.threads, 2, "--prelaid", "--cache-mib=64")
+            copy = Path(engine(model, a.threads, 2, "--prelaid", "--cache-mib=64")["prelaid"])
+        reads = ExpertReads.of(model, copy)  # the raw bandwidth of the file streamed from
         for i in range(a.rounds):
             first = engine(model, a.threads, a.tokens, "--resident")
             theirs = (llama_bench(binary, model, a.threads, a.tokens)
@@ -152,10 +198,10 @@ def main() -> None:
             last = engine(model, a.threads, a.tokens, "--resident")
             ours = (first["tok/s"] + last["tok/s"]) / 2
             p10.append(ours / theirs)
-            bw = raw_bandwidth(model, 48)
+            bw = raw_bandwidth(reads, 48)
             stream = engine(model, a.threads, a.tokens, f"--cache-mib={cache_mib:.3f}",
                             "--overlap", f"--io-lanes={LANES}", *extra)
-            bw = (bw + raw_bandwidth(model, 48)) / 2
+            bw = (bw + raw_bandwidth(reads, 48)) / 2
             misses = stream["misses"] / stream["tokens"]
             bound_s = misses * per_expert / MIB / bw + 1 / ours
             p11.append(stream["tok/s"] * bound_s)

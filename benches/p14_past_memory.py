@@ -79,13 +79,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llamacpp import build  # noqa: E402  (tests/llamacpp.py: the pinned llama.cpp build)
 from p1_io_bound import RawLanes  # noqa: E402  (P1's raw O_DIRECT reader)
-from p10_p12_quantized import LANES, raw_bandwidth  # noqa: E402
+from p10_p12_quantized import LANES, ExpertReads, raw_bandwidth  # noqa: E402
 
 from abbench.campaign import cgroup  # noqa: E402
 from abbench.engine.gguf.model_file import ModelFile  # noqa: E402
 from abbench.engine.run.models import resolve_model  # noqa: E402
 from abbench.engine.run.session import model_info  # noqa: E402
-from abbench.engine.streaming.streamer import expert_layout  # noqa: E402
 from abbench.records import MemoryUse  # noqa: E402
 
 MIB = 2**20
@@ -177,15 +176,17 @@ def llama_bench(binary: Path, model: Path, threads: int, tokens: int, repack: in
 
 
 def resident(model: Path, tokens: int, threads: int,
-             beside_mib_s: float | None = None) -> dict[str, Any]:
+             beside: tuple[ExpertReads, float] | None = None) -> dict[str, Any]:
     """A resident run of the file, no limit: the compute's seconds per token, and the
-    text a streaming run must give. beside_mib_s: with a reader beside it, reading random
-    experts of the file at that rate (`paced_reads`), from its start to its end."""
+    text a streaming run must give. beside: (where the streaming run read, MiB/s): with a
+    reader beside it reading random experts there at that rate (`paced_reads`), from its
+    start to its end."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         drop_caches()
-        reader = None if beside_mib_s is None else subprocess.Popen(
-            [sys.executable, __file__, "--read-beside", str(model), f"{beside_mib_s:.3f}"])
+        reader = None if beside is None else subprocess.Popen(
+            [sys.executable, __file__, "--read-beside", str(model),
+             "-" if beside[0].path == model else str(beside[0].path), f"{beside[1]:.3f}"])
         try:
             subprocess.run(engine_argv(model, out, tokens, threads, "--resident"),
                            check=True, timeout=3600)
@@ -196,21 +197,17 @@ def resident(model: Path, tokens: int, threads: int,
         return engine_doc(out)
 
 
-def paced_reads(model: Path, mib_s: float) -> None:
-    """Read random experts of `model` with O_DIRECT at `mib_s` MiB/s, one expert's slices
+def paced_reads(reads: ExpertReads, mib_s: float) -> None:
+    """Read random experts of `reads` with O_DIRECT at `mib_s` MiB/s, one expert's slices
     at a time on LANES lanes (P1's reader, as a miss is read), until killed or orphaned
     (the bench itself killed: nothing would end this process otherwise)."""
     parent = os.getppid()
-    mf = ModelFile(model)
-    info = model_info(mf)
-    layout = expert_layout(mf, info["n_layer"], info["n_expert"])
-    slice_bytes = max(s.nbytes for le in layout for s in le.slices(0, raw=True))
-    lanes = RawLanes(str(model), LANES, slice_bytes, 64 * slice_bytes)
+    slice_bytes = reads.largest_slice
+    lanes = RawLanes(str(reads.path), LANES, slice_bytes, 64 * slice_bytes)
     rng = random.Random(1)
     t0, total = time.monotonic(), 0
     while os.getppid() == parent:
-        slices = list(layout[rng.randrange(len(layout))].slices(
-            rng.randrange(info["n_expert"]), raw=True))
+        slices = reads.slices(rng.randrange(reads.n_layer), rng.randrange(reads.n_expert))
         lanes.read_batch(slices)
         total += sum(s.nbytes for s in slices)
         ahead = t0 + total / MIB / mib_s - time.monotonic()
@@ -234,31 +231,35 @@ def one_depth(depth: int, a: argparse.Namespace, binary: Path) -> dict[str, list
           f"{a.tokens} tokens", flush=True)
     if size <= limit:
         raise SystemExit(f"the file ({size:.0f} MiB) fits its limit ({limit} MiB)")
+    copy = None
     if a.prelaid:  # the copy written (or found) outside the limit, before anything is timed
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(engine_argv(model, Path(tmp) / "run.json", 2, a.threads,
                                        "--prelaid", "--cache-mib=64"), check=True)
+            copy = Path(engine_doc(Path(tmp) / "run.json")["kernels"]["repacked"]["prelaid"])
         print(f"the pre-laid copy ready ({time.monotonic() - t0:.0f} s)", flush=True)
+    reads = ExpertReads.of(model, copy)  # the disk's bandwidth: of the file streamed from
     # "mmap_given_up": 1 for a round whose mmap ratio is a lower bound (llama.cpp given up)
     ratios: dict[str, list[float]] = {"mmap": [], "bound": [], "beside": [], "toll": [],
                                       "peak": [], "mmap_given_up": []}
     for r in range(a.rounds):
-        for name, value in one_round(r, model, limit, cache_mib, per_expert, a,
+        for name, value in one_round(r, model, reads, limit, cache_mib, per_expert, a,
                                      binary).items():
             ratios[name].append(value)
     return ratios
 
 
-def one_round(r: int, model: Path, limit: float, cache_mib: float, per_expert: float,
-              a: argparse.Namespace, binary: Path) -> dict[str, float]:
+def one_round(r: int, model: Path, reads: ExpertReads, limit: float, cache_mib: float,
+              per_expert: float, a: argparse.Namespace, binary: Path) -> dict[str, float]:
     """One round, each figure printed as it is measured: → its ratios. The engine's run
     sits between the two resident runs it is divided by (drift between them is the host's,
     and they are minutes apart at most); llama.cpp's runs come after them in odd rounds
     and before them in even ones."""
     if r % 2:
         mmap, runs = llama_side(model, limit, a, binary)
-    home, doc, engine_run, bw, beside = engine_side(r, model, limit, cache_mib, per_expert, a)
+    home, doc, engine_run, bw, beside = engine_side(r, model, reads, limit, cache_mib,
+                                                    per_expert, a)
     if not r % 2:
         mmap, runs = llama_side(model, limit, a, binary)
     runs["engine"] = engine_run
@@ -296,9 +297,12 @@ def _reads(summary: dict[str, Any]) -> tuple[float, float]:
     return misses, misses + (summary.get("spec_experts") or 0) / summary["tokens"]
 
 
-def engine_side(r: int, model: Path, limit: float, cache_mib: float, per_expert: float,
-                a: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], Limited,
-                                                float, dict[str, Any]]:
+Doc = dict[str, Any]  # an engine run's JSON
+
+
+def engine_side(r: int, model: Path, reads: ExpertReads, limit: float, cache_mib: float,
+                per_expert: float, a: argparse.Namespace
+                ) -> tuple[Doc, Doc, Limited, float, Doc]:
     """The resident run, the streaming run in its limit between two raw-bandwidth passes,
     then the resident run again beside a reader reading what the streaming run read, as
     fast as it read it → (resident doc, streaming doc, its run, MiB/s, beside doc)."""
@@ -312,16 +316,16 @@ def engine_side(r: int, model: Path, limit: float, cache_mib: float, per_expert:
                              "--prelaid" if a.prelaid else "--relay=lanes",
                              *(("--predict-prefetch", f"--predict-spec-max={a.speculate}")
                                if a.speculate else ()))
-        bw = raw_bandwidth(model, 48)
+        bw = raw_bandwidth(reads, 48)
         run = limited(stream, limit)
         if run.oom_killed:
             raise SystemExit(f"the engine was OOM-killed in {limit} MiB")
         doc = engine_doc(out)
-        bw = (bw + raw_bandwidth(model, 48)) / 2
+        bw = (bw + raw_bandwidth(reads, 48)) / 2
     print(f"  engine in {limit} MiB: {run.outcome(doc['summary']['tok/s'])}", flush=True)
     s = doc["summary"]
     mib_s = _reads(s)[1] * per_expert / MIB * s["tok/s"]
-    beside = resident(model, a.tokens, a.threads, mib_s)
+    beside = resident(model, a.tokens, a.threads, (reads, mib_s))
     print(f"  resident beside {mib_s:.0f} MiB/s of reads: {beside['summary']['tok/s']:.2f} "
           "tok/s", flush=True)
     return home, doc, run, bw, beside
@@ -362,11 +366,13 @@ def main() -> None:
                     help="the streaming runs read ahead what the stale gate predicts for "
                     "the next layer (engine run --predict-prefetch --predict-spec-max N); "
                     "the bound's disk counts those reads too")
-    ap.add_argument("--read-beside", nargs=2, metavar=("MODEL", "MIB_S"),
+    ap.add_argument("--read-beside", nargs=3, metavar=("MODEL", "COPY", "MIB_S"),
                     help=argparse.SUPPRESS)  # the reader beside a resident run
     a = ap.parse_args()
     if a.read_beside:
-        paced_reads(Path(a.read_beside[0]), float(a.read_beside[1]))
+        model, copy, mib_s = a.read_beside
+        paced_reads(ExpertReads.of(Path(model), None if copy == "-" else Path(copy)),
+                    float(mib_s))
         return
     if a.rounds < 1 or a.threads < 1 or a.tokens < 2:
         ap.error("--rounds, --threads >= 1, --tokens >= 2")
