@@ -58,8 +58,7 @@ from abbench.engine import synth  # noqa: E402
 from abbench.engine.gguf.model_file import ModelFile  # noqa: E402
 from abbench.engine.run.models import resolve_model  # noqa: E402
 from abbench.engine.run.session import model_info  # noqa: E402
-from abbench.engine.streaming.prelaid import PrelaidLayer  # noqa: E402
-from abbench.engine.streaming.slots import whole_pages  # noqa: E402
+from abbench.engine.streaming.prelaid import Prelaid, opened  # noqa: E402
 from abbench.engine.streaming.streamer import LayerExperts, Slice, expert_layout  # noqa: E402
 
 MIB = 2**20
@@ -98,31 +97,25 @@ def llama_bench(binary: Path, model: Path, threads: int, tokens: int) -> float:
 @dataclass(frozen=True)
 class ExpertReads:
     """Where a streaming run reads its experts — the model, or its pre-laid copy — and each
-    expert's reads there, as the engine issues them (`slices`)."""
+    expert's reads there, as the engine's runner issues them (`slices`)."""
 
     path: Path
-    n_layer: int
+    layout: tuple[LayerExperts, ...]
     n_expert: int
-    per_layer: tuple[Any, ...]  # LayerExperts of the model, or PrelaidLayer of the copy
+    copy: Prelaid | None = None
 
     @classmethod
     def of(cls, model: Path, copy: Path | None = None) -> ExpertReads:
         mf = ModelFile(model)
         info = model_info(mf)
-        layout = expert_layout(mf, info["n_layer"], info["n_expert"])
+        layout = tuple(expert_layout(mf, info["n_layer"], info["n_expert"]))
         if copy is None:
-            return cls(model, len(layout), info["n_expert"], tuple(layout))
-        with copy.open("rb") as f:  # the copy's header, a JSON text ended by a NUL
-            head = f.read(1 << 20)
-        if b"\0" not in head:
-            raise SystemExit(f"{copy}: not a pre-laid copy (no header)")
-        at, plan = whole_pages(head.index(b"\0") + 1), []
-        for le in layout:  # each layer's experts after the last, as the engine lays them
-            plan.append(PrelaidLayer(le.slot_layout, (False, False, False), at))
-            at += le.slot_layout.stride * info["n_expert"]
-        if at > copy.stat().st_size:
-            raise SystemExit(f"{copy}: shorter than {model.name}'s experts laid out")
-        return cls(copy, len(layout), info["n_expert"], tuple(plan))
+            return cls(model, layout, info["n_expert"])
+        return cls(copy, layout, info["n_expert"], opened(copy, layout))
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layout)
 
     @property
     def largest_slice(self) -> int:
@@ -130,9 +123,13 @@ class ExpertReads:
         return max(s.nbytes for layer in range(self.n_layer) for s in self.slices(layer, 0))
 
     def slices(self, layer: int, expert: int) -> list[Slice]:
-        le = self.per_layer[layer]
-        return list(le.slices(expert, raw=True) if isinstance(le, LayerExperts)
-                    else le.slices(expert))
+        if self.copy is not None:
+            return list(self.copy.slices(layer, expert))
+        return list(self.layout[layer].slices(expert, raw=True))
+
+    def lanes(self) -> RawLanes:
+        """P1's reader over this file, its buffers the largest read's size."""
+        return RawLanes(str(self.path), LANES, self.largest_slice, 64 * self.largest_slice)
 
 
 def raw_bandwidth(reads: ExpertReads, n_experts: int) -> float:
@@ -141,8 +138,7 @@ def raw_bandwidth(reads: ExpertReads, n_experts: int) -> float:
     rng = random.Random(0)
     picks = [(rng.randrange(reads.n_layer), rng.randrange(reads.n_expert))
              for _ in range(n_experts)]
-    slice_bytes = reads.largest_slice
-    lanes = RawLanes(str(reads.path), LANES, slice_bytes, 64 * slice_bytes)
+    lanes = reads.lanes()
     seconds = 0.0
     total = 0
     for layer, e in picks:

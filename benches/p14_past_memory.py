@@ -78,8 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llamacpp import build  # noqa: E402  (tests/llamacpp.py: the pinned llama.cpp build)
-from p1_io_bound import RawLanes  # noqa: E402  (P1's raw O_DIRECT reader)
-from p10_p12_quantized import LANES, ExpertReads, raw_bandwidth  # noqa: E402
+from p10_p12_quantized import LANES, ExpertReads, raw_bandwidth  # noqa: E402  (P1's reader)
 
 from abbench.campaign import cgroup  # noqa: E402
 from abbench.engine.gguf.model_file import ModelFile  # noqa: E402
@@ -202,8 +201,7 @@ def paced_reads(reads: ExpertReads, mib_s: float) -> None:
     at a time on LANES lanes (P1's reader, as a miss is read), until killed or orphaned
     (the bench itself killed: nothing would end this process otherwise)."""
     parent = os.getppid()
-    slice_bytes = reads.largest_slice
-    lanes = RawLanes(str(reads.path), LANES, slice_bytes, 64 * slice_bytes)
+    lanes = reads.lanes()
     rng = random.Random(1)
     t0, total = time.monotonic(), 0
     while os.getppid() == parent:
@@ -252,10 +250,10 @@ def one_depth(depth: int, a: argparse.Namespace, binary: Path) -> dict[str, list
 
 def one_round(r: int, model: Path, reads: ExpertReads, limit: float, cache_mib: float,
               per_expert: float, a: argparse.Namespace, binary: Path) -> dict[str, float]:
-    """One round, each figure printed as it is measured: → its ratios. The engine's run
-    sits between the two resident runs it is divided by (drift between them is the host's,
-    and they are minutes apart at most); llama.cpp's runs come after them in odd rounds
-    and before them in even ones."""
+    """One round, each figure printed as it is measured: → its ratios. The streaming run
+    sits between the resident run its bound divides by and the resident run beside its
+    reads (minutes apart at most: little of the host's drift comes between them);
+    llama.cpp's runs come after those three in odd rounds and before them in even ones."""
     if r % 2:
         mmap, runs = llama_side(model, limit, a, binary)
     home, doc, engine_run, bw, beside = engine_side(r, model, reads, limit, cache_mib,

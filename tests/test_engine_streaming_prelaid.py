@@ -23,8 +23,8 @@ from abbench.engine.config import EngineConfig
 from abbench.engine.gguf.model_file import ModelFile
 from abbench.engine.run.session import Engine, model_info
 from abbench.engine.streaming import prelaid
-from abbench.engine.streaming.streamer import SliceReader
-from abbench.errors import ConfigError
+from abbench.engine.streaming.streamer import SliceReader, expert_layout
+from abbench.errors import ConfigError, EngineError
 
 MIB = 1 << 20
 
@@ -267,3 +267,22 @@ def test_prelaid_on_f32_experts_is_refused(tiny_model: Path, cache: Path,
     code, _, err = run_main(["engine", "run", "-m", str(tiny_model), "-p", "hi", "-n", "2",
                              "--prelaid"], capsys)
     assert code == 2 and "--prelaid" in err and "numpy" in err
+
+
+def test_a_copy_opened_to_read_lays_out_what_the_engine_reads(q4km: Path, cache: Path) -> None:
+    """`opened` (benches measure the copy's disk with it) finds every layer where the engine
+    that wrote the copy reads it, from the header alone; a file that is not a copy, or is
+    cut short, is one message."""
+    _, _, copy = logits(streamed(q4km, prelaid=True), q4km)
+    assert isinstance(copy, prelaid.Prelaid)
+    mf = ModelFile(q4km)
+    info = model_info(mf)
+    layout = expert_layout(mf, info["n_layer"], info["n_expert"])
+    found = prelaid.opened(copy.path, layout)
+    assert [(a.layout, a.base) for a in found.layers] == \
+        [(b.layout, b.base) for b in copy.layers]
+    with pytest.raises(EngineError, match="not a pre-laid copy"):
+        prelaid.opened(q4km, layout)
+    os.truncate(copy.path, copy.layers[-1].base + 4096)
+    with pytest.raises(EngineError, match="shorter than the experts"):
+        prelaid.opened(copy.path, layout)

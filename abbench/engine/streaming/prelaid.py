@@ -39,6 +39,7 @@ from abbench.engine.streaming.streamer import LayerExperts, Slice, SliceReader
 from abbench.errors import ConfigError, EngineError
 
 FORMAT = "abbench-prelaid-2"
+HEADER_MAX = 1 << 20  # a header's bytes at most (a JSON of each layer's layout)
 
 Lay = Callable[[RawSlot], None]  # re-lay a slot read as the file has it (the team's)
 Prepare = Callable[[SlotPool], None]  # make a pool's slots re-laid (the team's)
@@ -98,7 +99,11 @@ def open_prelaid(folder: Path, model: Path, layout: Sequence[LayerExperts],
               "layers": [{"layout": asdict(pool.layout), "repack": list(pool.repack)}
                          for pool in pools]}
     blob = json.dumps(header).encode() + b"\0"  # its end: the header's pages are padded
-    plan = _plan(layout, pools, whole_pages(len(blob)))
+    for le, pool in zip(layout, pools):
+        if pool.layout != le.slot_layout:
+            raise EngineError("a layer's slot pool holds another layout than its experts'")
+    plan = _plan([(pool.layout, tuple(pool.repack), le.gate.shape[0])  # type: ignore[misc]
+                  for le, pool in zip(layout, pools)], whole_pages(len(blob)))
     scratch = _Scratch(prepare)
     try:
         first = _first_expert(model, layout, plan, lay, scratch)
@@ -118,15 +123,30 @@ def open_prelaid(folder: Path, model: Path, layout: Sequence[LayerExperts],
         scratch.trim()
 
 
-def _plan(layout: Sequence[LayerExperts], pools: Sequence[SlotPool],
+def opened(path: Path, layout: Sequence[LayerExperts]) -> Prelaid:
+    """A copy written before, opened to read only (benches measure its disk): each layer's
+    place found from its header's length, as `open_prelaid` laid the copy out."""
+    with open(path, "rb") as f:
+        end = f.read(HEADER_MAX).find(b"\0") + 1
+    header = _read_header(path, end) if end else None
+    if header is None or header.get("format") != FORMAT or \
+            len(header.get("layers", ())) != len(layout):  # type: ignore[arg-type]
+        raise EngineError(f"{path} is not a pre-laid copy of these experts")
+    plan = _plan([(le.slot_layout, tuple(h["repack"]), le.gate.shape[0])  # type: ignore[misc]
+                  for le, h in zip(layout, header["layers"])], whole_pages(end))  # type: ignore[arg-type]
+    if _total(plan, layout[-1].gate.shape[0]) > path.stat().st_size:
+        raise EngineError(f"{path} is shorter than the experts it lays out")
+    return Prelaid(path, tuple(plan))
+
+
+def _plan(layers: Sequence[tuple[SlotLayout, tuple[bool, bool, bool], int]],
           header_bytes: int) -> list[PrelaidLayer]:
-    """Each layer's place in the copy, one after another from the header's end on."""
+    """Each layer's place in the copy — (its slot layout, re-laid parts, experts) — one
+    after another from the header's end on."""
     plan, at = [], header_bytes
-    for le, pool in zip(layout, pools):
-        if pool.layout != le.slot_layout:
-            raise EngineError("a layer's slot pool holds another layout than its experts'")
-        plan.append(PrelaidLayer(pool.layout, tuple(pool.repack), at))  # type: ignore[arg-type]
-        at += pool.layout.stride * le.gate.shape[0]
+    for lay, repack, n_expert in layers:
+        plan.append(PrelaidLayer(lay, repack, at))
+        at += lay.stride * n_expert
     return plan
 
 
